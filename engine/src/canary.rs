@@ -1,0 +1,65 @@
+//! Deliberately planted bugs, compiled only with the `canary` feature, which
+//! production never enables. The simulator switches one on at run time and
+//! proves that its checkers catch it. Without the feature every query is a
+//! constant `false` and the optimiser removes the planted code paths.
+
+/// The planted bugs, each reproducing a real class of failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Canary {
+    /// Replication drops ops when its queue is full.
+    ReplicationDropsOnFullQueue = 1,
+    /// One sync cursor shared by all peers.
+    SharedSyncCursor = 2,
+    /// Redo keeps stale undo information.
+    StaleUndoOnRedo = 3,
+    /// An op older than the whole log is re-applied from the wrong position.
+    OldOpWrongPosition = 4,
+    /// A failed batch leaves its callers waiting.
+    FailedBatchHangs = 5,
+    /// Sync drops a tree on a transient peer error.
+    SyncDropsTreeOnPeerError = 6,
+    /// Path resolution picks a duplicate directory by arrival order.
+    PathByArrivalOrder = 7,
+}
+
+impl Canary {
+    pub const ALL: [Canary; 7] = [
+        Canary::ReplicationDropsOnFullQueue,
+        Canary::SharedSyncCursor,
+        Canary::StaleUndoOnRedo,
+        Canary::OldOpWrongPosition,
+        Canary::FailedBatchHangs,
+        Canary::SyncDropsTreeOnPeerError,
+        Canary::PathByArrivalOrder,
+    ];
+}
+
+#[cfg(feature = "canary")]
+mod imp {
+    use super::Canary;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    static ACTIVE: AtomicU8 = AtomicU8::new(0);
+
+    /// Switches one canary on (or all off with `None`) for this process.
+    pub fn set(canary: Option<Canary>) {
+        ACTIVE.store(canary.map_or(0, |c| c as u8), Ordering::SeqCst);
+    }
+
+    pub fn active(canary: Canary) -> bool {
+        ACTIVE.load(Ordering::Relaxed) == canary as u8
+    }
+}
+
+#[cfg(not(feature = "canary"))]
+mod imp {
+    use super::Canary;
+
+    #[inline(always)]
+    pub fn active(_canary: Canary) -> bool {
+        false
+    }
+}
+
+pub use imp::*;

@@ -1,0 +1,19 @@
+//! Arbor's engine: the move-CRDT forest on redb, group commit, and the
+//! replicated tree service on abstract clock, runtime and network.
+
+pub mod batcher;
+pub mod canary;
+pub mod config;
+pub mod error;
+pub mod forest;
+pub mod model;
+pub mod net;
+pub mod proto;
+pub mod runtime;
+pub mod service;
+pub mod system;
+pub mod tcp;
+pub mod types;
+
+pub use error::{Error, Result};
+pub use types::*;

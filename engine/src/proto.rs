@@ -1,0 +1,141 @@
+//! The request/response messages of the service API and their wire format.
+//!
+//! A frame body is `[version: u8][postcard-encoded envelope]`. Decoding checks
+//! the size limit before anything else and never panics on garbage.
+
+use crate::error::{Error, Result};
+use crate::types::*;
+use serde::{Deserialize, Serialize};
+
+/// Wire format version; a frame with another version is refused.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// A request of the service API (DESIGN §4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    Add {
+        tree: TreeKey,
+        parent: NodeId,
+        items: Vec<KeyValue>,
+    },
+    AddByPath {
+        tree: TreeKey,
+        attr: String,
+        path: Vec<String>,
+        items: Vec<KeyValue>,
+    },
+    Move {
+        tree: TreeKey,
+        parent: NodeId,
+        node: NodeId,
+        items: Vec<KeyValue>,
+    },
+    Remove {
+        tree: TreeKey,
+        node: NodeId,
+    },
+    GetNodeByPath {
+        tree: TreeKey,
+        attr: String,
+        path: Vec<String>,
+        attributes: Vec<String>,
+        latest_only: bool,
+        all_attributes: bool,
+    },
+    GetMeta {
+        tree: TreeKey,
+        node: NodeId,
+    },
+    GetSubTree {
+        tree: TreeKey,
+        root: NodeId,
+        depth: u32,
+    },
+    TreeList {
+        cid: ContainerId,
+    },
+    /// Replicated ops, each applied at its own timestamp; idempotent.
+    Apply {
+        tree: TreeKey,
+        ops: Vec<Move>,
+    },
+    GetOpLog {
+        tree: TreeKey,
+        from_height: u64,
+        limit: u32,
+    },
+    Healthcheck,
+    Drop {
+        cid: ContainerId,
+        /// `None` drops every tree of the container.
+        tree: Option<String>,
+    },
+}
+
+/// A response of the service API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Added {
+        node: NodeId,
+    },
+    AddedByPath {
+        leaf: NodeId,
+        created: Vec<NodeId>,
+    },
+    Done,
+    Nodes(Vec<NodeInfo>),
+    Trees(Vec<String>),
+    /// How many of the applied ops were new to this replica.
+    Applied {
+        fresh: u32,
+    },
+    OpLog {
+        entries: Vec<LogEntry>,
+        /// The height after the last stored op: `from_height` of the next page.
+        next_height: u64,
+    },
+    Health {
+        replica_id: ReplicaId,
+    },
+    Error(Error),
+}
+
+/// A request or response with the caller's correlation id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    pub id: u64,
+    pub body: T,
+}
+
+/// Encodes an envelope into a frame body.
+pub fn encode<T: Serialize>(id: u64, body: &T) -> Vec<u8> {
+    let mut out = vec![PROTOCOL_VERSION];
+    // Serialising our own in-memory types cannot fail.
+    let encoded = postcard::to_stdvec(&Envelope { id, body }).expect("postcard encode");
+    out.extend_from_slice(&encoded);
+    out
+}
+
+/// Decodes a frame body produced by `encode`; bytes beyond the envelope are
+/// an error, so every accepted frame re-encodes to itself.
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], max_bytes: usize) -> Result<Envelope<T>> {
+    if bytes.len() > max_bytes {
+        return Err(Error::TooLarge {
+            what: "frame".into(),
+            size: bytes.len() as u64,
+            limit: max_bytes as u64,
+        });
+    }
+    let (&version, rest) = bytes
+        .split_first()
+        .ok_or_else(|| Error::Malformed("empty frame".into()))?;
+    if version != PROTOCOL_VERSION {
+        return Err(Error::Malformed(format!("unsupported protocol version {version}")));
+    }
+    let (envelope, tail) = postcard::take_from_bytes::<Envelope<T>>(rest)
+        .map_err(|e| Error::Malformed(format!("undecodable frame: {e}")))?;
+    if !tail.is_empty() {
+        return Err(Error::Malformed(format!("{} trailing bytes", tail.len())));
+    }
+    Ok(envelope)
+}

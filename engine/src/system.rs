@@ -1,0 +1,1 @@
+//! Production Clock and Runtime: the system clock and tokio (issue 3).

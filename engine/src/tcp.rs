@@ -1,0 +1,1 @@
+//! SKELETON: filled in by its issue.

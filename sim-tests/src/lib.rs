@@ -1,0 +1,6 @@
+//! Arbor's simulated world: madsim clusters of real Arbor nodes on a
+//! simulated clock, network and disk, with faults, workloads and checkers;
+//! plus the fuzz check functions and the load evaluator.
+
+pub mod fuzzing;
+pub mod load;

@@ -1,0 +1,1 @@
+//! Load evaluation: k6-style constant-arrival-rate scenarios (issue 6).
