@@ -2,5 +2,7 @@
 //! simulated clock, network and disk, with faults, workloads and checkers;
 //! plus the fuzz check functions and the load evaluator.
 
+pub mod cli;
+pub mod disk;
 pub mod fuzzing;
 pub mod load;
