@@ -6,3 +6,5 @@ pub mod cli;
 pub mod disk;
 pub mod fuzzing;
 pub mod load;
+pub mod trace;
+pub mod world;

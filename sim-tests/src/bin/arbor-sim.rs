@@ -3,7 +3,11 @@
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "arbor-sim", version, about = "Arbor's deterministic simulator and load evaluator")]
+#[command(
+    name = "arbor-sim",
+    version,
+    about = "Arbor's deterministic simulator and load evaluator"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

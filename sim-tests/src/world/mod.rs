@@ -1,0 +1,471 @@
+//! The simulated world: a madsim cluster of real Arbor nodes, each with a
+//! skewed clock, a disk that outlives the node, and a datagram transport;
+//! plus client nodes that call them. The scenario, the load evaluator's sim
+//! mode and the tests all build on it.
+//!
+//! Everything here must run inside a madsim runtime
+//! (`madsim::runtime::Runtime::with_seed_and_config(..).block_on(..)`).
+
+pub mod clock;
+pub mod runtime;
+pub mod storage;
+pub mod transport;
+
+use crate::trace::Trace;
+use arbor::config::{
+    Config, ContainerConfig, Limits, NodeConfig, PeerConfig, PiloramaConfig, TreeConfig,
+};
+use arbor::forest::ForestOptions;
+use arbor::proto::{Request, Response};
+use arbor::runtime::{Clock, Env};
+use arbor::service::Service;
+use arbor::{Error, ReplicaId};
+use clock::{ClockSkew, SimClock};
+use madsim::runtime::{Handle, NodeHandle};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use storage::NodeDisk;
+use transport::{MessageFilter, SimTransport};
+
+/// Port every simulated replica listens on.
+pub const SERVICE_PORT: u16 = 7000;
+
+/// How often a (re)starting node retries opening its disk, and how long it
+/// waits between tries, before it gives up and stays down.
+const OPEN_ATTEMPTS_MAX: u32 = 50;
+const OPEN_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// The address of the `index`-th replica (0-based).
+pub fn replica_addr(index: usize) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, index as u8 + 1)),
+        SERVICE_PORT,
+    )
+}
+
+/// The tunable knobs of a simulated node's config.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Knobs {
+    pub max_batch_size: usize,
+    pub max_batch_delay: Duration,
+    pub replication_channel_capacity: usize,
+    pub replication_worker_count: usize,
+    pub replication_timeout: Duration,
+    pub sync_interval: Option<Duration>,
+    pub max_pending_writes: usize,
+    pub sync_page_size: usize,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Self {
+            max_batch_size: 100,
+            max_batch_delay: Duration::from_millis(5),
+            replication_channel_capacity: 1000,
+            replication_worker_count: 16,
+            replication_timeout: Duration::from_secs(1),
+            sync_interval: Some(Duration::from_secs(5)),
+            max_pending_writes: 10_000,
+            sync_page_size: 256,
+        }
+    }
+}
+
+/// Configs for `count` replicas numbered 1..=count at `replica_addr`, every
+/// container replicated on all of them.
+pub fn cluster_configs(count: usize, knobs: &Knobs) -> Vec<Config> {
+    let ids: Vec<ReplicaId> = (1..=count as ReplicaId).collect();
+    ids.iter()
+        .map(|&id| node_config(id, &ids, knobs, Vec::new()))
+        .collect()
+}
+
+/// The config of replica `id` among `all` (ids are 1-based positions).
+pub fn node_config(
+    id: ReplicaId,
+    all: &[ReplicaId],
+    knobs: &Knobs,
+    containers: Vec<ContainerConfig>,
+) -> Config {
+    let peers = all
+        .iter()
+        .filter(|&&peer| peer != id)
+        .map(|&peer| PeerConfig {
+            replica_id: peer,
+            address: replica_addr(usize::from(peer) - 1).to_string(),
+        })
+        .collect();
+    Config {
+        tree: TreeConfig {
+            enabled: true,
+            cache_size: 15,
+            replication_worker_count: knobs.replication_worker_count,
+            replication_channel_capacity: knobs.replication_channel_capacity,
+            replication_timeout: knobs.replication_timeout,
+            sync_interval: knobs.sync_interval,
+        },
+        pilorama: PiloramaConfig {
+            max_batch_delay: knobs.max_batch_delay,
+            max_batch_size: knobs.max_batch_size,
+            path: format!("sim://replica-{id}").into(),
+            no_sync: false,
+        },
+        node: NodeConfig {
+            replica_id: id,
+            listen: replica_addr(usize::from(id) - 1).to_string(),
+            peers,
+            containers,
+        },
+        limits: Limits {
+            max_message_bytes: 4 << 20,
+            max_meta_bytes: 64 << 10,
+            max_path_len: 64,
+            max_pending_writes: knobs.max_pending_writes,
+            sync_page_size: knobs.sync_page_size,
+            max_subtree_nodes: 100_000,
+            max_connections: 4096,
+            connect_timeout: Duration::from_secs(1),
+        },
+    }
+}
+
+/// One replica to build.
+pub struct NodeSpec {
+    pub config: Config,
+    pub skew: ClockSkew,
+    pub disk: Arc<dyn NodeDisk>,
+}
+
+/// A running (or crashed) replica of the world.
+pub struct SimNode {
+    pub name: String,
+    pub replica_id: ReplicaId,
+    pub addr: SocketAddr,
+    pub config: Config,
+    pub disk: Arc<dyn NodeDisk>,
+    pub clock: Arc<SimClock>,
+    node: NodeHandle,
+    /// The service of the current incarnation; empty while down.
+    service: Arc<Mutex<Option<Arc<Service>>>>,
+}
+
+impl SimNode {
+    /// The current incarnation's service, if the node is up.
+    pub fn service(&self) -> Option<Arc<Service>> {
+        self.service.lock().unwrap().clone()
+    }
+
+    pub fn madsim_id(&self) -> madsim::task::NodeId {
+        self.node.id()
+    }
+}
+
+/// A cluster of simulated replicas.
+pub struct World {
+    pub nodes: Vec<SimNode>,
+    pub filter: Arc<MessageFilter>,
+    pub trace: Trace,
+    clients: usize,
+}
+
+impl World {
+    /// Creates and starts the replicas. Call inside a madsim runtime.
+    pub fn build(specs: Vec<NodeSpec>, trace: Trace) -> World {
+        let filter = Arc::new(MessageFilter::default());
+        let nodes = specs
+            .into_iter()
+            .map(|spec| build_node(spec, filter.clone(), trace.clone()))
+            .collect();
+        World {
+            nodes,
+            filter,
+            trace,
+            clients: 0,
+        }
+    }
+
+    /// `count` replicas with `configs` on fault-free disks without skew.
+    pub fn build_simple(configs: Vec<Config>, trace: Trace) -> World {
+        let specs = configs
+            .into_iter()
+            .map(|config| NodeSpec {
+                config,
+                skew: ClockSkew::default(),
+                disk: Arc::new(storage::MemDisk::new()),
+            })
+            .collect();
+        Self::build(specs, trace)
+    }
+
+    pub fn node(&self, replica: ReplicaId) -> &SimNode {
+        self.nodes
+            .iter()
+            .find(|n| n.replica_id == replica)
+            .expect("no such replica")
+    }
+
+    pub fn replica_ids(&self) -> Vec<ReplicaId> {
+        self.nodes.iter().map(|n| n.replica_id).collect()
+    }
+
+    /// A new client node that calls replicas over the simulated network.
+    pub fn client(&mut self) -> Client {
+        self.clients += 1;
+        let index = self.clients;
+        let name = format!("client-{index}");
+        let ip = IpAddr::V4(Ipv4Addr::new(
+            10,
+            0,
+            1 + (index / 250) as u8,
+            (index % 250) as u8 + 1,
+        ));
+        let node = Handle::current().create_node().name(&name).ip(ip).build();
+        let peers = self.nodes.iter().map(|n| (n.replica_id, n.addr)).collect();
+        let clock: Arc<dyn Clock> = Arc::new(SimClock::new(ClockSkew::default()));
+        let max_message_bytes = self
+            .nodes
+            .first()
+            .map_or(4 << 20, |n| n.config.limits.max_message_bytes);
+        let transport = SimTransport::new(0, peers, clock, max_message_bytes, self.filter.clone());
+        Client {
+            name,
+            node,
+            transport: Arc::new(transport),
+        }
+    }
+
+    /// Power cut and kill: unsynced writes may be lost or torn, destructors
+    /// of the dying incarnation cannot reach the disk any more.
+    pub fn crash(&self, replica: ReplicaId) {
+        let node = self.node(replica);
+        self.trace.record(&node.name, "crash (power failure)");
+        node.service.lock().unwrap().take();
+        node.disk.power_fail();
+        Handle::current().kill(node.node.id());
+    }
+
+    /// Starts a crashed node again; it reopens its forest from its disk.
+    pub fn restart(&self, replica: ReplicaId) {
+        let node = self.node(replica);
+        self.trace.record(&node.name, "restart");
+        node.service.lock().unwrap().take();
+        Handle::current().restart(node.node.id());
+    }
+
+    pub fn is_up(&self, replica: ReplicaId) -> bool {
+        self.node(replica).service().is_some()
+    }
+
+    /// Waits until the replica serves again, at most `timeout` (simulated).
+    pub async fn wait_up(&self, replica: ReplicaId, timeout: Duration) -> bool {
+        let deadline = clock::global_now() + timeout;
+        while clock::global_now() < deadline {
+            if self.is_up(replica) {
+                return true;
+            }
+            madsim::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.is_up(replica)
+    }
+
+    /// Runs `work` on the replica's own madsim node (so its network calls
+    /// leave from that node), `None` when the node is down or died meanwhile.
+    pub async fn on_node<F, T>(
+        &self,
+        replica: ReplicaId,
+        work: impl FnOnce(Arc<Service>) -> F,
+    ) -> Option<T>
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let node = self.node(replica);
+        let service = node.service()?;
+        node.node.spawn(work(service)).await.ok()
+    }
+
+    /// Clogs the link between two replicas in both directions.
+    pub fn partition_pair(&self, a: ReplicaId, b: ReplicaId) {
+        let net = madsim::net::NetSim::current();
+        net.clog_link(self.node(a).node.id(), self.node(b).node.id());
+        net.clog_link(self.node(b).node.id(), self.node(a).node.id());
+    }
+
+    /// Clogs one direction only.
+    pub fn clog_one_way(&self, from: ReplicaId, to: ReplicaId) {
+        madsim::net::NetSim::current()
+            .clog_link(self.node(from).node.id(), self.node(to).node.id());
+    }
+
+    pub fn unclog_one_way(&self, from: ReplicaId, to: ReplicaId) {
+        madsim::net::NetSim::current()
+            .unclog_link(self.node(from).node.id(), self.node(to).node.id());
+    }
+
+    /// Removes every clog between replicas.
+    pub fn heal_network(&self) {
+        let net = madsim::net::NetSim::current();
+        for a in &self.nodes {
+            for b in &self.nodes {
+                if a.replica_id != b.replica_id {
+                    net.unclog_link(a.node.id(), b.node.id());
+                }
+            }
+            net.unclog_node(a.node.id());
+        }
+    }
+}
+
+/// Builds one madsim node whose init task opens the forest from the disk,
+/// starts the service and serves requests; a restart runs it again.
+fn build_node(spec: NodeSpec, filter: Arc<MessageFilter>, trace: Trace) -> SimNode {
+    let config = spec.config;
+    let replica_id = config.node.replica_id;
+    let name = format!("replica-{replica_id}");
+    let addr: SocketAddr = config
+        .node
+        .listen
+        .parse()
+        .expect("a simulated node listens on an ip:port");
+    let clock = Arc::new(SimClock::new(spec.skew));
+    let service = Arc::new(Mutex::new(None));
+    let boot = Boot {
+        name: name.clone(),
+        config: config.clone(),
+        disk: spec.disk.clone(),
+        clock: clock.clone(),
+        filter,
+        trace,
+        slot: service.clone(),
+    };
+    let boot = Arc::new(boot);
+    let node = Handle::current()
+        .create_node()
+        .name(&name)
+        .ip(addr.ip())
+        .init(move || boot.clone().run())
+        .build();
+    SimNode {
+        name,
+        replica_id,
+        addr,
+        config,
+        disk: spec.disk,
+        clock,
+        node,
+        service,
+    }
+}
+
+/// What a node needs to (re)start.
+struct Boot {
+    name: String,
+    config: Config,
+    disk: Arc<dyn NodeDisk>,
+    clock: Arc<SimClock>,
+    filter: Arc<MessageFilter>,
+    trace: Trace,
+    slot: Arc<Mutex<Option<Arc<Service>>>>,
+}
+
+impl Boot {
+    async fn run(self: Arc<Self>) {
+        let Some(forest) = self.open_forest().await else {
+            self.trace
+                .record(&self.name, "gave up opening its disk; stays down");
+            return;
+        };
+        let disk = self.disk.clone();
+        let env = Env {
+            clock: self.clock.clone(),
+            runtime: Arc::new(runtime::SimRuntime::new(Some(Arc::new(move || {
+                disk.take_latency()
+            })))),
+        };
+        let peers: BTreeMap<ReplicaId, SocketAddr> = self
+            .config
+            .node
+            .peers
+            .iter()
+            .map(|p| {
+                (
+                    p.replica_id,
+                    p.address.parse().expect("peer address is ip:port"),
+                )
+            })
+            .collect();
+        let limits = &self.config.limits;
+        let transport = SimTransport::new(
+            self.config.node.replica_id,
+            peers,
+            self.clock.clone(),
+            limits.max_message_bytes,
+            self.filter.clone(),
+        );
+        let service = match Service::start(
+            self.config.clone(),
+            Arc::new(forest),
+            env,
+            Arc::new(transport),
+        ) {
+            Ok(service) => service,
+            Err(e) => panic!("{}: service does not start: {e}", self.name),
+        };
+        *self.slot.lock().unwrap() = Some(service.clone());
+        self.trace.record(&self.name, "up");
+        let addr = self.config.node.listen.parse().expect("listen is ip:port");
+        transport::serve(
+            addr,
+            service,
+            limits.max_message_bytes,
+            limits.max_connections,
+        )
+        .await;
+    }
+
+    async fn open_forest(&self) -> Option<arbor::forest::Forest> {
+        let options = ForestOptions {
+            replica_id: self.config.node.replica_id,
+            max_meta_bytes: self.config.limits.max_meta_bytes,
+            max_path_len: self.config.limits.max_path_len,
+            durable: !self.config.pilorama.no_sync,
+        };
+        for attempt in 1..=OPEN_ATTEMPTS_MAX {
+            match self.disk.open(options.clone()) {
+                Ok(forest) => return Some(forest),
+                Err(e) => {
+                    self.trace
+                        .record(&self.name, format!("open attempt {attempt} failed: {e}"));
+                    madsim::time::sleep(OPEN_RETRY_DELAY).await;
+                }
+            }
+        }
+        None
+    }
+}
+
+/// A client machine calling replicas over the simulated network.
+pub struct Client {
+    pub name: String,
+    node: NodeHandle,
+    transport: Arc<SimTransport>,
+}
+
+impl Client {
+    /// One request to `replica`, answered or failed within `timeout`.
+    pub async fn call(
+        &self,
+        replica: ReplicaId,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<Response, Error> {
+        use arbor::net::Transport;
+        let call = self.transport.call(replica, request, timeout);
+        match self.node.spawn(call).await {
+            Ok(result) => result,
+            Err(e) => Err(Error::Network(format!("client task failed: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The engine's transport inside the simulation: one madsim datagram per
+//! request and per response, encoded with the real wire format, so packet
+//! loss, clogged links and latency all apply to it.
+
+use arbor::net::Transport;
+use arbor::proto::{self, Request, Response};
+use arbor::runtime::{with_timeout, BoxFuture, Clock};
+use arbor::{Error, ReplicaId};
+use madsim::net::Endpoint;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Datagram tag of requests (server side) and of responses (caller side).
+const TAG_REQUEST: u64 = 1;
+const TAG_RESPONSE: u64 = 2;
+
+/// Something that answers requests: a node's service, or a test double.
+pub trait Handler: Send + Sync + 'static {
+    fn serve(self: Arc<Self>, request: Request) -> BoxFuture<'static, Response>;
+}
+
+impl Handler for arbor::service::Service {
+    fn serve(self: Arc<Self>, request: Request) -> BoxFuture<'static, Response> {
+        Box::pin(async move { arbor::service::Service::handle(&self, request).await })
+    }
+}
+
+/// The kind of a request, for selective message faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RequestKind {
+    /// Replication pushes (`Apply`).
+    Push,
+    /// Sync pulls (`GetOpLog`).
+    Pull,
+    /// Everything else.
+    Other,
+}
+
+impl RequestKind {
+    pub fn of(request: &Request) -> Self {
+        match request {
+            Request::Apply { .. } => RequestKind::Push,
+            Request::GetOpLog { .. } => RequestKind::Pull,
+            _ => RequestKind::Other,
+        }
+    }
+}
+
+/// Drops chosen request kinds between chosen replicas: a middlebox that
+/// loses one message type, which the network layer alone cannot express.
+#[derive(Debug, Default)]
+pub struct MessageFilter {
+    blocked: Mutex<BTreeMap<(ReplicaId, ReplicaId, RequestKind), ()>>,
+}
+
+impl MessageFilter {
+    pub fn block(&self, from: ReplicaId, to: ReplicaId, kind: RequestKind) {
+        self.blocked.lock().unwrap().insert((from, to, kind), ());
+    }
+
+    pub fn unblock_all(&self) {
+        self.blocked.lock().unwrap().clear();
+    }
+
+    pub fn is_blocked(&self, from: ReplicaId, to: ReplicaId, kind: RequestKind) -> bool {
+        self.blocked.lock().unwrap().contains_key(&(from, to, kind))
+    }
+}
+
+/// Calls from one simulated node (a replica or a client) to replicas.
+pub struct SimTransport {
+    /// The caller's replica id (0 for clients), for the message filter.
+    local: ReplicaId,
+    peers: BTreeMap<ReplicaId, SocketAddr>,
+    clock: Arc<dyn Clock>,
+    max_message_bytes: usize,
+    next_call_id: AtomicU64,
+    filter: Arc<MessageFilter>,
+}
+
+impl SimTransport {
+    pub fn new(
+        local: ReplicaId,
+        peers: BTreeMap<ReplicaId, SocketAddr>,
+        clock: Arc<dyn Clock>,
+        max_message_bytes: usize,
+        filter: Arc<MessageFilter>,
+    ) -> Self {
+        Self {
+            local,
+            peers,
+            clock,
+            max_message_bytes,
+            next_call_id: AtomicU64::new(1),
+            filter,
+        }
+    }
+
+    async fn exchange(
+        addr: SocketAddr,
+        call_id: u64,
+        frame: Vec<u8>,
+        max_message_bytes: usize,
+    ) -> Result<Response, Error> {
+        // A fresh endpoint per call: a late answer to a call that timed out
+        // hits a closed port instead of piling up in a shared mailbox.
+        let endpoint = Endpoint::bind("0.0.0.0:0")
+            .await
+            .map_err(|e| Error::Network(format!("bind: {e}")))?;
+        endpoint
+            .send_to_raw(addr, TAG_REQUEST, Box::new(frame))
+            .await
+            .map_err(|e| Error::Network(format!("send: {e}")))?;
+        let (payload, _) = endpoint
+            .recv_from_raw(TAG_RESPONSE)
+            .await
+            .map_err(|e| Error::Network(format!("recv: {e}")))?;
+        let bytes = payload
+            .downcast::<Vec<u8>>()
+            .map_err(|_| Error::Malformed("response is not a byte frame".into()))?;
+        let envelope = proto::decode::<Response>(&bytes, max_message_bytes)?;
+        if envelope.id != call_id {
+            return Err(Error::Malformed(format!(
+                "response id {} for call {call_id}",
+                envelope.id
+            )));
+        }
+        Ok(envelope.body)
+    }
+}
+
+impl Transport for SimTransport {
+    fn call(
+        &self,
+        peer: ReplicaId,
+        request: Request,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Response, Error>> {
+        let addr = self.peers.get(&peer).copied();
+        let call_id = self.next_call_id.fetch_add(1, Ordering::Relaxed);
+        let blocked = self
+            .filter
+            .is_blocked(self.local, peer, RequestKind::of(&request));
+        let frame = proto::encode(call_id, &request);
+        let clock = self.clock.clone();
+        let max_message_bytes = self.max_message_bytes;
+        Box::pin(async move {
+            let Some(addr) = addr else {
+                return Err(Error::Network(format!("unknown replica {peer}")));
+            };
+            if frame.len() > max_message_bytes {
+                return Err(Error::TooLarge {
+                    what: "request".into(),
+                    size: frame.len() as u64,
+                    limit: max_message_bytes as u64,
+                });
+            }
+            let call = async {
+                if blocked {
+                    // A dropped message looks like silence to the caller.
+                    futures::future::pending::<()>().await;
+                }
+                Self::exchange(addr, call_id, frame, max_message_bytes).await
+            };
+            with_timeout(&*clock, timeout, call)
+                .await
+                .unwrap_or(Err(Error::Timeout))
+        })
+    }
+}
+
+/// Serves requests arriving at `addr` until the node is killed. At most
+/// `max_inflight` requests run at once; beyond that callers get
+/// `Overloaded` at once, so a flood cannot grow the task set without bound.
+pub async fn serve(
+    addr: SocketAddr,
+    handler: Arc<dyn Handler>,
+    max_message_bytes: usize,
+    max_inflight: usize,
+) {
+    let endpoint = match Endpoint::bind(addr).await {
+        Ok(endpoint) => Arc::new(endpoint),
+        Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
+    };
+    let inflight = Arc::new(tokio::sync::Semaphore::new(max_inflight));
+    loop {
+        let Ok((payload, from)) = endpoint.recv_from_raw(TAG_REQUEST).await else {
+            return;
+        };
+        let Ok(bytes) = payload.downcast::<Vec<u8>>() else {
+            tracing::warn!(%from, "dropping a non-byte frame");
+            continue;
+        };
+        let envelope = match proto::decode::<Request>(&bytes, max_message_bytes) {
+            Ok(envelope) => envelope,
+            Err(e) => {
+                // Without a decodable id there is nobody to answer.
+                tracing::warn!(%from, error = %e, "dropping an undecodable request");
+                continue;
+            }
+        };
+        let endpoint = endpoint.clone();
+        let Ok(permit) = inflight.clone().try_acquire_owned() else {
+            let busy = Response::Error(Error::Overloaded("too many requests in flight".into()));
+            let frame = proto::encode(envelope.id, &busy);
+            let _ = endpoint
+                .send_to_raw(from, TAG_RESPONSE, Box::new(frame))
+                .await;
+            continue;
+        };
+        let handler = handler.clone();
+        drop(madsim::task::spawn(async move {
+            let response = handler.serve(envelope.body).await;
+            let frame = proto::encode(envelope.id, &response);
+            let _ = endpoint
+                .send_to_raw(from, TAG_RESPONSE, Box::new(frame))
+                .await;
+            drop(permit);
+        }));
+    }
+}
