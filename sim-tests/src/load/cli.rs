@@ -1,21 +1,345 @@
-//! Load-evaluation subcommands: `load` and `matrix` (issue 6).
-//!
-//! SKELETON: the load-evaluation work fills these in.
+//! Load-evaluation subcommands: `load` (one run), `matrix` (the reference
+//! grid and the search for the highest clean rate) and `overload`.
 
+use super::driver::RunSpec;
+use super::matrix::{self, CleanBar, MatrixResult, Point, Runner, SearchPlan};
+use super::real::{self, RealOptions, Topology};
+use super::report::{write_creating_dirs, RunReport};
+use super::scenario::{Scenario, Stage};
+use arbor::config::Config;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum LoadCommand {
-    /// Run one constant-arrival-rate load test.
+    /// Run one constant-arrival-rate load test (k6 semantics).
     Load {
+        #[command(flatten)]
+        common: Box<Common>,
+        /// User-scenario arrival rate (iterations per second).
         #[arg(long, default_value_t = 1000)]
         rate: u64,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Write the self-contained HTML report here (default
+        /// reports/<timestamp>.html).
+        #[arg(long)]
+        html: Option<PathBuf>,
     },
-    /// Run the reference grid and search for the highest clean rate.
-    Matrix {},
+    /// Run the reference grid (1000/2500/5000 RPS x sync 5m/off) and search
+    /// upward for the highest rate with p99 <= 100 ms and no errors.
+    Matrix {
+        #[command(flatten)]
+        common: Box<Common>,
+        /// Length of each grid run.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        grid_duration: Duration,
+        /// Length of each search probe.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        search_duration: Duration,
+        #[arg(long, default_value_t = 5000)]
+        search_start: u64,
+        #[arg(long, default_value_t = 200_000)]
+        search_max: u64,
+        /// Upper bound on search probes.
+        #[arg(long, default_value_t = 12)]
+        search_probes: u32,
+        #[arg(long)]
+        no_grid: bool,
+        #[arg(long)]
+        no_search: bool,
+    },
+    /// Overload: `--base-rate` for a while, then `--rate` for
+    /// `--overload-duration`, then `--base-rate` again; checks that excess
+    /// requests fail fast and every acknowledged write is readable.
+    Overload {
+        #[command(flatten)]
+        common: Box<Common>,
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        base_rate: u64,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        warmup: Duration,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        overload_duration: Duration,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        recovery: Duration,
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
 }
 
-pub fn run(_command: LoadCommand) -> ExitCode {
-    eprintln!("not implemented yet");
-    ExitCode::FAILURE
+/// Options every load subcommand shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// Service configuration (YAML, DESIGN §7 keys); the reference
+    /// configuration when absent. Flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Background sync interval, or "off".
+    #[arg(long, default_value = "5m")]
+    sync: String,
+    #[arg(long)]
+    max_batch_size: Option<usize>,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_batch_delay: Option<Duration>,
+    #[arg(long)]
+    max_pending_writes: Option<usize>,
+    /// Acknowledge before the batch is durable.
+    #[arg(long)]
+    no_sync: bool,
+    /// System-scenario rate (Add into tree "system"); 0 turns it off.
+    #[arg(long, default_value_t = 10)]
+    system_rate: u64,
+    /// Per-request deadline.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    deadline: Duration,
+    /// User objects are spread over this many prefixes.
+    #[arg(long, default_value_t = 1)]
+    prefixes: u32,
+    /// Tokio worker threads in real mode.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Where the databases go (default: a fresh temporary directory).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Check afterwards that every acknowledged node is readable.
+    #[arg(long)]
+    verify: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[arg(long)]
+    no_progress: bool,
+}
+
+impl Common {
+    fn sync_interval(&self) -> Result<Option<Duration>, String> {
+        match self.sync.as_str() {
+            "off" | "0" | "0s" => Ok(None),
+            s => humantime::parse_duration(s)
+                .map(Some)
+                .map_err(|e| format!("--sync {s:?}: {e}")),
+        }
+    }
+
+    fn config(&self) -> Result<Config, String> {
+        if let Some(path) = &self.config {
+            return Err(format!("--config {}: YAML configs are not wired in yet", path.display()));
+        }
+        let mut config = real::reference_config(1, PathBuf::new(), None);
+        config.tree.sync_interval = self.sync_interval()?;
+        if let Some(n) = self.max_batch_size {
+            config.pilorama.max_batch_size = n;
+        }
+        if let Some(d) = self.max_batch_delay {
+            config.pilorama.max_batch_delay = d;
+        }
+        if let Some(n) = self.max_pending_writes {
+            config.limits.max_pending_writes = n;
+        }
+        config.pilorama.no_sync |= self.no_sync;
+        Ok(config)
+    }
+
+    fn spec(&self, user_stages: Vec<Stage>, track_acks: bool) -> RunSpec {
+        let total: Duration = user_stages.iter().map(|s| s.duration).sum();
+        let mut scenarios = Vec::new();
+        if self.system_rate > 0 {
+            scenarios.push(Scenario::system(self.system_rate, total));
+        }
+        scenarios.push(Scenario::user(1, total, self.prefixes).with_stages(user_stages));
+        RunSpec {
+            scenarios,
+            deadline: self.deadline,
+            window: Duration::from_secs(1),
+            track_acks,
+            progress: !self.no_progress,
+        }
+    }
+
+    fn real_options(&self, config: Config) -> RealOptions {
+        RealOptions {
+            topology: Topology::Single,
+            config,
+            data_dir: self.data_dir.clone(),
+            worker_threads: self.workers,
+            verify: self.verify,
+        }
+    }
+}
+
+pub fn run(command: LoadCommand) -> ExitCode {
+    match dispatch(command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
+    match command {
+        LoadCommand::Load {
+            common,
+            rate,
+            duration,
+            html,
+        } => {
+            let spec = common.spec(vec![Stage { duration, rate }], common.verify);
+            let report = real::run(&spec, &common.real_options(common.config()?))?;
+            finish_run(&common, &report, html)
+        }
+        LoadCommand::Matrix {
+            common,
+            grid_duration,
+            search_duration,
+            search_start,
+            search_max,
+            search_probes,
+            no_grid,
+            no_search,
+        } => {
+            let mut runner = RealRunner {
+                common: (*common).clone(),
+                base: common.config()?,
+            };
+            let bar = CleanBar::default();
+            let grid = if no_grid {
+                Vec::new()
+            } else {
+                reference_grid(grid_duration)
+            };
+            let grid_rows = matrix::run_grid(&mut runner, &grid, &bar);
+            let (highest_clean_rate, search) = if no_search {
+                (None, Vec::new())
+            } else {
+                let plan = SearchPlan {
+                    start_rate: search_start,
+                    max_rate: search_max,
+                    duration: search_duration,
+                    sync_interval: common.sync_interval()?,
+                    resolution: 0.05,
+                    probes_max: search_probes,
+                };
+                matrix::search(&mut runner, &plan, &bar)
+            };
+            let result = MatrixResult {
+                grid: grid_rows,
+                search,
+                highest_clean_rate,
+            };
+            println!("\n{}", matrix::result_text(&result, &bar));
+            if let Some(path) = &common.json {
+                let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
+                write_creating_dirs(path, text.as_bytes())
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LoadCommand::Overload {
+            common,
+            rate,
+            base_rate,
+            warmup,
+            overload_duration,
+            recovery,
+            html,
+        } => {
+            let stages = vec![
+                Stage {
+                    duration: warmup,
+                    rate: base_rate,
+                },
+                Stage {
+                    duration: overload_duration,
+                    rate,
+                },
+                Stage {
+                    duration: recovery,
+                    rate: base_rate,
+                },
+            ];
+            let mut options = common.real_options(common.config()?);
+            options.verify = true;
+            let spec = common.spec(stages, true);
+            let mut report = real::run(&spec, &options)?;
+            report.title = format!("Overload: {base_rate}/s, {rate}/s, {base_rate}/s");
+            finish_run(&common, &report, html)
+        }
+    }
+}
+
+/// 1000/2500/5000 RPS, each with sync every 5 minutes and with sync off.
+pub fn reference_grid(duration: Duration) -> Vec<Point> {
+    let mut points = Vec::new();
+    for rate in [1000, 2500, 5000] {
+        for sync_interval in [Some(Duration::from_secs(300)), None] {
+            points.push(Point {
+                rate,
+                sync_interval,
+                duration,
+            });
+        }
+    }
+    points
+}
+
+struct RealRunner {
+    common: Common,
+    base: Config,
+}
+
+impl Runner for RealRunner {
+    fn run(&mut self, point: &Point) -> RunReport {
+        let mut config = self.base.clone();
+        config.tree.sync_interval = point.sync_interval;
+        let spec = self.common.spec(
+            vec![Stage {
+                duration: point.duration,
+                rate: point.rate,
+            }],
+            false,
+        );
+        match real::run(&spec, &self.common.real_options(config)) {
+            Ok(report) => report,
+            Err(e) => {
+                eprintln!("run at {}/s failed: {e}", point.rate);
+                RunReport::default()
+            }
+        }
+    }
+}
+
+fn finish_run(
+    common: &Common,
+    report: &RunReport,
+    html: Option<PathBuf>,
+) -> Result<ExitCode, String> {
+    println!("{}", report.summary_text());
+    if let Some(path) = &common.json {
+        report
+            .write_json(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let html = html.unwrap_or_else(default_html_path);
+    write_creating_dirs(&html, super::html::render(report).as_bytes())
+        .map_err(|e| format!("{}: {e}", html.display()))?;
+    println!("  html report: {}", html.display());
+    let lost = report.verification.as_ref().is_some_and(|v| v.missing > 0);
+    Ok(if lost || report.stuck > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn default_html_path() -> PathBuf {
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(':', "-");
+    PathBuf::from("reports").join(format!("{stamp}.html"))
 }

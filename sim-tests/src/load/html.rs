@@ -1,0 +1,397 @@
+//! A self-contained HTML report: summary tables and inline SVG charts of
+//! latency percentiles and throughput over time. No scripts, no fonts, no
+//! network: the file opens anywhere.
+
+use super::metrics::ScenarioSummary;
+use super::report::{fmt_ms, RunReport};
+use std::fmt::Write as _;
+
+const CHART_WIDTH: f64 = 900.0;
+const CHART_HEIGHT: f64 = 260.0;
+const MARGIN_LEFT: f64 = 70.0;
+const MARGIN_RIGHT: f64 = 130.0;
+const MARGIN_TOP: f64 = 28.0;
+const MARGIN_BOTTOM: f64 = 36.0;
+
+/// One line of a chart.
+pub struct Series {
+    pub name: String,
+    pub color: &'static str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Renders the whole report.
+pub fn render(report: &RunReport) -> String {
+    let mut body = String::new();
+    let _ = writeln!(body, "<h1>{}</h1>", esc(&report.title));
+    let _ = writeln!(
+        body,
+        "<p class=meta>mode <b>{}</b>{}; {:.1} s on the load clock, {:.1} s wall</p>",
+        esc(&report.mode),
+        report
+            .seed
+            .map(|s| format!(", seed {s}"))
+            .unwrap_or_default(),
+        report.clock_time_s,
+        report.wall_time_s
+    );
+    body.push_str(&params_table(report));
+    body.push_str(&summary_table(&report.scenarios));
+    for s in &report.scenarios {
+        body.push_str(&scenario_charts(s));
+    }
+    body.push_str(&process_chart(report));
+    if let Some(v) = &report.verification {
+        let _ = writeln!(
+            body,
+            "<p>Verification: {} of {} acknowledged nodes readable on {} replica(s); {} missing.</p>",
+            v.found, v.acked, v.replicas_checked, v.missing
+        );
+    }
+    for n in &report.notes {
+        let _ = writeln!(body, "<p class=note>{}</p>", esc(n));
+    }
+    format!(
+        "<!doctype html>\n<html><head><meta charset=utf-8><title>{}</title>\n<style>{}</style></head>\n<body>\n{}</body></html>\n",
+        esc(&report.title),
+        STYLE,
+        body
+    )
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222}\
+table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}\
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.meta{color:#555}.note{color:#a40}\
+svg{display:block;margin:6px 0 18px}";
+
+fn params_table(report: &RunReport) -> String {
+    let mut out = String::from("<table><tr><th>parameter</th><th>value</th></tr>\n");
+    for (k, v) in &report.params {
+        let _ = writeln!(out, "<tr><td>{}</td><td>{}</td></tr>", esc(k), esc(v));
+    }
+    if let Some(c) = &report.service {
+        let _ = writeln!(
+            out,
+            "<tr><td>service</td><td>{} writes in {} batches (avg {:.1}), {} rejected overload, {} pushed, {} pulled</td></tr>",
+            c.writes_committed, c.batches_committed, c.batch_size_avg, c.writes_rejected_overload, c.ops_pushed, c.ops_pulled
+        );
+    }
+    out.push_str("</table>\n");
+    out
+}
+
+fn summary_table(scenarios: &[ScenarioSummary]) -> String {
+    let mut out = String::from(
+        "<table><tr><th>scenario</th><th>iterations</th><th>rate/s</th><th>errors</th><th>dropped</th>\
+         <th>avg</th><th>min</th><th>med</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>\n",
+    );
+    for s in scenarios {
+        let l = &s.latency;
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{} ({:.2}%)</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&s.name),
+            s.ok + s.errors,
+            s.achieved_rate,
+            s.errors,
+            s.error_rate * 100.0,
+            s.dropped,
+            fmt_ms(l.avg_ms),
+            fmt_ms(l.min_ms),
+            fmt_ms(l.med_ms),
+            fmt_ms(l.p90_ms),
+            fmt_ms(l.p95_ms),
+            fmt_ms(l.p99_ms),
+            fmt_ms(l.max_ms)
+        );
+    }
+    out.push_str("</table>\n");
+    out
+}
+
+fn scenario_charts(s: &ScenarioSummary) -> String {
+    let w = &s.windows;
+    let pick = |f: fn(&super::metrics::WindowStats) -> f64| -> Vec<(f64, f64)> {
+        w.iter()
+            .filter(|x| x.ok > 0)
+            .map(|x| (x.start_s, f(x)))
+            .collect()
+    };
+    let latency = [
+        Series {
+            name: "p50".into(),
+            color: "#1f77b4",
+            points: pick(|x| x.p50_ms),
+        },
+        Series {
+            name: "p90".into(),
+            color: "#2ca02c",
+            points: pick(|x| x.p90_ms),
+        },
+        Series {
+            name: "p99".into(),
+            color: "#ff7f0e",
+            points: pick(|x| x.p99_ms),
+        },
+        Series {
+            name: "max".into(),
+            color: "#d62728",
+            points: pick(|x| x.max_ms),
+        },
+    ];
+    let width_s = w.first().map_or(1.0, |_| {
+        if w.len() > 1 {
+            w[1].start_s - w[0].start_s
+        } else {
+            1.0
+        }
+    });
+    let per_s = |f: fn(&super::metrics::WindowStats) -> u64| -> Vec<(f64, f64)> {
+        w.iter()
+            .map(|x| (x.start_s, f(x) as f64 / width_s))
+            .collect()
+    };
+    let throughput = [
+        Series {
+            name: "ok/s".into(),
+            color: "#2ca02c",
+            points: per_s(|x| x.ok),
+        },
+        Series {
+            name: "errors/s".into(),
+            color: "#d62728",
+            points: per_s(|x| x.errors),
+        },
+        Series {
+            name: "overloaded/s".into(),
+            color: "#9467bd",
+            points: per_s(|x| x.overloaded),
+        },
+        Series {
+            name: "dropped/s".into(),
+            color: "#8c564b",
+            points: per_s(|x| x.dropped),
+        },
+    ];
+    let mut out = format!("<h2>scenario {}</h2>\n", esc(&s.name));
+    out.push_str(&line_chart(
+        "latency of acknowledged requests (ms, log scale)",
+        &latency,
+        true,
+    ));
+    out.push_str(&line_chart("throughput (per second)", &throughput, false));
+    out
+}
+
+fn process_chart(report: &RunReport) -> String {
+    if report.samples.is_empty() {
+        return String::new();
+    }
+    let in_flight = Series {
+        name: "in flight".into(),
+        color: "#1f77b4",
+        points: report
+            .samples
+            .iter()
+            .map(|s| (s.at_s, s.in_flight as f64))
+            .collect(),
+    };
+    let rss = Series {
+        name: "RSS MB".into(),
+        color: "#d62728",
+        points: report.samples.iter().map(|s| (s.at_s, s.rss_mb)).collect(),
+    };
+    let mut out = String::from("<h2>process</h2>\n");
+    out.push_str(&line_chart("requests in flight", &[in_flight], false));
+    out.push_str(&line_chart("resident memory (MB)", &[rss], false));
+    out
+}
+
+/// An SVG line chart with axes, ticks and a legend; `log_y` for latencies
+/// that span microseconds to seconds.
+pub fn line_chart(title: &str, series: &[Series], log_y: bool) -> String {
+    let points = series.iter().flat_map(|s| s.points.iter());
+    let (mut x_max, mut y_min, mut y_max) = (0.0f64, f64::MAX, 0.0f64);
+    for &(x, y) in points {
+        x_max = x_max.max(x);
+        y_max = y_max.max(y);
+        if y > 0.0 {
+            y_min = y_min.min(y);
+        }
+    }
+    x_max = x_max.max(1.0);
+    let y_axis = if log_y {
+        YAxis::log(y_min.min(y_max), y_max)
+    } else {
+        YAxis::linear(y_max)
+    };
+    let plot_w = CHART_WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
+    let plot_h = CHART_HEIGHT - MARGIN_TOP - MARGIN_BOTTOM;
+    let sx = |x: f64| MARGIN_LEFT + x / x_max * plot_w;
+    let sy = |y: f64| MARGIN_TOP + plot_h * (1.0 - y_axis.frac(y));
+    let mut svg = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{CHART_WIDTH}' height='{CHART_HEIGHT}' font-size='11'>\n\
+         <text x='{MARGIN_LEFT}' y='16' font-weight='bold'>{}</text>\n\
+         <rect x='{MARGIN_LEFT}' y='{MARGIN_TOP}' width='{plot_w}' height='{plot_h}' fill='none' stroke='#999'/>\n",
+        esc(title)
+    );
+    for (value, label) in y_axis.ticks() {
+        let y = sy(value);
+        let _ = writeln!(
+            svg,
+            "<line x1='{MARGIN_LEFT}' x2='{:.1}' y1='{y:.1}' y2='{y:.1}' stroke='#eee'/><text x='{:.1}' y='{:.1}' text-anchor='end'>{label}</text>",
+            MARGIN_LEFT + plot_w,
+            MARGIN_LEFT - 6.0,
+            y + 4.0
+        );
+    }
+    for x in nice_ticks(x_max) {
+        let px = sx(x);
+        let _ = writeln!(
+            svg,
+            "<text x='{px:.1}' y='{:.1}' text-anchor='middle'>{}s</text>",
+            MARGIN_TOP + plot_h + 16.0,
+            trim_num(x)
+        );
+    }
+    for (i, s) in series.iter().enumerate() {
+        let path: Vec<String> = s
+            .points
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .collect();
+        if !path.is_empty() {
+            let _ = writeln!(
+                svg,
+                "<polyline fill='none' stroke='{}' stroke-width='1.5' points='{}'/>",
+                s.color,
+                path.join(" ")
+            );
+        }
+        let ly = MARGIN_TOP + 14.0 * i as f64 + 8.0;
+        let lx = MARGIN_LEFT + plot_w + 10.0;
+        let _ = writeln!(
+            svg,
+            "<line x1='{lx}' x2='{:.1}' y1='{ly}' y2='{ly}' stroke='{}' stroke-width='3'/><text x='{:.1}' y='{:.1}'>{}</text>",
+            lx + 18.0,
+            s.color,
+            lx + 24.0,
+            ly + 4.0,
+            esc(&s.name)
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+enum YAxis {
+    Linear { max: f64 },
+    Log { lo: f64, hi: f64 },
+}
+
+impl YAxis {
+    fn linear(y_max: f64) -> Self {
+        let ticks = nice_ticks(y_max.max(1e-9));
+        let max = ticks.last().copied().unwrap_or(1.0).max(y_max).max(1e-9);
+        YAxis::Linear { max }
+    }
+
+    fn log(y_min: f64, y_max: f64) -> Self {
+        let lo = 10f64.powf(y_min.max(1e-3).log10().floor());
+        let hi = 10f64.powf(y_max.max(lo * 10.0).log10().ceil());
+        YAxis::Log { lo, hi }
+    }
+
+    fn frac(&self, y: f64) -> f64 {
+        match *self {
+            YAxis::Linear { max } => (y / max).clamp(0.0, 1.0),
+            YAxis::Log { lo, hi } => {
+                ((y.max(lo).log10() - lo.log10()) / (hi.log10() - lo.log10())).clamp(0.0, 1.0)
+            }
+        }
+    }
+
+    fn ticks(&self) -> Vec<(f64, String)> {
+        match *self {
+            YAxis::Linear { max } => nice_ticks(max)
+                .into_iter()
+                .map(|t| (t, trim_num(t)))
+                .collect(),
+            YAxis::Log { lo, hi } => {
+                let mut out = Vec::new();
+                let mut t = lo;
+                while t <= hi * 1.0001 {
+                    out.push((t, trim_num(t)));
+                    t *= 10.0;
+                }
+                out
+            }
+        }
+    }
+}
+
+/// 0 and about five round steps up to `max`.
+fn nice_ticks(max: f64) -> Vec<f64> {
+    let raw = max / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    let mut ticks = Vec::new();
+    let mut t = 0.0;
+    while t <= max + step * 0.999 && ticks.len() < 12 {
+        ticks.push(t);
+        t += step;
+    }
+    ticks
+}
+
+fn trim_num(v: f64) -> String {
+    if v >= 1000.0 && v % 1000.0 == 0.0 {
+        format!("{}k", v / 1000.0)
+    } else if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Escapes text for HTML element content and attribute values.
+pub fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('\'', "&#39;")
+        .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chart_is_self_contained_svg() {
+        let s = Series {
+            name: "p99 <x>".into(),
+            color: "#000",
+            points: vec![(0.0, 0.5), (1.0, 20.0), (2.0, 1500.0)],
+        };
+        let svg = line_chart("t", &[s], true);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        assert!(svg.contains("p99 &lt;x&gt;"));
+        assert!(!svg.contains("http://") || svg.contains("xmlns='http://www.w3.org/2000/svg'"));
+        assert_eq!(svg.matches("<polyline").count(), 1);
+    }
+
+    #[test]
+    fn ticks_cover_the_maximum() {
+        for max in [0.7, 3.0, 42.0, 999.0, 30_000.0] {
+            let t = nice_ticks(max);
+            assert!(*t.last().unwrap() >= max, "{max}: {t:?}");
+            assert!(t.len() <= 12);
+        }
+    }
+}

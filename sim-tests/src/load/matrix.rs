@@ -1,0 +1,346 @@
+//! The reference grid (1000/2500/5000 RPS x background sync on/off) side by
+//! side with the reference run's numbers, then a search for the highest rate
+//! that stays clean (p99 <= 100 ms, no errors, no dropped iterations).
+
+use super::report::{fmt_ms, RunReport};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// The reference run (Go implementation, bbolt, network mocked): average
+/// latency of the user scenario, in ms, per rate. The reference did not
+/// report the other percentiles, nor separate numbers for sync on and off.
+pub const REFERENCE_AVG_MS: [(u64, f64); 3] = [(1000, 13.7), (2500, 19.5), (5000, 1100.0)];
+
+/// One cell of the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Point {
+    pub rate: u64,
+    /// Background sync interval; `None` = off.
+    pub sync_interval: Option<Duration>,
+    pub duration: Duration,
+}
+
+/// Runs one point to completion (in real or simulated time).
+pub trait Runner {
+    fn run(&mut self, point: &Point) -> RunReport;
+}
+
+/// What counts as clean.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CleanBar {
+    pub p99_ms_max: f64,
+}
+
+impl Default for CleanBar {
+    fn default() -> Self {
+        Self { p99_ms_max: 100.0 }
+    }
+}
+
+impl CleanBar {
+    /// Every scenario within the p99 bar, without errors or drops.
+    pub fn is_clean(&self, report: &RunReport) -> bool {
+        !report.scenarios.is_empty()
+            && report.stuck == 0
+            && report
+                .scenarios
+                .iter()
+                .all(|s| s.errors == 0 && s.dropped == 0 && s.latency.p99_ms <= self.p99_ms_max)
+    }
+}
+
+/// One measured row.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub rate: u64,
+    pub sync: String,
+    pub avg_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub achieved_rate: f64,
+    pub errors: u64,
+    pub dropped: u64,
+    pub clean: bool,
+    pub reference_avg_ms: Option<f64>,
+}
+
+impl Row {
+    fn of(point: &Point, report: &RunReport, bar: &CleanBar) -> Self {
+        let user = report.scenario("user").cloned().unwrap_or_default();
+        Self {
+            rate: point.rate,
+            sync: sync_label(point.sync_interval),
+            avg_ms: user.latency.avg_ms,
+            p90_ms: user.latency.p90_ms,
+            p99_ms: user.latency.p99_ms,
+            max_ms: user.latency.max_ms,
+            achieved_rate: user.achieved_rate,
+            errors: report.scenarios.iter().map(|s| s.errors).sum(),
+            dropped: report.scenarios.iter().map(|s| s.dropped).sum(),
+            clean: bar.is_clean(report),
+            reference_avg_ms: REFERENCE_AVG_MS
+                .iter()
+                .find(|(r, _)| *r == point.rate)
+                .map(|(_, ms)| *ms),
+        }
+    }
+}
+
+pub fn sync_label(interval: Option<Duration>) -> String {
+    match interval {
+        Some(d) => humantime::format_duration(d).to_string(),
+        None => "off".to_string(),
+    }
+}
+
+/// The grid's result and the search's.
+#[derive(Clone, Debug, Serialize)]
+pub struct MatrixResult {
+    pub grid: Vec<Row>,
+    pub search: Vec<Row>,
+    /// Highest rate found clean; `None` if even the first probe was not.
+    pub highest_clean_rate: Option<u64>,
+}
+
+/// How the upward search proceeds.
+#[derive(Clone, Copy, Debug)]
+pub struct SearchPlan {
+    pub start_rate: u64,
+    pub max_rate: u64,
+    pub duration: Duration,
+    pub sync_interval: Option<Duration>,
+    /// Stop bisecting when the bracket is narrower than this fraction.
+    pub resolution: f64,
+    /// Bound on probes, whatever happens.
+    pub probes_max: u32,
+}
+
+/// Runs the grid, printing each row as it lands.
+pub fn run_grid(runner: &mut dyn Runner, points: &[Point], bar: &CleanBar) -> Vec<Row> {
+    println!("{}", header());
+    points
+        .iter()
+        .map(|p| {
+            let row = Row::of(p, &runner.run(p), bar);
+            println!("{}", row_text(&row));
+            row
+        })
+        .collect()
+}
+
+/// Doubles the rate while clean (halves it while not), then bisects the
+/// bracket between the best clean and the lowest unclean rate.
+pub fn search(
+    runner: &mut dyn Runner,
+    plan: &SearchPlan,
+    bar: &CleanBar,
+) -> (Option<u64>, Vec<Row>) {
+    let mut rows = Vec::new();
+    let mut probe = |rate: u64, rows: &mut Vec<Row>| -> bool {
+        let point = Point {
+            rate,
+            sync_interval: plan.sync_interval,
+            duration: plan.duration,
+        };
+        let row = Row::of(&point, &runner.run(&point), bar);
+        println!("{}", row_text(&row));
+        rows.push(row);
+        rows.last().is_some_and(|r| r.clean)
+    };
+    println!("{}", header());
+    let mut clean: Option<u64> = None;
+    let mut dirty: Option<u64> = None;
+    let mut rate = plan.start_rate.max(1);
+    let mut probes = 0;
+    while probes < plan.probes_max && rate > 0 {
+        probes += 1;
+        if probe(rate, &mut rows) {
+            clean = Some(rate);
+            if dirty.is_some() || rate >= plan.max_rate {
+                break;
+            }
+            rate = (rate * 2).min(plan.max_rate);
+        } else {
+            dirty = Some(rate);
+            if clean.is_some() {
+                break;
+            }
+            rate /= 2;
+        }
+    }
+    while let (Some(lo), Some(hi)) = (clean, dirty) {
+        if probes >= plan.probes_max || (hi - lo) as f64 <= lo as f64 * plan.resolution {
+            break;
+        }
+        probes += 1;
+        let mid = lo + (hi - lo) / 2;
+        if probe(mid, &mut rows) {
+            clean = Some(mid);
+        } else {
+            dirty = Some(mid);
+        }
+    }
+    (clean, rows)
+}
+
+pub fn header() -> String {
+    format!(
+        "{:>7} {:>5} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} | {:>13}",
+        "rate",
+        "sync",
+        "achieved",
+        "avg",
+        "p90",
+        "p99",
+        "max",
+        "errors",
+        "dropped",
+        "clean",
+        "reference avg"
+    )
+}
+
+pub fn row_text(r: &Row) -> String {
+    format!(
+        "{:>7} {:>5} | {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} | {:>13}",
+        r.rate,
+        r.sync,
+        r.achieved_rate,
+        fmt_ms(r.avg_ms),
+        fmt_ms(r.p90_ms),
+        fmt_ms(r.p99_ms),
+        fmt_ms(r.max_ms),
+        r.errors,
+        r.dropped,
+        if r.clean { "yes" } else { "no" },
+        r.reference_avg_ms
+            .map(fmt_ms)
+            .unwrap_or_else(|| "-".to_string())
+    )
+}
+
+/// The whole matrix as text, for docs and logs.
+pub fn result_text(result: &MatrixResult, bar: &CleanBar) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "reference grid (user scenario; system scenario at 10/s alongside)"
+    );
+    let _ = writeln!(out, "{}", header());
+    for r in &result.grid {
+        let _ = writeln!(out, "{}", row_text(r));
+    }
+    if !result.search.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nsearch (clean = p99 <= {} ms, 0 errors, 0 dropped)",
+            bar.p99_ms_max
+        );
+        let _ = writeln!(out, "{}", header());
+        for r in &result.search {
+            let _ = writeln!(out, "{}", row_text(r));
+        }
+        let _ = writeln!(
+            out,
+            "highest clean rate: {}",
+            result
+                .highest_clean_rate
+                .map_or("none".to_string(), |r| r.to_string())
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::metrics::{LatencySummary, ScenarioSummary};
+
+    /// A pretend service that is clean up to `limit` RPS.
+    struct Threshold {
+        limit: u64,
+        seen: Vec<u64>,
+    }
+
+    impl Runner for Threshold {
+        fn run(&mut self, point: &Point) -> RunReport {
+            self.seen.push(point.rate);
+            let p99_ms = if point.rate <= self.limit {
+                10.0
+            } else {
+                500.0
+            };
+            RunReport {
+                scenarios: vec![ScenarioSummary {
+                    name: "user".into(),
+                    latency: LatencySummary {
+                        p99_ms,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+        }
+    }
+
+    #[test]
+    fn search_brackets_the_limit() {
+        let mut t = Threshold {
+            limit: 37_000,
+            seen: vec![],
+        };
+        let plan = SearchPlan {
+            start_rate: 5000,
+            max_rate: 1_000_000,
+            duration: Duration::from_secs(1),
+            sync_interval: None,
+            resolution: 0.02,
+            probes_max: 30,
+        };
+        let (best, rows) = search(&mut t, &plan, &CleanBar::default());
+        let best = best.unwrap();
+        assert!(best <= 37_000 && best as f64 >= 37_000.0 * 0.98, "{best}");
+        assert_eq!(&t.seen[..4], &[5000, 10_000, 20_000, 40_000]);
+        assert_eq!(rows.len(), t.seen.len());
+    }
+
+    #[test]
+    fn search_reports_none_when_nothing_is_clean() {
+        let mut t = Threshold {
+            limit: 0,
+            seen: vec![],
+        };
+        let plan = SearchPlan {
+            start_rate: 5000,
+            max_rate: 100_000,
+            duration: Duration::from_secs(1),
+            sync_interval: None,
+            resolution: 0.05,
+            probes_max: 10,
+        };
+        assert_eq!(search(&mut t, &plan, &CleanBar::default()).0, None);
+        assert_eq!(t.seen.len(), 10);
+        assert!(t.seen.windows(2).all(|w| w[1] == w[0] / 2), "{:?}", t.seen);
+    }
+
+    #[test]
+    fn search_goes_down_when_the_start_is_too_high() {
+        let mut t = Threshold {
+            limit: 1200,
+            seen: vec![],
+        };
+        let plan = SearchPlan {
+            start_rate: 5000,
+            max_rate: 100_000,
+            duration: Duration::from_secs(1),
+            sync_interval: None,
+            resolution: 0.05,
+            probes_max: 20,
+        };
+        let best = search(&mut t, &plan, &CleanBar::default()).0.unwrap();
+        assert!((1140..=1200).contains(&best), "{best} {:?}", t.seen);
+    }
+}

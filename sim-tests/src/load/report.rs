@@ -1,0 +1,229 @@
+//! The result of one run as data (JSON) and as a k6-style end-of-test
+//! summary.
+
+use super::driver::{RunOutput, Sample};
+use super::metrics::{LatencySummary, ScenarioSummary};
+use arbor::service::ServiceStats;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Service counters, summed over the nodes under test.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServiceCounters {
+    pub writes_committed: u64,
+    pub batches_committed: u64,
+    pub batches_failed: u64,
+    pub writes_rejected_overload: u64,
+    pub ops_pushed: u64,
+    pub ops_pulled: u64,
+    pub sync_rounds: u64,
+    /// writes_committed / batches_committed.
+    pub batch_size_avg: f64,
+}
+
+impl ServiceCounters {
+    pub fn sum<'a>(stats: impl IntoIterator<Item = &'a ServiceStats>) -> Self {
+        let mut c = Self::default();
+        for s in stats {
+            c.writes_committed += s.writes_committed;
+            c.batches_committed += s.batches_committed;
+            c.batches_failed += s.batches_failed;
+            c.writes_rejected_overload += s.writes_rejected_overload;
+            c.ops_pushed += s.ops_pushed;
+            c.ops_pulled += s.ops_pulled;
+            c.sync_rounds += s.sync_rounds;
+        }
+        if c.batches_committed > 0 {
+            c.batch_size_avg = c.writes_committed as f64 / c.batches_committed as f64;
+        }
+        c
+    }
+}
+
+/// After the run: was every acknowledged node readable?
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Verification {
+    pub acked: u64,
+    pub found: u64,
+    pub missing: u64,
+    /// A few missing ids, for debugging.
+    pub missing_sample: Vec<u64>,
+    /// Nodes checked on (all replicas in a cluster run).
+    pub replicas_checked: u32,
+}
+
+/// Everything about one run, as written to `--json`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunReport {
+    pub title: String,
+    /// e.g. "real/single", "real/cluster3-tcp", "sim/cluster3".
+    pub mode: String,
+    pub seed: Option<u64>,
+    /// The knobs of this run, for the record.
+    pub params: BTreeMap<String, String>,
+    pub scenarios: Vec<ScenarioSummary>,
+    pub samples: Vec<Sample>,
+    pub service: Option<ServiceCounters>,
+    pub verification: Option<Verification>,
+    /// Iterations that never finished (should be 0).
+    pub stuck: u64,
+    /// Run length on the generator's clock (simulated time in sim mode).
+    pub clock_time_s: f64,
+    /// Wall time the run took.
+    pub wall_time_s: f64,
+    pub notes: Vec<String>,
+}
+
+impl RunReport {
+    pub fn new(title: String, mode: String, out: RunOutput) -> Self {
+        Self {
+            title,
+            mode,
+            scenarios: out.scenarios,
+            samples: out.samples,
+            stuck: out.stuck,
+            clock_time_s: out.elapsed.as_secs_f64(),
+            ..Self::default()
+        }
+    }
+
+    pub fn scenario(&self, name: &str) -> Option<&ScenarioSummary> {
+        self.scenarios.iter().find(|s| s.name == name)
+    }
+
+    pub fn write_json(&self, path: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        write_creating_dirs(path, text.as_bytes())
+    }
+
+    /// The end-of-test summary, k6 style.
+    pub fn summary_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "\n  {}  [{}]", self.title, self.mode);
+        for (k, v) in &self.params {
+            let _ = writeln!(out, "    {k}: {v}");
+        }
+        for s in &self.scenarios {
+            out.push_str(&scenario_text(s));
+        }
+        if let Some(c) = &self.service {
+            let _ = writeln!(
+                out,
+                "\n  service: {} writes in {} batches (avg {:.1}/batch), {} failed batches, \
+                 {} rejected (overload), {} pushed, {} pulled, {} sync rounds",
+                c.writes_committed,
+                c.batches_committed,
+                c.batch_size_avg,
+                c.batches_failed,
+                c.writes_rejected_overload,
+                c.ops_pushed,
+                c.ops_pulled,
+                c.sync_rounds
+            );
+        }
+        if let Some(v) = &self.verification {
+            let _ = writeln!(
+                out,
+                "  verify: {}/{} acknowledged nodes readable on {} replica(s), {} missing {:?}",
+                v.found, v.acked, v.replicas_checked, v.missing, v.missing_sample
+            );
+        }
+        let rss_max = self.samples.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "  time: {:.1}s on the load clock, {:.1}s wall; peak RSS {:.0} MB; stuck {}",
+            self.clock_time_s, self.wall_time_s, rss_max, self.stuck
+        );
+        for n in &self.notes {
+            let _ = writeln!(out, "  note: {n}");
+        }
+        out
+    }
+}
+
+fn scenario_text(s: &ScenarioSummary) -> String {
+    let mut out = String::new();
+    let completed = s.ok + s.errors;
+    let _ = writeln!(out, "\n  scenario {} ({:.0}s)", s.name, s.duration_s);
+    let line = |out: &mut String, name: &str, value: String| {
+        let dots = ".".repeat(24usize.saturating_sub(name.len()));
+        let _ = writeln!(out, "    {name}{dots}: {value}");
+    };
+    line(
+        &mut out,
+        "iterations",
+        format!("{completed:<10} {:.1}/s", s.achieved_rate),
+    );
+    line(&mut out, "ok", format!("{}", s.ok));
+    let kinds: Vec<String> = s
+        .errors_by_kind
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    line(
+        &mut out,
+        "errors",
+        format!(
+            "{:.2}%  {} {}",
+            s.error_rate * 100.0,
+            s.errors,
+            bracket(&kinds)
+        ),
+    );
+    line(&mut out, "dropped_iterations", format!("{}", s.dropped));
+    line(&mut out, "latency", latency_text(&s.latency));
+    if s.errors > 0 {
+        line(&mut out, "latency{ok}", latency_text(&s.latency_ok));
+        line(&mut out, "latency{failed}", latency_text(&s.latency_failed));
+    }
+    line(
+        &mut out,
+        "vus",
+        format!(
+            "peak in flight {}, allocated max {}",
+            s.in_flight_max, s.vus_allocated_max
+        ),
+    );
+    out
+}
+
+fn bracket(items: &[String]) -> String {
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!("({})", items.join(", "))
+    }
+}
+
+pub fn latency_text(l: &LatencySummary) -> String {
+    format!(
+        "avg={} min={} med={} max={} p(90)={} p(95)={} p(99)={}",
+        fmt_ms(l.avg_ms),
+        fmt_ms(l.min_ms),
+        fmt_ms(l.med_ms),
+        fmt_ms(l.max_ms),
+        fmt_ms(l.p90_ms),
+        fmt_ms(l.p95_ms),
+        fmt_ms(l.p99_ms)
+    )
+}
+
+/// Milliseconds the way k6 prints durations: µs below 1 ms, s above 1 s.
+pub fn fmt_ms(ms: f64) -> String {
+    if ms < 1.0 {
+        format!("{:.0}µs", ms * 1000.0)
+    } else if ms < 1000.0 {
+        format!("{ms:.2}ms")
+    } else {
+        format!("{:.2}s", ms / 1000.0)
+    }
+}
+
+pub fn write_creating_dirs(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, bytes)
+}

@@ -1,0 +1,87 @@
+//! What the load generator drives: anything that answers a request. Real
+//! mode and sim mode differ only in the target (and the clock).
+
+use arbor::error::Error;
+use arbor::net::Transport;
+use arbor::proto::{Request, Response};
+use arbor::runtime::BoxFuture;
+use arbor::service::Service;
+use arbor::types::ReplicaId;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A service endpoint under load.
+pub trait Target: Send + Sync + 'static {
+    fn call(&self, request: Request) -> BoxFuture<'static, Response>;
+}
+
+/// In-process nodes, called directly (no network between the gateway and the
+/// node, as in the reference run where the gateway side was mocked).
+/// With several nodes, requests go round-robin.
+pub struct ServiceTarget {
+    nodes: Vec<Arc<Service>>,
+    next: AtomicUsize,
+}
+
+impl ServiceTarget {
+    pub fn new(nodes: Vec<Arc<Service>>) -> Self {
+        assert!(!nodes.is_empty(), "a target needs at least one node");
+        Self {
+            nodes,
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Target for ServiceTarget {
+    fn call(&self, request: Request) -> BoxFuture<'static, Response> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
+        let node = self.nodes[i].clone();
+        Box::pin(async move { node.handle(request).await })
+    }
+}
+
+/// Requests sent through a transport (TCP, madsim endpoints) to replicas,
+/// round-robin; a transport failure becomes an error response.
+pub struct TransportTarget {
+    transport: Arc<dyn Transport>,
+    replicas: Vec<ReplicaId>,
+    timeout: Duration,
+    next: AtomicUsize,
+}
+
+impl TransportTarget {
+    pub fn new(transport: Arc<dyn Transport>, replicas: Vec<ReplicaId>, timeout: Duration) -> Self {
+        assert!(!replicas.is_empty(), "a target needs at least one replica");
+        Self {
+            transport,
+            replicas,
+            timeout,
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Target for TransportTarget {
+    fn call(&self, request: Request) -> BoxFuture<'static, Response> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.replicas.len();
+        let call = self.transport.call(self.replicas[i], request, self.timeout);
+        Box::pin(async move { call.await.unwrap_or_else(Response::Error) })
+    }
+}
+
+/// A transport for a node without peers: every call fails, which a node
+/// with no peers never makes.
+pub struct NoPeers;
+
+impl Transport for NoPeers {
+    fn call(
+        &self,
+        peer: ReplicaId,
+        _request: Request,
+        _timeout: Duration,
+    ) -> BoxFuture<'static, Result<Response, Error>> {
+        Box::pin(async move { Err(Error::Network(format!("no route to replica {peer}"))) })
+    }
+}
