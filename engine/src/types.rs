@@ -30,7 +30,7 @@ pub const COUNTER_MAX: u64 = (u64::MAX >> REPLICA_BITS) - 1;
 
 /// Builds a timestamp from a Lamport counter and a replica id.
 pub fn make_timestamp(counter: u64, replica: ReplicaId) -> Timestamp {
-    assert!(counter >= 1 && counter <= COUNTER_MAX, "counter out of range");
+    assert!((1..=COUNTER_MAX).contains(&counter), "counter out of range");
     (counter << REPLICA_BITS) | Timestamp::from(replica)
 }
 

@@ -1,0 +1,180 @@
+//! The full O(n) consistency check of one stored tree, for tests and the
+//! simulator's checkers. The write path asserts the cheap local versions of
+//! the same facts on every op.
+
+use super::read;
+use super::records::*;
+use crate::error::Result;
+use crate::types::*;
+use redb::{ReadTransaction, ReadableTable};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Outer error: storage failed; inner error: the violated invariant.
+pub(super) fn check_tree(txn: &ReadTransaction, rec: &TreeRecord) -> Result<Result<(), String>> {
+    let t = rec.number;
+    let log = txn.open_table(LOG)?;
+    let nodes = load_nodes(txn, t)?;
+    let verdict = check_node_count(rec, &nodes)
+        .and_then(|()| check_nodes_against_log(&log, t, &nodes).map_err(|e| e.to_string())?)
+        .and_then(|()| check_children_index(txn, t, &nodes).map_err(|e| e.to_string())?)
+        .and_then(|()| check_acyclic(&nodes))
+        .and_then(|()| check_heights(txn, &log, rec).map_err(|e| e.to_string())?);
+    Ok(verdict)
+}
+
+fn load_nodes(txn: &ReadTransaction, t: u64) -> Result<BTreeMap<NodeId, NodeRecord>> {
+    let table = txn.open_table(NODES)?;
+    let mut nodes = BTreeMap::new();
+    for row in table.range((t, 0)..=(t, u64::MAX))? {
+        let (key, value) = row?;
+        nodes.insert(key.value().1, decode_node(value.value())?);
+    }
+    Ok(nodes)
+}
+
+fn check_node_count(rec: &TreeRecord, nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
+    if rec.node_count != nodes.len() as u64 {
+        return Err(format!(
+            "tree record counts {} nodes, table holds {}",
+            rec.node_count,
+            nodes.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Every node's state was set by the op at its meta time.
+fn check_nodes_against_log(
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    t: u64,
+    nodes: &BTreeMap<NodeId, NodeRecord>,
+) -> Result<Result<(), String>> {
+    for (&id, node) in nodes {
+        if id == ROOT || id == TRASH {
+            return Ok(Err(format!("reserved id {id} stored as a node")));
+        }
+        let Some(guard) = log.get((t, node.time))? else {
+            return Ok(Err(format!(
+                "node {id}: meta time {} not in the log",
+                node.time
+            )));
+        };
+        let op = decode_log(guard.value())?.body;
+        let consistent = op.child == id
+            && op.parent == node.parent
+            && name_key(&op.items) == node.name_key
+            && is_internal(&op.items) == node.internal;
+        if !consistent {
+            return Ok(Err(format!(
+                "node {id}: state differs from the op at {}",
+                node.time
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The children index holds exactly one row per node, under its parent.
+fn check_children_index(
+    txn: &ReadTransaction,
+    t: u64,
+    nodes: &BTreeMap<NodeId, NodeRecord>,
+) -> Result<Result<(), String>> {
+    let children = txn.open_table(CHILDREN)?;
+    let empty: &'static [u8] = &[];
+    let range: std::ops::Range<ChildKey> = (t, 0, empty, 0)..(t + 1, 0, empty, 0);
+    let mut seen = BTreeSet::new();
+    for row in children.range(range)? {
+        let (key, value) = row?;
+        let (_, parent, name, id) = key.value();
+        let (time, internal) = value.value();
+        let Some(node) = nodes.get(&id) else {
+            return Ok(Err(format!("children index lists absent node {id}")));
+        };
+        let same = node.parent == parent
+            && node.name_key == name
+            && node.time == time
+            && node.internal == internal;
+        if !same || !seen.insert(id) {
+            return Ok(Err(format!(
+                "children index row of node {id} is wrong or repeated"
+            )));
+        }
+    }
+    if seen.len() != nodes.len() {
+        return Ok(Err(format!(
+            "children index holds {} nodes, node table {}",
+            seen.len(),
+            nodes.len()
+        )));
+    }
+    // Path lookups go through the same rows; spot-check one read path.
+    if let Some((&id, node)) = nodes.iter().next() {
+        let found = read::children_of(&children, t, node.parent)?;
+        if !found.iter().any(|c| c.0 == id) {
+            return Ok(Err(format!(
+                "node {id} not found among its parent's children"
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Every node reaches ROOT, TRASH or a parent that is not stored (an op
+/// that arrived before its parent's creation) without a cycle.
+fn check_acyclic(nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
+    let mut anchored: BTreeSet<NodeId> = BTreeSet::new();
+    for &start in nodes.keys() {
+        let mut path = Vec::new();
+        let mut on_path = BTreeSet::new();
+        let mut current = start;
+        while let Some(node) = nodes.get(&current) {
+            if anchored.contains(&current) {
+                break;
+            }
+            if !on_path.insert(current) {
+                return Err(format!("cycle through node {current}"));
+            }
+            path.push(current);
+            current = node.parent;
+        }
+        anchored.extend(path);
+    }
+    Ok(())
+}
+
+/// Heights number the log densely from 0 and agree with the log records.
+fn check_heights(
+    txn: &ReadTransaction,
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    rec: &TreeRecord,
+) -> Result<Result<(), String>> {
+    let t = rec.number;
+    let heights = txn.open_table(HEIGHTS)?;
+    let mut expected = 0u64;
+    for row in heights.range((t, 0)..=(t, u64::MAX))? {
+        let (key, ts) = row?;
+        let (height, ts) = (key.value().1, ts.value());
+        if height != expected {
+            return Ok(Err(format!("height {expected} missing")));
+        }
+        let Some(guard) = log.get((t, ts))? else {
+            return Ok(Err(format!("height {height} points at absent op {ts}")));
+        };
+        if decode_log(guard.value())?.tail.height != height {
+            return Ok(Err(format!("op {ts} disagrees about its height {height}")));
+        }
+        if timestamp_counter(ts) > rec.max_counter {
+            return Ok(Err(format!("op {ts} is newer than the tree's counter")));
+        }
+        expected += 1;
+    }
+    let log_len = log.range((t, 0)..=(t, u64::MAX))?.count() as u64;
+    if expected != rec.next_height || log_len != expected {
+        return Ok(Err(format!(
+            "{expected} heights, {log_len} log entries, next height {}",
+            rec.next_height
+        )));
+    }
+    Ok(Ok(()))
+}

@@ -1,0 +1,594 @@
+//! The forest: every tree of a node, stored in one redb database, updated by
+//! the undo/do/redo algorithm of the move CRDT (Kleppmann et al., TPDS 2021).
+//!
+//! Layout: `records` declares the tables and the stored encodings, `read`
+//! holds the lookups shared by reads and writes, `write` the undo/do/redo
+//! write path, `check` the full invariant check.
+
+mod check;
+mod read;
+pub mod records;
+mod write;
+
+use crate::error::{Error, Result};
+use crate::types::*;
+use records::*;
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Limits and identity of one forest.
+#[derive(Clone, Debug)]
+pub struct ForestOptions {
+    /// This replica's stable id; the low 16 bits of every local timestamp.
+    pub replica_id: ReplicaId,
+    /// Largest accepted meta (see `Meta::size_bytes`).
+    pub max_meta_bytes: usize,
+    /// Largest accepted path (components).
+    pub max_path_len: usize,
+    /// Durable commits (`Durability::Immediate`); false = operator's `no_sync`.
+    pub durable: bool,
+}
+
+impl Default for ForestOptions {
+    fn default() -> Self {
+        Self {
+            replica_id: 1,
+            max_meta_bytes: 64 * 1024,
+            max_path_len: 256,
+            durable: true,
+        }
+    }
+}
+
+/// One write of a batch. Local ops get their timestamp inside the batch's
+/// write transaction (newer than everything the tree has seen); `Apply`
+/// carries a replicated op at its own timestamp.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Local move. `child: None` creates a fresh node whose id is the op's
+    /// timestamp. Moving ROOT is an error.
+    Move {
+        parent: NodeId,
+        child: Option<NodeId>,
+        items: Vec<KeyValue>,
+    },
+    /// Walks `path` from ROOT through internal nodes, creating missing ones,
+    /// then adds a leaf with `items`. `attr` must be `FileName`.
+    AddByPath {
+        attr: String,
+        path: Vec<String>,
+        items: Vec<KeyValue>,
+    },
+    /// Local remove: a move under TRASH keeping the node's meta. Removing ROOT
+    /// is an error.
+    Remove { node: NodeId },
+    /// A replicated op applied at its own timestamp; idempotent.
+    Apply { op: Move },
+}
+
+/// A write addressed to one tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRequest {
+    pub tree: TreeKey,
+    pub op: WriteOp,
+}
+
+/// The result of one write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteOutcome {
+    /// Move/Remove (and Add, a Move with a fresh child): the node and the
+    /// op's timestamp.
+    Moved { node: NodeId, ts: Timestamp },
+    /// AddByPath: the leaf and the directories it created, parents first.
+    AddedByPath {
+        leaf: NodeId,
+        created: Vec<NodeId>,
+        ts: Timestamp,
+    },
+    /// Apply: `fresh` is false when the op was already in the log.
+    Applied { fresh: bool },
+}
+
+/// Which per-peer cursor: what we pulled from a peer (sync) or what a peer
+/// has acknowledged of our pushes (replication).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CursorKind {
+    Pull = 0,
+    Push = 1,
+}
+
+/// The full observable state of one tree, for convergence checks: nodes
+/// sorted by id and the log sorted by timestamp.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeDump {
+    pub nodes: Vec<NodeInfo>,
+    pub log: Vec<Move>,
+}
+
+/// The forest of one node.
+pub struct Forest {
+    db: Database,
+    options: ForestOptions,
+}
+
+impl Forest {
+    /// Opens (or creates) a forest in a file.
+    pub fn open(path: &std::path::Path, options: ForestOptions) -> Result<Self> {
+        let db = redb::Builder::new().create(path)?;
+        Self::init(db, options)
+    }
+
+    /// Opens (or creates) a forest on any redb storage backend (the
+    /// simulator's disk, an in-memory backend).
+    pub fn open_with_backend(
+        backend: impl redb::StorageBackend,
+        options: ForestOptions,
+    ) -> Result<Self> {
+        let db = redb::Builder::new().create_with_backend(backend)?;
+        Self::init(db, options)
+    }
+
+    /// A fresh in-memory forest (tests, fuzzing).
+    pub fn in_memory(options: ForestOptions) -> Result<Self> {
+        Self::open_with_backend(redb::backends::InMemoryBackend::new(), options)
+    }
+
+    /// Creates every table up front so that reads never meet a missing one.
+    fn init(db: Database, options: ForestOptions) -> Result<Self> {
+        let txn = db.begin_write()?;
+        txn.open_table(TREES)?;
+        txn.open_table(META)?;
+        txn.open_table(LOG)?;
+        txn.open_table(HEIGHTS)?;
+        txn.open_table(NODES)?;
+        txn.open_table(CHILDREN)?;
+        txn.open_table(CURSORS)?;
+        txn.commit()?;
+        Ok(Self { db, options })
+    }
+
+    pub fn options(&self) -> &ForestOptions {
+        &self.options
+    }
+
+    fn begin_write(&self) -> Result<redb::WriteTransaction> {
+        let mut txn = self.db.begin_write()?;
+        let durability = if self.options.durable {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        };
+        txn.set_durability(durability)
+            .map_err(|e| Error::Storage(e.to_string()))?;
+        Ok(txn)
+    }
+
+    /// Applies a batch in one write transaction. The outer error means the
+    /// transaction failed and nothing of the batch is stored; otherwise each
+    /// request has its own result, in request order.
+    ///
+    /// Replicated ops are applied first, per tree, merged in timestamp order
+    /// with one undo back to the oldest new op; local ops follow in request
+    /// order, each newer than everything before it.
+    pub fn write_batch(&self, requests: &[WriteRequest]) -> Result<Vec<Result<WriteOutcome>>> {
+        let mut results: Vec<Option<Result<WriteOutcome>>> = requests
+            .iter()
+            .map(|r| self.check_request(&r.op).err().map(Err))
+            .collect();
+        let txn = self.begin_write()?;
+        let changed = {
+            let mut writer = write::Writer::open(&txn, self.options.replica_id)?;
+            let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
+            for (index, request) in requests.iter().enumerate() {
+                if let (None, WriteOp::Apply { op }) = (&results[index], &request.op) {
+                    let incoming = write::Incoming { index, op };
+                    applies.entry(&request.tree).or_default().push(incoming);
+                }
+            }
+            for (tree, ops) in &applies {
+                writer.apply_remote(tree, ops, &mut results)?;
+            }
+            for (index, request) in requests.iter().enumerate() {
+                let local = !matches!(request.op, WriteOp::Apply { .. });
+                if local && results[index].is_none() {
+                    results[index] = Some(writer.apply_local(&request.tree, &request.op)?);
+                }
+            }
+            writer.finish()?
+        };
+        if changed {
+            txn.commit()?;
+        } else {
+            txn.abort()?;
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every request has a result"))
+            .collect())
+    }
+
+    /// Everything that can be refused without looking at storage.
+    fn check_request(&self, op: &WriteOp) -> Result<()> {
+        match op {
+            WriteOp::Move { child, items, .. } => {
+                check_local_child(*child)?;
+                self.check_meta(items)
+            }
+            WriteOp::AddByPath { attr, path, items } => {
+                read::check_path(attr, path, self.options.max_path_len)?;
+                for component in path {
+                    self.check_meta(&[KeyValue::new(ATTR_FILE_NAME, component.as_bytes())])?;
+                }
+                self.check_meta(items)
+            }
+            WriteOp::Remove { node } => check_local_child(Some(*node)),
+            WriteOp::Apply { op } => {
+                check_replicated(op)?;
+                self.check_meta(&op.meta.items)
+            }
+        }
+    }
+
+    fn check_meta(&self, items: &[KeyValue]) -> Result<()> {
+        let meta = Meta {
+            time: 0,
+            items: items.to_vec(),
+        };
+        let size = meta.size_bytes();
+        if size > self.options.max_meta_bytes {
+            return Err(Error::TooLarge {
+                what: "meta".into(),
+                size: size as u64,
+                limit: self.options.max_meta_bytes as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// The record of an existing tree.
+    fn tree_record(
+        &self,
+        trees: &impl ReadableTable<&'static [u8], &'static [u8]>,
+        tree: &TreeKey,
+    ) -> Result<TreeRecord> {
+        match trees.get(tree_key_bytes(tree).as_slice())? {
+            Some(guard) => decode_tree(guard.value()),
+            None => Err(Error::TreeNotFound),
+        }
+    }
+
+    fn read_tree(&self, tree: &TreeKey) -> Result<(redb::ReadTransaction, TreeRecord)> {
+        let txn = self.db.begin_read()?;
+        let record = self.tree_record(&txn.open_table(TREES)?, tree)?;
+        Ok((txn, record))
+    }
+
+    /// Nodes reached by `path` (see DESIGN §4); empty when nothing matches.
+    pub fn get_by_path(
+        &self,
+        tree: &TreeKey,
+        attr: &str,
+        path: &[String],
+        latest_only: bool,
+    ) -> Result<Vec<NodeInfo>> {
+        read::check_path(attr, path, self.options.max_path_len)?;
+        let (txn, rec) = self.read_tree(tree)?;
+        let children = txn.open_table(CHILDREN)?;
+        let log = txn.open_table(LOG)?;
+        let (dirs, last) = path.split_at(path.len() - 1);
+        let (dir, found) = read::resolve_dirs(&children, &log, rec.number, dirs)?;
+        if found < dirs.len() {
+            return Ok(Vec::new());
+        }
+        let mut matches =
+            read::children_named(&children, rec.number, dir, &component_key(&last[0]))?;
+        if latest_only {
+            // Newest meta wins; times are unique, the id only breaks
+            // impossible ties deterministically.
+            matches.sort_by_key(|&(id, time, _)| (std::cmp::Reverse(time), id));
+            matches.truncate(1);
+        }
+        let mut out = Vec::with_capacity(matches.len());
+        for (id, time, _) in matches {
+            let items = read::log_record(&log, rec.number, time)?.body.items;
+            out.push(NodeInfo {
+                id,
+                parent: dir,
+                meta: Meta { time, items },
+            });
+        }
+        Ok(out)
+    }
+
+    /// One node, or `None` if the tree has no such node. ROOT and TRASH are
+    /// not stored nodes: they give `None`.
+    pub fn get_node(&self, tree: &TreeKey, node: NodeId) -> Result<Option<NodeInfo>> {
+        let (txn, rec) = self.read_tree(tree)?;
+        let nodes = txn.open_table(NODES)?;
+        let log = txn.open_table(LOG)?;
+        read::node_info(&nodes, &log, rec.number, node)
+    }
+
+    /// Children ids of a node, ascending.
+    pub fn get_children(&self, tree: &TreeKey, node: NodeId) -> Result<Vec<NodeId>> {
+        let (txn, rec) = self.read_tree(tree)?;
+        let children = txn.open_table(CHILDREN)?;
+        let mut ids: Vec<NodeId> = read::children_of(&children, rec.number, node)?
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Depth-first, every parent before its children (children by ascending
+    /// id); depth 0 = unlimited, 1 = the root alone. At most `limit` nodes
+    /// (TooLarge beyond). ROOT and TRASH are reported with an empty meta
+    /// and themselves as parent.
+    pub fn get_subtree(
+        &self,
+        tree: &TreeKey,
+        root: NodeId,
+        depth: u32,
+        limit: usize,
+    ) -> Result<Vec<NodeInfo>> {
+        let (txn, rec) = self.read_tree(tree)?;
+        let nodes = txn.open_table(NODES)?;
+        let children = txn.open_table(CHILDREN)?;
+        let log = txn.open_table(LOG)?;
+        let first = match root {
+            ROOT | TRASH => NodeInfo {
+                id: root,
+                parent: root,
+                meta: Meta::default(),
+            },
+            _ => {
+                read::node_info(&nodes, &log, rec.number, root)?.ok_or(Error::NodeNotFound(root))?
+            }
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![(first, 1u32)];
+        while let Some((info, level)) = stack.pop() {
+            if out.len() == limit {
+                return Err(Error::TooLarge {
+                    what: "subtree".into(),
+                    size: limit as u64 + 1,
+                    limit: limit as u64,
+                });
+            }
+            if depth == 0 || level < depth {
+                let mut ids: Vec<NodeId> = read::children_of(&children, rec.number, info.id)?
+                    .into_iter()
+                    .map(|c| c.0)
+                    .collect();
+                ids.sort_unstable();
+                for id in ids.into_iter().rev() {
+                    let child = read::node_info(&nodes, &log, rec.number, id)?
+                        .expect("children index points at a stored node");
+                    stack.push((child, level + 1));
+                }
+            }
+            out.push(info);
+        }
+        Ok(out)
+    }
+
+    /// Stored ops from `from_height` on, in this replica's storage order.
+    pub fn get_op_log(
+        &self,
+        tree: &TreeKey,
+        from_height: u64,
+        limit: usize,
+    ) -> Result<Vec<LogEntry>> {
+        let (txn, rec) = self.read_tree(tree)?;
+        let heights = txn.open_table(HEIGHTS)?;
+        let log = txn.open_table(LOG)?;
+        let mut out = Vec::new();
+        let range = heights.range((rec.number, from_height)..=(rec.number, u64::MAX))?;
+        for row in range.take(limit) {
+            let (key, ts) = row?;
+            let ts = ts.value();
+            let record = read::log_record(&log, rec.number, ts)?;
+            let height = key.value().1;
+            assert_eq!(record.tail.height, height, "height index out of sync");
+            out.push(LogEntry {
+                height,
+                op: record.to_move(ts),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The height the next stored op of this tree will get (= ops stored);
+    /// 0 for a tree that does not exist.
+    pub fn next_height(&self, tree: &TreeKey) -> Result<u64> {
+        match self.read_tree(tree) {
+            Ok((_, rec)) => Ok(rec.next_height),
+            Err(Error::TreeNotFound) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Tree ids of a container, ascending.
+    pub fn tree_list(&self, cid: &ContainerId) -> Result<Vec<String>> {
+        Ok(self
+            .trees_from(&cid.0)?
+            .into_iter()
+            .take_while(|(key, _)| key.cid == *cid)
+            .map(|(key, _)| key.tree)
+            .collect())
+    }
+
+    /// Every tree of the forest, ascending.
+    pub fn all_trees(&self) -> Result<Vec<TreeKey>> {
+        Ok(self.trees_from(&[])?.into_iter().map(|t| t.0).collect())
+    }
+
+    /// Every tree whose key is at least `from`, ascending.
+    fn trees_from(&self, from: &[u8]) -> Result<Vec<(TreeKey, TreeRecord)>> {
+        let txn = self.db.begin_read()?;
+        let trees = txn.open_table(TREES)?;
+        let mut out = Vec::new();
+        for row in trees.range(from..)? {
+            let (key, value) = row?;
+            out.push((decode_tree_key(key.value())?, decode_tree(value.value())?));
+        }
+        Ok(out)
+    }
+
+    pub fn tree_exists(&self, tree: &TreeKey) -> Result<bool> {
+        match self.read_tree(tree) {
+            Ok(_) => Ok(true),
+            Err(Error::TreeNotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes one tree (`Some`; TreeNotFound if absent) or every tree of
+    /// the container (`None`), with all their rows.
+    pub fn tree_drop(&self, cid: &ContainerId, tree: Option<&str>) -> Result<()> {
+        let victims: Vec<(TreeKey, TreeRecord)> = match tree {
+            Some(name) => {
+                let key = TreeKey::new(*cid, name);
+                let (_, rec) = self.read_tree(&key)?;
+                vec![(key, rec)]
+            }
+            None => self
+                .trees_from(&cid.0)?
+                .into_iter()
+                .take_while(|(key, _)| key.cid == *cid)
+                .collect(),
+        };
+        if victims.is_empty() {
+            return Ok(());
+        }
+        let txn = self.begin_write()?;
+        for (key, rec) in &victims {
+            delete_tree_rows(&txn, key, rec.number)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// A durable per-peer cursor (0 when never set or the tree is absent).
+    pub fn cursor(&self, tree: &TreeKey, kind: CursorKind, peer: ReplicaId) -> Result<u64> {
+        let (txn, rec) = match self.read_tree(tree) {
+            Ok(found) => found,
+            Err(Error::TreeNotFound) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let cursors = txn.open_table(CURSORS)?;
+        Ok(cursors
+            .get((rec.number, kind as u8, peer))?
+            .map_or(0, |g| g.value()))
+    }
+
+    /// Moves a cursor forward; moving it backwards is a programming error.
+    /// TreeNotFound when the tree does not exist.
+    pub fn set_cursor(
+        &self,
+        tree: &TreeKey,
+        kind: CursorKind,
+        peer: ReplicaId,
+        value: u64,
+    ) -> Result<()> {
+        let txn = self.begin_write()?;
+        {
+            let rec = self.tree_record(&txn.open_table(TREES)?, tree)?;
+            let mut cursors = txn.open_table(CURSORS)?;
+            let key = (rec.number, kind as u8, peer);
+            let current = cursors.get(key)?.map_or(0, |g| g.value());
+            assert!(
+                value >= current,
+                "cursor {kind:?}/{peer} moved back from {current} to {value}"
+            );
+            cursors.insert(key, value)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Full state of a tree, for checkers: nodes by id, log by timestamp.
+    pub fn dump(&self, tree: &TreeKey) -> Result<TreeDump> {
+        let (txn, rec) = self.read_tree(tree)?;
+        let nodes = txn.open_table(NODES)?;
+        let log = txn.open_table(LOG)?;
+        let t = rec.number;
+        let mut dump = TreeDump {
+            nodes: Vec::new(),
+            log: Vec::new(),
+        };
+        for row in nodes.range((t, 0)..=(t, u64::MAX))? {
+            let (key, value) = row?;
+            let node = decode_node(value.value())?;
+            let items = read::log_record(&log, t, node.time)?.body.items;
+            dump.nodes.push(NodeInfo {
+                id: key.value().1,
+                parent: node.parent,
+                meta: Meta {
+                    time: node.time,
+                    items,
+                },
+            });
+        }
+        for row in log.range((t, 0)..=(t, u64::MAX))? {
+            let (key, value) = row?;
+            dump.log
+                .push(decode_log(value.value())?.to_move(key.value().1));
+        }
+        Ok(dump)
+    }
+
+    /// Checks the tree invariant over the whole stored tree: one parent per
+    /// node, no cycle, indexes consistent with node state.
+    pub fn check_invariants(&self, tree: &TreeKey) -> Result<(), String> {
+        let (txn, rec) = self.read_tree(tree).map_err(|e| e.to_string())?;
+        check::check_tree(&txn, &rec).map_err(|e| e.to_string())?
+    }
+
+    /// Number of rows in the log table over all trees (bench, tests).
+    pub fn log_rows(&self) -> Result<u64> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(LOG)?.len()?)
+    }
+}
+
+fn check_local_child(child: Option<NodeId>) -> Result<()> {
+    match child {
+        Some(ROOT) => Err(Error::RootImmutable),
+        Some(TRASH) => Err(Error::InvalidOp("TRASH is not a node".into())),
+        _ => Ok(()),
+    }
+}
+
+/// A replicated op must carry a timestamp a local op could have made and a
+/// real node as its child.
+fn check_replicated(op: &Move) -> Result<()> {
+    let ts = op.ts();
+    if ts == 0 || timestamp_counter(ts) > COUNTER_MAX {
+        return Err(Error::InvalidOp(format!("timestamp {ts} out of range")));
+    }
+    if op.child == ROOT || op.child == TRASH {
+        return Err(Error::InvalidOp(format!("child {} is reserved", op.child)));
+    }
+    Ok(())
+}
+
+fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
+    txn.open_table(LOG)?
+        .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
+    txn.open_table(HEIGHTS)?
+        .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
+    txn.open_table(NODES)?
+        .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
+    let empty: &'static [u8] = &[];
+    let children_range: std::ops::Range<ChildKey> = (t, 0, empty, 0)..(t + 1, 0, empty, 0);
+    txn.open_table(CHILDREN)?
+        .retain_in(children_range, |_, _| false)?;
+    txn.open_table(CURSORS)?
+        .retain_in((t, 0, 0)..=(t, u8::MAX, u16::MAX), |_, _| false)?;
+    txn.open_table(TREES)?
+        .remove(tree_key_bytes(key).as_slice())?;
+    Ok(())
+}

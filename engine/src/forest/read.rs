@@ -1,0 +1,171 @@
+//! Lookups shared by the read API and the write path (path resolution needs
+//! them inside the write transaction too), generic over redb's readable
+//! tables.
+
+use super::records::*;
+use crate::canary::{self, Canary};
+use crate::error::{Error, Result};
+use crate::types::*;
+use redb::ReadableTable;
+
+/// Bounds of every children-index row of `(tree, parent)`.
+pub(crate) fn children_bounds(tree: u64, parent: NodeId) -> (ChildKey, std::ops::Bound<ChildKey>) {
+    let empty: &'static [u8] = &[];
+    let lower = (tree, parent, empty, 0);
+    // TRASH is u64::MAX: its upper bound is the start of the next tree.
+    let upper = match parent.checked_add(1) {
+        Some(next) => std::ops::Bound::Excluded((tree, next, empty, 0)),
+        None => std::ops::Bound::Excluded((tree + 1, 0, empty, 0)),
+    };
+    (lower, upper)
+}
+
+/// Children of `parent` as `(id, meta time, internal)`, in index order
+/// (name, then id).
+pub(crate) fn children_of(
+    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    tree: u64,
+    parent: NodeId,
+) -> Result<Vec<(NodeId, Timestamp, bool)>> {
+    let (lower, upper) = children_bounds(tree, parent);
+    let range = children.range::<ChildKey>((std::ops::Bound::Included(lower), upper))?;
+    let mut out = Vec::new();
+    for row in range {
+        let (key, value) = row?;
+        let (time, internal) = value.value();
+        out.push((key.value().3, time, internal));
+    }
+    Ok(out)
+}
+
+/// Children of `parent` whose name key is `name`, as `(id, meta time,
+/// internal)`, ascending by id.
+pub(crate) fn children_named(
+    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    tree: u64,
+    parent: NodeId,
+    name: &[u8],
+) -> Result<Vec<(NodeId, Timestamp, bool)>> {
+    let range = children.range((tree, parent, name, 0)..=(tree, parent, name, u64::MAX))?;
+    let mut out = Vec::new();
+    for row in range {
+        let (key, value) = row?;
+        let (time, internal) = value.value();
+        out.push((key.value().3, time, internal));
+    }
+    Ok(out)
+}
+
+/// The directory named `component` under `parent`. Concurrent creation of a
+/// same-name directory on two replicas leaves both; every replica must
+/// pick the same one, so the smallest id wins.
+pub(crate) fn find_dir(
+    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    tree: u64,
+    parent: NodeId,
+    component: &str,
+) -> Result<Option<NodeId>> {
+    let candidates = children_named(children, tree, parent, &component_key(component))?;
+    let mut dirs = candidates.into_iter().filter(|c| c.2);
+    if canary::active(Canary::PathByArrivalOrder) {
+        return first_stored(log, tree, dirs.collect());
+    }
+    Ok(dirs.next().map(|c| c.0))
+}
+
+/// Planted bug: the directory whose current meta was stored first here.
+fn first_stored(
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    tree: u64,
+    dirs: Vec<(NodeId, Timestamp, bool)>,
+) -> Result<Option<NodeId>> {
+    let mut best: Option<(u64, NodeId)> = None;
+    for (id, time, _) in dirs {
+        let height = log_record(log, tree, time)?.tail.height;
+        if best.is_none_or(|b| height < b.0) {
+            best = Some((height, id));
+        }
+    }
+    Ok(best.map(|b| b.1))
+}
+
+/// Follows `dirs` from ROOT. Returns the deepest directory found and how
+/// many components were resolved.
+pub(crate) fn resolve_dirs(
+    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    tree: u64,
+    dirs: &[String],
+) -> Result<(NodeId, usize)> {
+    let mut current = ROOT;
+    for (i, component) in dirs.iter().enumerate() {
+        match find_dir(children, log, tree, current, component)? {
+            Some(next) => current = next,
+            None => return Ok((current, i)),
+        }
+    }
+    Ok((current, dirs.len()))
+}
+
+/// The log record at `ts`; its absence means a node or undo entry points
+/// at an op that was never stored, a broken invariant.
+pub(crate) fn log_record(
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    tree: u64,
+    ts: Timestamp,
+) -> Result<LogRecord> {
+    let guard = log.get((tree, ts))?;
+    let guard = guard.unwrap_or_else(|| panic!("tree {tree}: log entry {ts} is missing"));
+    decode_log(guard.value())
+}
+
+pub(crate) fn node_record(
+    nodes: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    tree: u64,
+    node: NodeId,
+) -> Result<Option<NodeRecord>> {
+    match nodes.get((tree, node))? {
+        None => Ok(None),
+        Some(guard) => decode_node(guard.value()).map(Some),
+    }
+}
+
+/// A node with its meta (read from the op that set it).
+pub(crate) fn node_info(
+    nodes: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    tree: u64,
+    node: NodeId,
+) -> Result<Option<NodeInfo>> {
+    let Some(record) = node_record(nodes, tree, node)? else {
+        return Ok(None);
+    };
+    let items = log_record(log, tree, record.time)?.body.items;
+    Ok(Some(NodeInfo {
+        id: node,
+        parent: record.parent,
+        meta: Meta {
+            time: record.time,
+            items,
+        },
+    }))
+}
+
+/// Checks the request-level arguments of a path lookup.
+pub(crate) fn check_path(attr: &str, path: &[String], max_path_len: usize) -> Result<()> {
+    if attr != ATTR_FILE_NAME {
+        return Err(Error::UnsupportedAttribute(attr.to_string()));
+    }
+    if path.is_empty() {
+        return Err(Error::EmptyPath);
+    }
+    if path.len() > max_path_len {
+        return Err(Error::TooLarge {
+            what: "path".into(),
+            size: path.len() as u64,
+            limit: max_path_len as u64,
+        });
+    }
+    Ok(())
+}

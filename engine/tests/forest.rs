@@ -1,0 +1,794 @@
+//! Unit tests of the forest: every operation, the CRDT corner cases and the
+//! typed errors.
+
+use arbor::forest::*;
+use arbor::model::TreeModel;
+use arbor::*;
+
+fn tree() -> TreeKey {
+    TreeKey::new(ContainerId([7; 32]), "t")
+}
+
+fn forest() -> Forest {
+    Forest::in_memory(ForestOptions::default()).unwrap()
+}
+
+fn forest_as(replica_id: ReplicaId) -> Forest {
+    Forest::in_memory(ForestOptions {
+        replica_id,
+        ..ForestOptions::default()
+    })
+    .unwrap()
+}
+
+fn name(x: &str) -> Vec<KeyValue> {
+    vec![KeyValue::new(ATTR_FILE_NAME, x)]
+}
+
+fn path(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|s| s.to_string()).collect()
+}
+
+fn op(ts: Timestamp, parent: NodeId, child: NodeId, items: Vec<KeyValue>) -> Move {
+    Move {
+        parent,
+        child,
+        meta: Meta { time: ts, items },
+    }
+}
+
+fn ts(counter: u64, replica: ReplicaId) -> Timestamp {
+    make_timestamp(counter, replica)
+}
+
+fn write_one(f: &Forest, op: WriteOp) -> Result<WriteOutcome> {
+    let mut out = f.write_batch(&[WriteRequest { tree: tree(), op }]).unwrap();
+    out.pop().unwrap()
+}
+
+fn apply(f: &Forest, ops: &[Move]) -> Vec<Result<WriteOutcome>> {
+    let requests: Vec<WriteRequest> = ops
+        .iter()
+        .map(|op| WriteRequest {
+            tree: tree(),
+            op: WriteOp::Apply { op: op.clone() },
+        })
+        .collect();
+    f.write_batch(&requests).unwrap()
+}
+
+fn add_by_path(f: &Forest, dirs: &[&str], items: Vec<KeyValue>) -> Result<WriteOutcome> {
+    write_one(
+        f,
+        WriteOp::AddByPath {
+            attr: ATTR_FILE_NAME.into(),
+            path: path(dirs),
+            items,
+        },
+    )
+}
+
+fn model_of(ops: &[Move]) -> TreeModel {
+    let mut model = TreeModel::new();
+    for op in ops {
+        model.apply(op);
+    }
+    model
+}
+
+#[test]
+fn add_by_path_creates_missing_dirs_then_a_leaf() {
+    let f = forest();
+    let first = add_by_path(&f, &["a", "b"], name("file")).unwrap();
+    let WriteOutcome::AddedByPath { leaf, created, ts } = first else {
+        panic!("unexpected outcome {first:?}");
+    };
+    // Two directories and the leaf take three consecutive counters.
+    assert_eq!(created, vec![make_timestamp(1, 1), make_timestamp(2, 1)]);
+    assert_eq!(leaf, make_timestamp(3, 1));
+    assert_eq!(ts, leaf);
+    let leaf_node = f.get_node(&tree(), leaf).unwrap().unwrap();
+    assert_eq!(leaf_node.parent, created[1]);
+    assert_eq!(
+        f.get_node(&tree(), created[0]).unwrap().unwrap().parent,
+        ROOT
+    );
+
+    // A second add reuses the directories.
+    let second = add_by_path(&f, &["a", "b"], name("other")).unwrap();
+    let WriteOutcome::AddedByPath {
+        leaf: leaf2,
+        created: created2,
+        ..
+    } = second
+    else {
+        panic!("unexpected outcome {second:?}");
+    };
+    assert!(created2.is_empty());
+    assert_eq!(
+        f.get_node(&tree(), leaf2).unwrap().unwrap().parent,
+        created[1]
+    );
+    let found = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["a", "b", "other"]), false)
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].id, leaf2);
+    f.check_invariants(&tree()).unwrap();
+}
+
+#[test]
+fn leaf_items_are_stored_as_given() {
+    let f = forest();
+    let items = vec![
+        KeyValue::new("Owner", "me"),
+        KeyValue::new(ATTR_FILE_NAME, "x"),
+    ];
+    let WriteOutcome::AddedByPath { leaf, .. } = add_by_path(&f, &["d"], items.clone()).unwrap()
+    else {
+        panic!()
+    };
+    let node = f.get_node(&tree(), leaf).unwrap().unwrap();
+    assert_eq!(node.meta.items, items);
+    assert_eq!(node.meta.time, leaf);
+    // The leaf is not a directory: a deeper path through it finds nothing.
+    let through = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["d", "x", "y"]), false)
+        .unwrap();
+    assert!(through.is_empty());
+}
+
+#[test]
+fn duplicate_names_and_latest_only() {
+    let f = forest();
+    let mut leaves = Vec::new();
+    for owner in ["a", "b", "c"] {
+        let items = vec![
+            KeyValue::new(ATTR_FILE_NAME, "f"),
+            KeyValue::new("Owner", owner),
+        ];
+        match add_by_path(&f, &["dir"], items).unwrap() {
+            WriteOutcome::AddedByPath { leaf, .. } => leaves.push(leaf),
+            other => panic!("{other:?}"),
+        }
+    }
+    let all = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["dir", "f"]), false)
+        .unwrap();
+    assert_eq!(all.iter().map(|n| n.id).collect::<Vec<_>>(), leaves);
+    let latest = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["dir", "f"]), true)
+        .unwrap();
+    assert_eq!(latest.len(), 1);
+    assert_eq!(latest[0].id, leaves[2]);
+    assert_eq!(latest[0].meta.get("Owner"), Some(&b"c"[..]));
+
+    // Updating the oldest one makes it the latest.
+    let update = WriteOp::Move {
+        parent: all[0].parent,
+        child: Some(leaves[0]),
+        items: vec![
+            KeyValue::new(ATTR_FILE_NAME, "f"),
+            KeyValue::new("Owner", "z"),
+        ],
+    };
+    write_one(&f, update).unwrap();
+    let latest = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["dir", "f"]), true)
+        .unwrap();
+    assert_eq!(latest[0].id, leaves[0]);
+}
+
+#[test]
+fn concurrent_same_name_dirs_resolve_to_the_smallest_id() {
+    // Replica 2 and replica 3 both create /d before seeing each other.
+    let a = forest_as(2);
+    let b = forest_as(3);
+    add_by_path(&a, &["d"], name("from-a")).unwrap();
+    add_by_path(&b, &["d"], name("from-b")).unwrap();
+    let log_a = a.dump(&tree()).unwrap().log;
+    let log_b = b.dump(&tree()).unwrap().log;
+    apply(&a, &log_b);
+    apply(&b, &log_a);
+    assert_eq!(a.dump(&tree()).unwrap(), b.dump(&tree()).unwrap());
+    let dir_a = make_timestamp(1, 2);
+    for f in [&a, &b] {
+        // Both directories exist; the smaller id is the one paths go through.
+        let dirs = f
+            .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["d"]), false)
+            .unwrap();
+        assert_eq!(dirs.len(), 2);
+        let WriteOutcome::AddedByPath { created, leaf, .. } =
+            add_by_path(f, &["d"], name("n")).unwrap()
+        else {
+            panic!()
+        };
+        assert!(created.is_empty());
+        assert_eq!(f.get_node(&tree(), leaf).unwrap().unwrap().parent, dir_a);
+        let found = f
+            .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["d", "from-b"]), false)
+            .unwrap();
+        assert!(found.is_empty(), "from-b hangs under the other /d");
+    }
+}
+
+#[test]
+fn empty_file_name_is_a_valid_component() {
+    let f = forest();
+    let WriteOutcome::AddedByPath { leaf, created, .. } =
+        add_by_path(&f, &["", "x"], name("")).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(created.len(), 2);
+    let found = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["", "x", ""]), false)
+        .unwrap();
+    assert_eq!(found.iter().map(|n| n.id).collect::<Vec<_>>(), vec![leaf]);
+    // A node without FileName is not matched by the empty name.
+    let nameless = WriteOp::Move {
+        parent: ROOT,
+        child: None,
+        items: vec![KeyValue::new("k", "v")],
+    };
+    write_one(&f, nameless).unwrap();
+    let top = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&[""]), false)
+        .unwrap();
+    assert_eq!(
+        top.iter().map(|n| n.id).collect::<Vec<_>>(),
+        vec![created[0]]
+    );
+}
+
+#[test]
+fn move_under_own_descendant_is_logged_without_effect() {
+    let f = forest();
+    let (a, b, c) = (ts(1, 9), ts(2, 9), ts(3, 9));
+    let ops = vec![
+        op(a, ROOT, a, name("a")),
+        op(b, a, b, name("b")),
+        op(c, b, a, name("a2")),
+    ];
+    let results = apply(&f, &ops);
+    assert!(results
+        .iter()
+        .all(|r| r == &Ok(WriteOutcome::Applied { fresh: true })));
+    let dump = f.dump(&tree()).unwrap();
+    assert_eq!(dump.log.len(), 3);
+    let node_a = f.get_node(&tree(), a).unwrap().unwrap();
+    assert_eq!((node_a.parent, node_a.meta.time), (ROOT, a));
+    // Moving a node under itself is the shortest such cycle.
+    apply(&f, &[op(ts(4, 9), a, a, name("self"))]);
+    assert_eq!(f.get_node(&tree(), a).unwrap().unwrap().parent, ROOT);
+    assert_eq!(dump_without_log(&f), model_nodes(&f));
+    f.check_invariants(&tree()).unwrap();
+}
+
+#[test]
+fn redo_reevaluates_the_cycle_check() {
+    // c (newest) moves a under b; an older op that makes b a child of a
+    // arrives later, so on redo c becomes a no-op.
+    let (a, b) = (ts(1, 1), ts(2, 1));
+    let ops = vec![
+        op(a, ROOT, a, name("a")),
+        op(b, ROOT, b, name("b")),
+        op(ts(10, 1), b, a, name("a")),
+        op(ts(5, 2), a, b, name("b")),
+    ];
+    let f = forest();
+    apply(&f, &ops[..3]);
+    assert_eq!(f.get_node(&tree(), a).unwrap().unwrap().parent, b);
+    apply(&f, &ops[3..]);
+    assert_eq!(f.get_node(&tree(), b).unwrap().unwrap().parent, a);
+    assert_eq!(f.get_node(&tree(), a).unwrap().unwrap().parent, ROOT);
+    assert_eq!(f.dump(&tree()).unwrap(), model_of(&ops).dump());
+    f.check_invariants(&tree()).unwrap();
+}
+
+#[test]
+fn child_attached_before_its_parent_exists() {
+    let f = forest();
+    let (parent, child) = (ts(5, 2), ts(6, 2));
+    apply(&f, &[op(child, parent, child, name("c"))]);
+    assert_eq!(f.get_children(&tree(), parent).unwrap(), vec![child]);
+    assert_eq!(f.get_node(&tree(), parent).unwrap(), None);
+    f.check_invariants(&tree()).unwrap();
+    apply(&f, &[op(parent, ROOT, parent, name("p"))]);
+    let found = f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["p", "c"]), false)
+        .unwrap();
+    assert_eq!(found.iter().map(|n| n.id).collect::<Vec<_>>(), vec![child]);
+    f.check_invariants(&tree()).unwrap();
+}
+
+#[test]
+fn op_older_than_the_whole_log() {
+    let ops: Vec<Move> = (2..20u64)
+        .map(|i| {
+            op(
+                ts(i, 1),
+                ts(i - 1, 1) * u64::from(i > 2),
+                ts(i, 1),
+                name(&i.to_string()),
+            )
+        })
+        .collect();
+    let old = op(ts(1, 3), ROOT, ts(5, 1), name("moved-early"));
+    let f = forest();
+    apply(&f, &ops);
+    let before = f.next_height(&tree()).unwrap();
+    apply(&f, std::slice::from_ref(&old));
+    assert_eq!(f.next_height(&tree()).unwrap(), before + 1);
+    let mut all = ops.clone();
+    all.push(old);
+    assert_eq!(f.dump(&tree()).unwrap(), model_of(&all).dump());
+    // The old op is overwritten by the later ops that set node 5.
+    let node = f.get_node(&tree(), ts(5, 1)).unwrap().unwrap();
+    assert_eq!(node.meta.time, ts(5, 1));
+    f.check_invariants(&tree()).unwrap();
+}
+
+#[test]
+fn reapplying_a_whole_log_changes_nothing() {
+    let f = forest();
+    for i in 0..20 {
+        add_by_path(&f, &["a", &format!("d{}", i % 3)], name(&format!("f{i}"))).unwrap();
+    }
+    let dump = f.dump(&tree()).unwrap();
+    let heights = f.next_height(&tree()).unwrap();
+    let results = apply(&f, &dump.log);
+    assert!(results
+        .iter()
+        .all(|r| r == &Ok(WriteOutcome::Applied { fresh: false })));
+    assert_eq!(f.dump(&tree()).unwrap(), dump);
+    assert_eq!(f.next_height(&tree()).unwrap(), heights);
+    // A different op under a known timestamp is refused, not stored.
+    let mut forged = dump.log[3].clone();
+    forged.parent = TRASH;
+    assert!(matches!(apply(&f, &[forged])[0], Err(Error::InvalidOp(_))));
+    assert_eq!(f.dump(&tree()).unwrap(), dump);
+}
+
+#[test]
+fn duplicates_inside_one_batch() {
+    let f = forest();
+    let a = op(ts(3, 2), ROOT, ts(3, 2), name("a"));
+    let mut forged = a.clone();
+    forged.parent = TRASH;
+    let results = apply(&f, &[a.clone(), a.clone(), forged]);
+    assert_eq!(results[0], Ok(WriteOutcome::Applied { fresh: true }));
+    assert_eq!(results[1], Ok(WriteOutcome::Applied { fresh: false }));
+    assert!(matches!(results[2], Err(Error::InvalidOp(_))));
+    assert_eq!(f.dump(&tree()).unwrap().log, vec![a]);
+}
+
+#[test]
+fn remove_moves_to_trash_keeping_meta() {
+    let f = forest();
+    let items = vec![KeyValue::new(ATTR_FILE_NAME, "x"), KeyValue::new("k", "v")];
+    let WriteOutcome::AddedByPath { leaf, .. } = add_by_path(&f, &["d"], items.clone()).unwrap()
+    else {
+        panic!()
+    };
+    let WriteOutcome::Moved { node, ts } = write_one(&f, WriteOp::Remove { node: leaf }).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(node, leaf);
+    let removed = f.get_node(&tree(), leaf).unwrap().unwrap();
+    assert_eq!(removed.parent, TRASH);
+    assert_eq!(removed.meta, Meta { time: ts, items });
+    assert!(f
+        .get_by_path(&tree(), ATTR_FILE_NAME, &path(&["d", "x"]), false)
+        .unwrap()
+        .is_empty());
+    assert_eq!(f.get_children(&tree(), TRASH).unwrap(), vec![leaf]);
+}
+
+#[test]
+fn local_timestamps_follow_the_largest_counter_seen() {
+    let f = forest_as(4);
+    apply(&f, &[op(ts(40, 9), ROOT, ts(40, 9), name("remote"))]);
+    let out = write_one(
+        &f,
+        WriteOp::Move {
+            parent: ROOT,
+            child: None,
+            items: name("local"),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        WriteOutcome::Moved {
+            node: ts(41, 4),
+            ts: ts(41, 4)
+        }
+    );
+    // The counter is per tree.
+    let other = TreeKey::new(ContainerId([7; 32]), "other");
+    let mut res = f
+        .write_batch(&[WriteRequest {
+            tree: other,
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: name("x"),
+            },
+        }])
+        .unwrap();
+    assert_eq!(
+        res.pop().unwrap().unwrap(),
+        WriteOutcome::Moved {
+            node: ts(1, 4),
+            ts: ts(1, 4)
+        }
+    );
+}
+
+/// Recognises the expected error of one bad request.
+type ErrorCheck = fn(&Error) -> bool;
+
+#[test]
+fn typed_errors_for_bad_input() {
+    let f = Forest::in_memory(ForestOptions {
+        max_meta_bytes: 64,
+        max_path_len: 3,
+        ..Default::default()
+    })
+    .unwrap();
+    let big = vec![KeyValue::new("k", vec![0u8; 100])];
+    let cases: Vec<(WriteOp, ErrorCheck)> = vec![
+        (
+            WriteOp::Move {
+                parent: ROOT,
+                child: Some(ROOT),
+                items: vec![],
+            },
+            |e| *e == Error::RootImmutable,
+        ),
+        (
+            WriteOp::Move {
+                parent: ROOT,
+                child: Some(TRASH),
+                items: vec![],
+            },
+            |e| matches!(e, Error::InvalidOp(_)),
+        ),
+        (
+            WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: vec![KeyValue::new("k", vec![0u8; 100])],
+            },
+            |e| matches!(e, Error::TooLarge { .. }),
+        ),
+        (WriteOp::Remove { node: ROOT }, |e| {
+            *e == Error::RootImmutable
+        }),
+        (
+            WriteOp::AddByPath {
+                attr: "Name".into(),
+                path: path(&["a"]),
+                items: vec![],
+            },
+            |e| matches!(e, Error::UnsupportedAttribute(_)),
+        ),
+        (
+            WriteOp::AddByPath {
+                attr: ATTR_FILE_NAME.into(),
+                path: vec![],
+                items: vec![],
+            },
+            |e| *e == Error::EmptyPath,
+        ),
+        (
+            WriteOp::AddByPath {
+                attr: ATTR_FILE_NAME.into(),
+                path: path(&["a", "b", "c", "d"]),
+                items: vec![],
+            },
+            |e| matches!(e, Error::TooLarge { .. }),
+        ),
+        (
+            WriteOp::AddByPath {
+                attr: ATTR_FILE_NAME.into(),
+                path: path(&["a"]),
+                items: big.clone(),
+            },
+            |e| matches!(e, Error::TooLarge { .. }),
+        ),
+        (
+            WriteOp::Apply {
+                op: op(0, ROOT, 5, vec![]),
+            },
+            |e| matches!(e, Error::InvalidOp(_)),
+        ),
+        (
+            WriteOp::Apply {
+                op: op(ts(1, 1), ROOT, ROOT, vec![]),
+            },
+            |e| matches!(e, Error::InvalidOp(_)),
+        ),
+        (
+            WriteOp::Apply {
+                op: op(ts(1, 1), ROOT, TRASH, vec![]),
+            },
+            |e| matches!(e, Error::InvalidOp(_)),
+        ),
+        (
+            WriteOp::Apply {
+                op: op(u64::MAX, ROOT, 5, vec![]),
+            },
+            |e| matches!(e, Error::InvalidOp(_)),
+        ),
+        (
+            WriteOp::Apply {
+                op: op(ts(1, 1), ROOT, 5, big),
+            },
+            |e| matches!(e, Error::TooLarge { .. }),
+        ),
+    ];
+    let requests: Vec<WriteRequest> = cases
+        .iter()
+        .map(|(op, _)| WriteRequest {
+            tree: tree(),
+            op: op.clone(),
+        })
+        .chain(std::iter::once(WriteRequest {
+            tree: tree(),
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: name("ok"),
+            },
+        }))
+        .collect();
+    let results = f.write_batch(&requests).unwrap();
+    for (i, (result, (_, expected))) in results.iter().zip(&cases).enumerate() {
+        let err = result.as_ref().expect_err(&format!("case {i} must fail"));
+        assert!(expected(err), "case {i}: unexpected {err:?}");
+    }
+    // Bad requests do not fail the batch: the good one is stored alone.
+    assert!(results.last().unwrap().is_ok());
+    assert_eq!(f.dump(&tree()).unwrap().log.len(), 1);
+
+    // Remove of an unknown node or tree.
+    assert_eq!(
+        write_one(&f, WriteOp::Remove { node: 12345 }),
+        Err(Error::NodeNotFound(12345))
+    );
+    let missing = TreeKey::new(ContainerId([1; 32]), "missing");
+    let res = f
+        .write_batch(&[WriteRequest {
+            tree: missing.clone(),
+            op: WriteOp::Remove { node: 5 },
+        }])
+        .unwrap();
+    assert_eq!(res[0], Err(Error::TreeNotFound));
+    assert!(!f.tree_exists(&missing).unwrap());
+
+    // Reads.
+    assert_eq!(
+        f.get_by_path(&missing, ATTR_FILE_NAME, &path(&["a"]), false),
+        Err(Error::TreeNotFound)
+    );
+    assert_eq!(
+        f.get_by_path(&tree(), "Other", &path(&["a"]), false),
+        Err(Error::UnsupportedAttribute("Other".into()))
+    );
+    assert_eq!(
+        f.get_by_path(&tree(), ATTR_FILE_NAME, &[], false),
+        Err(Error::EmptyPath)
+    );
+    assert_eq!(f.get_node(&missing, 1), Err(Error::TreeNotFound));
+    assert_eq!(f.get_children(&missing, ROOT), Err(Error::TreeNotFound));
+    assert_eq!(
+        f.get_subtree(&missing, ROOT, 0, 10),
+        Err(Error::TreeNotFound)
+    );
+    assert_eq!(f.get_op_log(&missing, 0, 10), Err(Error::TreeNotFound));
+    assert_eq!(f.dump(&missing), Err(Error::TreeNotFound));
+    assert_eq!(
+        f.get_subtree(&tree(), 999, 0, 10),
+        Err(Error::NodeNotFound(999))
+    );
+    assert_eq!(
+        f.tree_drop(&missing.cid, Some("missing")),
+        Err(Error::TreeNotFound)
+    );
+    assert_eq!(
+        f.set_cursor(&missing, CursorKind::Pull, 1, 5),
+        Err(Error::TreeNotFound)
+    );
+    assert_eq!(f.cursor(&missing, CursorKind::Pull, 1), Ok(0));
+}
+
+#[test]
+fn subtree_is_depth_first_and_bounded() {
+    let f = forest();
+    for p in [&["a", "b"][..], &["a", "c"], &["d"]] {
+        add_by_path(&f, p, name("leaf")).unwrap();
+    }
+    let all = f.get_subtree(&tree(), ROOT, 0, 100).unwrap();
+    assert_eq!(all.len(), 1 + 7);
+    assert_eq!(all[0].id, ROOT);
+    let mut position = std::collections::BTreeMap::new();
+    for (i, n) in all.iter().enumerate() {
+        position.insert(n.id, i);
+    }
+    for n in &all[1..] {
+        assert!(position[&n.parent] < position[&n.id], "parent after child");
+    }
+    // Depth 1 is the root alone; depth 2 adds its children.
+    assert_eq!(f.get_subtree(&tree(), ROOT, 1, 100).unwrap().len(), 1);
+    assert_eq!(f.get_subtree(&tree(), ROOT, 2, 100).unwrap().len(), 3);
+    assert!(matches!(
+        f.get_subtree(&tree(), ROOT, 0, 7),
+        Err(Error::TooLarge { .. })
+    ));
+    assert_eq!(f.get_subtree(&tree(), ROOT, 0, 8).unwrap(), all);
+}
+
+#[test]
+fn op_log_is_in_storage_order_with_heights() {
+    let f = forest();
+    let late = op(ts(1, 5), ROOT, ts(1, 5), name("late"));
+    let early = op(ts(9, 5), ROOT, ts(9, 5), name("early"));
+    apply(&f, std::slice::from_ref(&early));
+    apply(&f, std::slice::from_ref(&late));
+    let log = f.get_op_log(&tree(), 0, 10).unwrap();
+    assert_eq!(
+        log,
+        vec![
+            LogEntry {
+                height: 0,
+                op: early
+            },
+            LogEntry {
+                height: 1,
+                op: late.clone()
+            }
+        ]
+    );
+    assert_eq!(
+        f.get_op_log(&tree(), 1, 10).unwrap(),
+        vec![LogEntry {
+            height: 1,
+            op: late
+        }]
+    );
+    assert_eq!(f.get_op_log(&tree(), 0, 1).unwrap().len(), 1);
+    assert!(f.get_op_log(&tree(), 2, 10).unwrap().is_empty());
+    assert_eq!(f.next_height(&tree()).unwrap(), 2);
+}
+
+#[test]
+fn trees_list_and_drop() {
+    let f = forest();
+    let cid = ContainerId([3; 32]);
+    for name_ in ["b", "", "a"] {
+        let key = TreeKey::new(cid, name_);
+        f.write_batch(&[WriteRequest {
+            tree: key,
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: name("x"),
+            },
+        }])
+        .unwrap();
+    }
+    add_by_path(&f, &["x"], name("y")).unwrap();
+    assert_eq!(f.tree_list(&cid).unwrap(), vec!["", "a", "b"]);
+    assert_eq!(f.all_trees().unwrap().len(), 4);
+    f.set_cursor(&TreeKey::new(cid, "a"), CursorKind::Push, 2, 7)
+        .unwrap();
+    f.tree_drop(&cid, Some("a")).unwrap();
+    assert_eq!(f.tree_list(&cid).unwrap(), vec!["", "b"]);
+    assert_eq!(
+        f.cursor(&TreeKey::new(cid, "a"), CursorKind::Push, 2)
+            .unwrap(),
+        0
+    );
+    f.tree_drop(&cid, None).unwrap();
+    assert!(f.tree_list(&cid).unwrap().is_empty());
+    assert_eq!(f.all_trees().unwrap(), vec![tree()]);
+    // Only the remaining tree's rows are left.
+    assert_eq!(
+        f.log_rows().unwrap(),
+        f.dump(&tree()).unwrap().log.len() as u64
+    );
+    // A dropped tree starts again from scratch.
+    let key = TreeKey::new(cid, "a");
+    let res = f
+        .write_batch(&[WriteRequest {
+            tree: key.clone(),
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: name("x"),
+            },
+        }])
+        .unwrap();
+    assert_eq!(
+        res[0],
+        Ok(WriteOutcome::Moved {
+            node: ts(1, 1),
+            ts: ts(1, 1)
+        })
+    );
+    assert_eq!(f.dump(&key).unwrap().nodes.len(), 1);
+}
+
+#[test]
+fn cursors_are_durable_and_monotonic() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("forest.redb");
+    {
+        let f = Forest::open(&file, ForestOptions::default()).unwrap();
+        add_by_path(&f, &["a"], name("b")).unwrap();
+        f.set_cursor(&tree(), CursorKind::Pull, 2, 10).unwrap();
+        f.set_cursor(&tree(), CursorKind::Pull, 2, 10).unwrap();
+        f.set_cursor(&tree(), CursorKind::Push, 2, 3).unwrap();
+        f.set_cursor(&tree(), CursorKind::Pull, 3, 1).unwrap();
+    }
+    let f = Forest::open(&file, ForestOptions::default()).unwrap();
+    assert_eq!(f.cursor(&tree(), CursorKind::Pull, 2).unwrap(), 10);
+    assert_eq!(f.cursor(&tree(), CursorKind::Push, 2).unwrap(), 3);
+    assert_eq!(f.cursor(&tree(), CursorKind::Pull, 3).unwrap(), 1);
+    assert_eq!(f.cursor(&tree(), CursorKind::Push, 3).unwrap(), 0);
+    let back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        f.set_cursor(&tree(), CursorKind::Pull, 2, 9)
+    }));
+    assert!(back.is_err(), "a cursor moving backwards must panic");
+}
+
+#[test]
+fn reopening_a_file_gives_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("forest.redb");
+    let dump = {
+        let f = Forest::open(&file, ForestOptions::default()).unwrap();
+        for i in 0..30 {
+            add_by_path(&f, &["a", &format!("{}", i % 4)], name(&format!("{i}"))).unwrap();
+        }
+        apply(&f, &[op(ts(2, 7), ROOT, ts(2, 7), name("old"))]);
+        write_one(&f, WriteOp::Remove { node: ts(3, 1) }).unwrap();
+        f.dump(&tree()).unwrap()
+    };
+    let f = Forest::open(&file, ForestOptions::default()).unwrap();
+    assert_eq!(f.dump(&tree()).unwrap(), dump);
+    f.check_invariants(&tree()).unwrap();
+    let log = f.get_op_log(&tree(), 0, 1000).unwrap();
+    assert_eq!(log.len(), dump.log.len());
+}
+
+#[test]
+fn no_sync_forest_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Forest::open(
+        &dir.path().join("f.redb"),
+        ForestOptions {
+            durable: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    add_by_path(&f, &["a"], name("b")).unwrap();
+    assert_eq!(
+        f.get_by_path(&tree(), ATTR_FILE_NAME, &path(&["a", "b"]), false)
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+fn dump_without_log(f: &Forest) -> Vec<NodeInfo> {
+    f.dump(&tree()).unwrap().nodes
+}
+
+fn model_nodes(f: &Forest) -> Vec<NodeInfo> {
+    model_of(&f.dump(&tree()).unwrap().log).dump().nodes
+}
