@@ -6,6 +6,7 @@ use super::matrix::{self, CleanBar, MatrixResult, Point, Runner, SearchPlan};
 use super::real::{self, RealOptions, Topology};
 use super::report::{write_creating_dirs, RunReport};
 use super::scenario::{Scenario, Stage};
+use super::sim::{self, SimOptions};
 use arbor::config::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +70,19 @@ pub enum LoadCommand {
         #[arg(long)]
         html: Option<PathBuf>,
     },
+    /// Measure real commit latency and fit sim mode's disk model to it.
+    Calibrate(CalibrateArgs),
+}
+
+/// Measures real commits and fits sim mode's disk latency to them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CalibrateArgs {
+    /// Commits measured per batch size (fewer for large batches).
+    #[arg(long, default_value_t = 200)]
+    commits: usize,
+    /// Where the databases go (default: a fresh temporary directory).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
 }
 
 /// Options every load subcommand shares.
@@ -113,6 +127,35 @@ pub struct Common {
     json: Option<PathBuf>,
     #[arg(long)]
     no_progress: bool,
+    /// `real` (wall clock, redb files, threads) or `sim` (madsim, simulated
+    /// disk and network, one seed).
+    #[arg(long, value_enum, default_value_t = Mode::Real)]
+    mode: Mode,
+    /// Replicas: 1 (a single node) or more (a cluster with replication;
+    /// real mode connects them over loopback TCP).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Sim mode: the seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Sim mode: round-trip time between replicas.
+    #[arg(long, default_value = "200us", value_parser = humantime::parse_duration)]
+    rtt: Duration,
+    /// Sim mode: disk time per fsync (default: the real-mode calibration).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    disk_sync: Option<Duration>,
+    /// Sim mode: disk time per write call.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    disk_write: Option<Duration>,
+    /// Sim mode: disk time per byte written, in nanoseconds.
+    #[arg(long)]
+    disk_byte_ns: Option<u64>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Real,
+    Sim,
 }
 
 impl Common {
@@ -127,7 +170,10 @@ impl Common {
 
     fn config(&self) -> Result<Config, String> {
         if let Some(path) = &self.config {
-            return Err(format!("--config {}: YAML configs are not wired in yet", path.display()));
+            return Err(format!(
+                "--config {}: YAML configs are not wired in yet",
+                path.display()
+            ));
         }
         let mut config = real::reference_config(1, PathBuf::new(), None);
         config.tree.sync_interval = self.sync_interval()?;
@@ -160,14 +206,55 @@ impl Common {
         }
     }
 
-    fn real_options(&self, config: Config) -> RealOptions {
-        RealOptions {
-            topology: Topology::Single,
+    fn sim_options(&self, config: Config) -> SimOptions {
+        let mut disk = sim::CALIBRATED_DISK;
+        if let Some(d) = self.disk_sync {
+            disk.per_sync = d;
+        }
+        if let Some(d) = self.disk_write {
+            disk.per_write = d;
+        }
+        if let Some(n) = self.disk_byte_ns {
+            disk.per_byte_nanos = n;
+        }
+        SimOptions {
+            seed: self.seed,
+            replicas: self.replicas,
+            config,
+            disk_latency: disk,
+            net_latency: self.rtt / 2,
+            verify: self.verify,
+        }
+    }
+
+    /// One run in the chosen mode.
+    fn run(&self, spec: &RunSpec, config: Config, verify: bool) -> Result<RunReport, String> {
+        match self.mode {
+            Mode::Real => {
+                let mut options = self.real_options(config)?;
+                options.verify |= verify;
+                real::run(spec, &options)
+            }
+            Mode::Sim => {
+                let mut options = self.sim_options(config);
+                options.verify |= verify;
+                sim::run(spec, &options)
+            }
+        }
+    }
+
+    fn real_options(&self, config: Config) -> Result<RealOptions, String> {
+        let topology = match self.replicas {
+            1 => Topology::Single,
+            n => return Err(format!("--replicas {n}: real mode runs 1 replica so far")),
+        };
+        Ok(RealOptions {
+            topology,
             config,
             data_dir: self.data_dir.clone(),
             worker_threads: self.workers,
             verify: self.verify,
-        }
+        })
     }
 }
 
@@ -183,6 +270,17 @@ pub fn run(command: LoadCommand) -> ExitCode {
 
 fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
     match command {
+        LoadCommand::Calibrate(args) => {
+            let temp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+            let dir = args
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| temp.path().to_path_buf());
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let calibration = super::calibrate::run(&dir, args.commits)?;
+            println!("{}", calibration.text());
+            Ok(ExitCode::SUCCESS)
+        }
         LoadCommand::Load {
             common,
             rate,
@@ -190,7 +288,7 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
             html,
         } => {
             let spec = common.spec(vec![Stage { duration, rate }], common.verify);
-            let report = real::run(&spec, &common.real_options(common.config()?))?;
+            let report = common.run(&spec, common.config()?, false)?;
             finish_run(&common, &report, html)
         }
         LoadCommand::Matrix {
@@ -263,10 +361,8 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
                     rate: base_rate,
                 },
             ];
-            let mut options = common.real_options(common.config()?);
-            options.verify = true;
             let spec = common.spec(stages, true);
-            let mut report = real::run(&spec, &options)?;
+            let mut report = common.run(&spec, common.config()?, true)?;
             report.title = format!("Overload: {base_rate}/s, {rate}/s, {base_rate}/s");
             finish_run(&common, &report, html)
         }
@@ -304,7 +400,7 @@ impl Runner for RealRunner {
             }],
             false,
         );
-        match real::run(&spec, &self.common.real_options(config)) {
+        match self.common.run(&spec, config, false) {
             Ok(report) => report,
             Err(e) => {
                 eprintln!("run at {}/s failed: {e}", point.rate);

@@ -7,6 +7,7 @@
 //! plugs in madsim time and the simulated cluster. Everything downstream of
 //! the generator (histograms, summary, JSON, HTML, matrix) is shared.
 
+pub mod calibrate;
 pub mod cli;
 pub mod driver;
 pub mod env;
@@ -16,4 +17,5 @@ pub mod metrics;
 pub mod real;
 pub mod report;
 pub mod scenario;
+pub mod sim;
 pub mod target;
