@@ -1,1 +1,412 @@
-//! SKELETON: filled in by its issue.
+//! Group commit (DESIGN §5): concurrent callers' writes are collected until
+//! `max_batch_size` ops or `max_batch_delay` have passed and committed in one
+//! write transaction; each caller gets its own result.
+//!
+//! Guarantees, each relied on by the service and checked by the simulator:
+//! - the queue is bounded (`max_pending` ops); a full queue refuses at once
+//!   with `Overloaded` instead of making the caller wait out its deadline;
+//! - a failed transaction fails every caller in it, and nobody gets a success
+//!   for an op that was not stored;
+//! - no caller waits forever: on shutdown, or if the worker task is dropped,
+//!   every waiting caller gets `ShuttingDown`;
+//! - the write transaction runs on `Runtime::run_blocking` and never spans an
+//!   `.await` (redb's `begin_write` blocks the thread while another is live).
+
+use crate::canary::{self, Canary};
+use crate::error::{Error, Result};
+use crate::forest::{Forest, WriteOp, WriteOutcome, WriteRequest};
+use crate::runtime::{blocking, Env};
+use crate::types::TreeKey;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Commits one batch in one transaction; the outer error fails the batch.
+/// `Forest::write_batch` in production; tests plug in failing commits.
+pub type CommitFn = Arc<dyn Fn(&[WriteRequest]) -> Result<Vec<Result<WriteOutcome>>> + Send + Sync>;
+
+/// What a committed batch changed, for whoever replicates it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitNotice {
+    /// Trees with at least one successful local write (Move/AddByPath/Remove).
+    pub local_trees: Vec<TreeKey>,
+    /// Trees with at least one replicated op that was new here.
+    pub applied_trees: Vec<TreeKey>,
+}
+
+/// Called by the worker after every committed batch. Must not block: it runs
+/// on the batcher's task.
+pub type CommitHook = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
+
+/// Counters of one batcher.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatcherStats {
+    /// Batches committed.
+    pub batches: u64,
+    /// Writes in committed batches (including ones that failed on their own).
+    pub writes: u64,
+    /// Batches whose transaction failed.
+    pub failed: u64,
+    /// Writes refused with `Overloaded`.
+    pub rejected: u64,
+    /// Writes whose callers are waiting right now.
+    pub pending: u64,
+}
+
+/// Bounds of one batcher.
+#[derive(Clone, Copy, Debug)]
+pub struct BatcherOptions {
+    pub max_batch_size: usize,
+    pub max_batch_delay: Duration,
+    pub max_pending: usize,
+}
+
+type JobReply = Result<Vec<Result<WriteOutcome>>>;
+
+/// One caller's writes; they always go into the same batch.
+struct Job {
+    requests: Vec<WriteRequest>,
+    reply: oneshot::Sender<JobReply>,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    writes: AtomicU64,
+    failed: AtomicU64,
+    rejected: AtomicU64,
+    pending: AtomicU64,
+}
+
+struct Shared {
+    counters: Counters,
+    hook: Mutex<Option<CommitHook>>,
+    closed: AtomicBool,
+}
+
+/// The group-commit front of one forest.
+pub struct Batcher {
+    shared: Arc<Shared>,
+    queue: mpsc::Sender<Job>,
+    shutdown: watch::Sender<bool>,
+    options: BatcherOptions,
+}
+
+impl Batcher {
+    /// Starts the worker on `env.runtime`, committing into `forest`.
+    pub fn start(
+        forest: Arc<Forest>,
+        env: Env,
+        max_batch_size: usize,
+        max_batch_delay: Duration,
+        max_pending: usize,
+    ) -> Batcher {
+        let commit: CommitFn = Arc::new(move |requests| forest.write_batch(requests));
+        let options = BatcherOptions {
+            max_batch_size,
+            max_batch_delay,
+            max_pending,
+        };
+        Self::start_with_commit(commit, env, options)
+    }
+
+    /// Starts the worker with any commit function.
+    pub fn start_with_commit(commit: CommitFn, env: Env, options: BatcherOptions) -> Batcher {
+        assert!(options.max_batch_size >= 1 && options.max_pending >= 1);
+        let shared = Arc::new(Shared {
+            counters: Counters::default(),
+            hook: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        });
+        let (queue, receiver) = mpsc::channel(options.max_pending);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let worker = Worker {
+            receiver,
+            shutdown: shutdown_rx,
+            shared: shared.clone(),
+            env: env.clone(),
+            commit,
+            options,
+            carry: None,
+            hung: Vec::new(),
+        };
+        env.runtime.spawn("batcher", Box::pin(worker.run()));
+        Batcher {
+            shared,
+            queue,
+            shutdown,
+            options,
+        }
+    }
+
+    /// Installs the hook called after each committed batch.
+    pub fn set_commit_hook(&self, hook: CommitHook) {
+        *self.shared.hook.lock().expect("hook lock") = Some(hook);
+    }
+
+    pub fn options(&self) -> BatcherOptions {
+        self.options
+    }
+
+    /// Writes one request in the next batch.
+    pub async fn submit(&self, request: WriteRequest) -> Result<WriteOutcome> {
+        let mut results = self.submit_all(vec![request]).await?;
+        assert_eq!(results.len(), 1, "one result per request");
+        results.pop().expect("one result")
+    }
+
+    /// Writes several requests in one batch (a replicated page). The outer
+    /// error means none of them was stored.
+    pub async fn submit_all(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<Result<WriteOutcome>>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
+        }
+        let count = requests.len() as u64;
+        let _pending = self.admit(count)?;
+        let (reply, answer) = oneshot::channel();
+        match self.queue.try_send(Job { requests, reply }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(self.reject(count)),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(Error::ShuttingDown),
+        }
+        // A dropped sender means the worker is gone: the node is stopping.
+        let results = answer.await.unwrap_or(Err(Error::ShuttingDown))?;
+        assert_eq!(results.len() as u64, count, "one result per request");
+        Ok(results)
+    }
+
+    /// Counts `count` writes as pending, or refuses them when that would
+    /// exceed the bound. A job larger than the bound is let in when nothing
+    /// else waits, so a full replication page always makes progress.
+    fn admit(&self, count: u64) -> Result<PendingGuard<'_>> {
+        let max = self.options.max_pending as u64;
+        let admitted = self.shared.counters.pending.fetch_update(
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+            |pending| (pending == 0 || pending + count <= max).then_some(pending + count),
+        );
+        match admitted {
+            Ok(_) => Ok(PendingGuard {
+                pending: &self.shared.counters.pending,
+                count,
+            }),
+            Err(_) => Err(self.reject(count)),
+        }
+    }
+
+    fn reject(&self, count: u64) -> Error {
+        self.shared
+            .counters
+            .rejected
+            .fetch_add(count, Ordering::Relaxed);
+        Error::Overloaded(format!(
+            "{} writes pending, limit {}",
+            self.shared.counters.pending.load(Ordering::Relaxed),
+            self.options.max_pending
+        ))
+    }
+
+    pub fn stats(&self) -> BatcherStats {
+        let c = &self.shared.counters;
+        BatcherStats {
+            batches: c.batches.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            pending: c.pending.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Refuses new writes; queued ones get `ShuttingDown`; a batch already
+    /// committing finishes and answers its callers.
+    pub fn shutdown(&self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        let _ = self.shutdown.send(true);
+    }
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Keeps a caller's writes counted as pending for as long as it waits,
+/// including when its future is dropped early.
+struct PendingGuard<'a> {
+    pending: &'a AtomicU64,
+    count: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        let before = self.pending.fetch_sub(self.count, Ordering::SeqCst);
+        assert!(before >= self.count, "pending write count underflow");
+    }
+}
+
+struct Worker {
+    receiver: mpsc::Receiver<Job>,
+    shutdown: watch::Receiver<bool>,
+    shared: Arc<Shared>,
+    env: Env,
+    commit: CommitFn,
+    options: BatcherOptions,
+    /// A job that did not fit into the previous batch; it opens the next.
+    carry: Option<Job>,
+    /// Canary `FailedBatchHangs`: answers deliberately never sent.
+    hung: Vec<oneshot::Sender<JobReply>>,
+}
+
+impl Worker {
+    async fn run(mut self) {
+        while let Some(first) = self.next_job().await {
+            match self.collect(first).await {
+                Ok(batch) => self.commit(batch).await,
+                Err(batch) => {
+                    answer_all(batch, Error::ShuttingDown);
+                    break;
+                }
+            }
+        }
+        self.receiver.close();
+        while let Ok(job) = self.receiver.try_recv() {
+            let _ = job.reply.send(Err(Error::ShuttingDown));
+        }
+    }
+
+    /// The job that opens the next batch; `None` once shutting down.
+    async fn next_job(&mut self) -> Option<Job> {
+        if let Some(job) = self.carry.take() {
+            return Some(job);
+        }
+        let shutdown = &mut self.shutdown;
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => None,
+            job = self.receiver.recv() => job,
+        }
+    }
+
+    /// Adds jobs to `first` until the batch is full or the delay ran out on
+    /// the node's clock. `Err` (with the jobs collected) on shutdown.
+    async fn collect(&mut self, first: Job) -> Result<Vec<Job>, Vec<Job>> {
+        let deadline = self.env.clock.now() + self.options.max_batch_delay;
+        let mut size = first.requests.len();
+        let mut batch = vec![first];
+        while size < self.options.max_batch_size {
+            let job = match self.receiver.try_recv() {
+                Ok(job) => job,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    let now = self.env.clock.now();
+                    if now >= deadline {
+                        break;
+                    }
+                    let sleep = self.env.clock.sleep(deadline - now);
+                    let shutdown = &mut self.shutdown;
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.wait_for(|stop| *stop) => return Err(batch),
+                        job = self.receiver.recv() => match job {
+                            Some(job) => job,
+                            None => break,
+                        },
+                        () = sleep => break,
+                    }
+                }
+            };
+            if size + job.requests.len() > self.options.max_batch_size {
+                self.carry = Some(job);
+                break;
+            }
+            size += job.requests.len();
+            batch.push(job);
+        }
+        Ok(batch)
+    }
+
+    async fn commit(&mut self, batch: Vec<Job>) {
+        let mut requests = Vec::new();
+        let mut replies = Vec::with_capacity(batch.len());
+        for job in batch {
+            replies.push((job.requests.len(), job.reply));
+            requests.extend(job.requests);
+        }
+        let commit = self.commit.clone();
+        let (requests, result) = blocking(&*self.env.runtime, move || {
+            let result = commit(&requests);
+            (requests, result)
+        })
+        .await;
+        let counters = &self.shared.counters;
+        match result {
+            Ok(results) => {
+                assert_eq!(
+                    results.len(),
+                    requests.len(),
+                    "commit must answer every request"
+                );
+                counters.batches.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .writes
+                    .fetch_add(requests.len() as u64, Ordering::Relaxed);
+                let notice = notice_of(&requests, &results);
+                let mut results = results.into_iter();
+                for (count, reply) in replies {
+                    let _ = reply.send(Ok(results.by_ref().take(count).collect()));
+                }
+                let hook = self.shared.hook.lock().expect("hook lock").clone();
+                if let Some(hook) = hook {
+                    hook(&notice);
+                }
+            }
+            Err(error) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, writes = requests.len(), "batch failed");
+                if canary::active(Canary::FailedBatchHangs) {
+                    self.hung
+                        .extend(replies.into_iter().map(|(_, reply)| reply));
+                    return;
+                }
+                for (_, reply) in replies {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+fn answer_all(batch: Vec<Job>, error: Error) {
+    for job in batch {
+        let _ = job.reply.send(Err(error.clone()));
+    }
+}
+
+fn notice_of(requests: &[WriteRequest], results: &[Result<WriteOutcome>]) -> CommitNotice {
+    let mut local = BTreeSet::new();
+    let mut applied = BTreeSet::new();
+    for (request, result) in requests.iter().zip(results) {
+        match (&request.op, result) {
+            (WriteOp::Apply { .. }, Ok(WriteOutcome::Applied { fresh: true })) => {
+                applied.insert(request.tree.clone());
+            }
+            (WriteOp::Apply { .. }, _) | (_, Err(_)) => {}
+            (_, Ok(_)) => {
+                local.insert(request.tree.clone());
+            }
+        }
+    }
+    CommitNotice {
+        local_trees: local.into_iter().collect(),
+        applied_trees: applied.into_iter().collect(),
+    }
+}

@@ -1,16 +1,41 @@
 //! The tree service: validation, the batcher, replication and background
-//! sync around one forest (issue 3).
+//! sync around one forest.
 //!
-//! SKELETON: the signatures below are the contract the simulator and the load
-//! evaluator drive. Bodies are filled in by issue 3.
+//! Replication is built so that nothing acknowledged is ever dropped:
+//! - the truth is a durable per-(tree, peer) push cursor over the local log;
+//!   a pusher sends the ops that originated here from that cursor and moves
+//!   it only after the peer acknowledged them;
+//! - the post-commit hint ("tree X has new ops") only says *when* to look; a
+//!   full hint queue drops the hint, never an op, and a periodic sweep (also
+//!   at start, which covers restarts) finds whatever the hints missed;
+//! - background sync pulls every peer's log from a durable per-peer pull
+//!   cursor that moves only over ops applied here.
 
-use crate::config::Config;
-use crate::error::Result;
-use crate::forest::Forest;
+use crate::batcher::{Batcher, BatcherOptions, BatcherStats, CommitHook, CommitNotice};
+use crate::canary::{self, Canary};
+use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
+use crate::error::{Error, Result};
+use crate::forest::{CursorKind, Forest, WriteOp, WriteOutcome, WriteRequest};
 use crate::net::Transport;
 use crate::proto::{Request, Response};
-use crate::runtime::Env;
-use std::sync::Arc;
+use crate::runtime::{blocking, Env};
+use crate::types::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+/// Longest tree id, in bytes.
+pub const MAX_TREE_ID_BYTES: usize = 1024;
+
+/// Pages pulled from one peer for one tree in one sync round. Keeps a round
+/// finite when a peer keeps writing; the next round goes on from the cursor.
+pub const MAX_PULL_PAGES_PER_ROUND: usize = 10_000;
+
+/// Estimated encoded bytes of a node or op beyond its meta (ids, timestamp,
+/// height, framing of the key/value list).
+const ITEM_OVERHEAD_BYTES: usize = 64;
 
 /// Counters a node exposes (checkers, load reports).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,52 +47,1017 @@ pub struct ServiceStats {
     pub ops_pushed: u64,
     pub ops_pulled: u64,
     pub sync_rounds: u64,
+    /// Writes whose callers are waiting on the batcher right now; a value
+    /// that never drops back to 0 on an idle node means a caller hangs.
+    pub pending_writes: u64,
+    /// Push calls that failed (retried later).
+    pub push_failures: u64,
+    /// Peer calls during sync that failed (that peer is skipped this round).
+    pub sync_peer_errors: u64,
+    /// Replication hints dropped because their queue was full.
+    pub hints_dropped: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    ops_pushed: AtomicU64,
+    ops_pulled: AtomicU64,
+    sync_rounds: AtomicU64,
+    push_failures: AtomicU64,
+    sync_peer_errors: AtomicU64,
+    hints_dropped: AtomicU64,
+}
+
+/// Scheduling state of the pusher of one (tree, peer).
+#[derive(Default)]
+struct PushState {
+    running: bool,
+    dirty: bool,
+}
+
+/// Locks of one tree: `drop_guard` is held shared by push and pull passes and
+/// exclusively by Drop, so a cursor of a dropped tree is never written back;
+/// `pull` keeps syncs of one tree one at a time.
+#[derive(Default, Clone)]
+struct TreeLocks {
+    drop_guard: Arc<tokio::sync::RwLock<()>>,
+    pull: Arc<tokio::sync::Mutex<()>>,
+}
+
+type PushKey = (TreeKey, ReplicaId);
+
+struct Inner {
+    config: Config,
+    forest: Arc<Forest>,
+    env: Env,
+    transport: Arc<dyn Transport>,
+    batcher: Batcher,
+    counters: Counters,
+    push_slots: Arc<Semaphore>,
+    pushers: Mutex<BTreeMap<PushKey, PushState>>,
+    tree_locks: Mutex<BTreeMap<TreeKey, TreeLocks>>,
+    /// Canary `ReplicationDropsOnFullQueue`: heights pushers skip to.
+    push_skips: Arc<Mutex<BTreeMap<TreeKey, u64>>>,
+    closed: AtomicBool,
+    shutdown: watch::Sender<bool>,
 }
 
 /// One running node of the tree service.
 pub struct Service {
-    _private: (),
+    inner: Arc<Inner>,
 }
 
 impl Service {
     /// Starts the batcher, replication and (if configured) background sync
     /// on `env`, serving `forest`. Peers are reached through `transport`.
     pub fn start(
-        _config: Config,
-        _forest: Arc<Forest>,
-        _env: Env,
-        _transport: Arc<dyn Transport>,
+        config: Config,
+        forest: Arc<Forest>,
+        env: Env,
+        transport: Arc<dyn Transport>,
     ) -> Result<Arc<Service>> {
-        todo!()
+        config.validate()?;
+        if forest.options().replica_id != config.node.replica_id {
+            return Err(Error::Config(format!(
+                "node.replica_id: {} but the forest was opened as replica {}",
+                config.node.replica_id,
+                forest.options().replica_id
+            )));
+        }
+        let batcher = Batcher::start_with_commit(
+            {
+                let forest = forest.clone();
+                Arc::new(move |requests| forest.write_batch(requests))
+            },
+            env.clone(),
+            BatcherOptions {
+                max_batch_size: config.pilorama.max_batch_size,
+                max_batch_delay: config.pilorama.max_batch_delay,
+                max_pending: config.limits.max_pending_writes,
+            },
+        );
+        let (hints, hint_receiver) = mpsc::channel(config.tree.replication_channel_capacity);
+        let (shutdown, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            push_slots: Arc::new(Semaphore::new(config.tree.replication_worker_count)),
+            config,
+            forest,
+            env,
+            transport,
+            batcher,
+            counters: Counters::default(),
+            pushers: Mutex::default(),
+            tree_locks: Mutex::default(),
+            push_skips: Arc::default(),
+            closed: AtomicBool::new(false),
+            shutdown,
+        });
+        inner.batcher.set_commit_hook(hint_hook(&inner, hints));
+        spawn(
+            &inner,
+            "replication-hints",
+            Inner::run_hints(inner.clone(), hint_receiver),
+        );
+        spawn(
+            &inner,
+            "replication-sweep",
+            Inner::run_sweeps(inner.clone()),
+        );
+        if let Some(interval) = inner.config.tree.sync_interval {
+            spawn(&inner, "sync", Inner::run_sync(inner.clone(), interval));
+        }
+        Ok(Arc::new(Service { inner }))
     }
 
     /// Answers one request; errors are `Response::Error`.
-    pub async fn handle(&self, _request: Request) -> Response {
-        todo!()
+    pub async fn handle(&self, request: Request) -> Response {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Response::Error(Error::ShuttingDown);
+        }
+        match self.inner.dispatch(request).await {
+            Ok(response) => response,
+            Err(error) => Response::Error(error),
+        }
     }
 
     /// Runs one full background-sync round now (every tree, every peer),
     /// whether or not periodic sync is enabled.
     pub async fn sync_now(&self) {
-        todo!()
+        self.inner.sync_round().await;
     }
 
-    /// True when every locally stored op has been acknowledged by every peer
-    /// that should receive it.
+    /// True when every locally stored op that originated here has been
+    /// acknowledged by every peer that should receive it.
     pub fn replication_idle(&self) -> bool {
-        todo!()
+        self.inner.replication_idle().unwrap_or(false)
     }
 
     pub fn stats(&self) -> ServiceStats {
-        todo!()
+        let batcher: BatcherStats = self.inner.batcher.stats();
+        let c = &self.inner.counters;
+        ServiceStats {
+            writes_committed: batcher.writes,
+            batches_committed: batcher.batches,
+            batches_failed: batcher.failed,
+            writes_rejected_overload: batcher.rejected,
+            ops_pushed: c.ops_pushed.load(Ordering::Relaxed),
+            ops_pulled: c.ops_pulled.load(Ordering::Relaxed),
+            sync_rounds: c.sync_rounds.load(Ordering::Relaxed),
+            pending_writes: batcher.pending,
+            push_failures: c.push_failures.load(Ordering::Relaxed),
+            sync_peer_errors: c.sync_peer_errors.load(Ordering::Relaxed),
+            hints_dropped: c.hints_dropped.load(Ordering::Relaxed),
+        }
     }
 
     pub fn forest(&self) -> &Arc<Forest> {
-        todo!()
+        &self.inner.forest
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
     }
 
     /// Stops background work; in-flight callers get `ShuttingDown`.
     pub fn shutdown(&self) {
-        todo!()
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.batcher.shutdown();
+        let _ = self.inner.shutdown.send(true);
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn spawn(
+    inner: &Inner,
+    name: &'static str,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    inner.env.runtime.spawn(name, Box::pin(task));
+}
+
+/// The batcher's post-commit hook: a hint per tree with new local ops. It
+/// must not block, so a full queue drops the hint (the sweep covers it).
+fn hint_hook(inner: &Arc<Inner>, hints: mpsc::Sender<TreeKey>) -> CommitHook {
+    // The hook lives inside the batcher, which `Inner` owns: hold it weakly.
+    let weak = Arc::downgrade(inner);
+    Arc::new(move |notice: &CommitNotice| {
+        let Some(inner) = weak.upgrade() else { return };
+        for tree in &notice.local_trees {
+            match hints.try_send(tree.clone()) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => inner.hint_dropped(tree),
+            }
+        }
+    })
+}
+
+// ----------------------------------------------------------------------------
+// Request handling.
+
+impl Inner {
+    async fn dispatch(&self, request: Request) -> Result<Response> {
+        match request {
+            Request::Add {
+                tree,
+                parent,
+                items,
+            } => {
+                self.check_items(&items)?;
+                let op = WriteOp::Move {
+                    parent,
+                    child: None,
+                    items,
+                };
+                match self.write(tree, op).await? {
+                    WriteOutcome::Moved { node, .. } => Ok(Response::Added { node }),
+                    other => Err(unexpected(other)),
+                }
+            }
+            Request::AddByPath {
+                tree,
+                attr,
+                path,
+                items,
+            } => {
+                self.check_path(&attr, &path)?;
+                self.check_items(&items)?;
+                let op = WriteOp::AddByPath { attr, path, items };
+                match self.write(tree, op).await? {
+                    WriteOutcome::AddedByPath { leaf, created, .. } => {
+                        Ok(Response::AddedByPath { leaf, created })
+                    }
+                    other => Err(unexpected(other)),
+                }
+            }
+            Request::Move {
+                tree,
+                parent,
+                node,
+                items,
+            } => {
+                check_movable(node)?;
+                self.check_items(&items)?;
+                let op = WriteOp::Move {
+                    parent,
+                    child: Some(node),
+                    items,
+                };
+                self.write(tree, op).await.map(|_| Response::Done)
+            }
+            Request::Remove { tree, node } => {
+                check_movable(node)?;
+                self.write(tree, WriteOp::Remove { node })
+                    .await
+                    .map(|_| Response::Done)
+            }
+            Request::Apply { tree, ops } => self.apply(tree, ops).await,
+            Request::Drop { cid, tree } => self.drop_trees(cid, tree).await,
+            read => self.read(read),
+        }
+    }
+
+    fn read(&self, request: Request) -> Result<Response> {
+        match request {
+            Request::GetNodeByPath {
+                tree,
+                attr,
+                path,
+                attributes,
+                latest_only,
+                all_attributes,
+            } => {
+                self.check_path(&attr, &path)?;
+                self.check_tree_readable(&tree)?;
+                let mut nodes = self.forest.get_by_path(&tree, &attr, &path, latest_only)?;
+                if !all_attributes {
+                    for node in &mut nodes {
+                        node.meta.items.retain(|kv| attributes.contains(&kv.key));
+                    }
+                }
+                self.check_answer_size("nodes", &nodes)?;
+                Ok(Response::Nodes(nodes))
+            }
+            Request::GetMeta { tree, node } => {
+                self.check_tree_readable(&tree)?;
+                let info = self
+                    .forest
+                    .get_node(&tree, node)?
+                    .ok_or(Error::NodeNotFound(node))?;
+                Ok(Response::Nodes(vec![info]))
+            }
+            Request::GetSubTree { tree, root, depth } => {
+                self.check_tree_readable(&tree)?;
+                let limit = self.config.limits.max_subtree_nodes;
+                let nodes = self.forest.get_subtree(&tree, root, depth, limit)?;
+                self.check_answer_size("subtree", &nodes)?;
+                Ok(Response::Nodes(nodes))
+            }
+            Request::TreeList { cid } => {
+                self.check_replica(&cid)?;
+                Ok(Response::Trees(self.forest.tree_list(&cid)?))
+            }
+            Request::GetOpLog {
+                tree,
+                from_height,
+                limit,
+            } => self.op_log(&tree, from_height, limit),
+            Request::Healthcheck => Ok(Response::Health {
+                replica_id: self.config.node.replica_id,
+            }),
+            write => unreachable!("write request {write:?} routed to read"),
+        }
+    }
+
+    async fn write(&self, tree: TreeKey, op: WriteOp) -> Result<WriteOutcome> {
+        self.check_tree_key(&tree)?;
+        self.batcher.submit(WriteRequest { tree, op }).await
+    }
+
+    /// Replicated ops: validated, then applied in one batch. Any failure is
+    /// reported so the sender keeps them and retries.
+    async fn apply(&self, tree: TreeKey, ops: Vec<Move>) -> Result<Response> {
+        self.check_tree_key(&tree)?;
+        let page = self.config.limits.sync_page_size;
+        if ops.len() > page {
+            return Err(too_large("apply ops", ops.len(), page));
+        }
+        for op in &ops {
+            self.check_move(op)?;
+        }
+        let requests = ops
+            .into_iter()
+            .map(|op| WriteRequest {
+                tree: tree.clone(),
+                op: WriteOp::Apply { op },
+            })
+            .collect();
+        let mut fresh = 0u32;
+        for result in self.batcher.submit_all(requests).await? {
+            if let WriteOutcome::Applied { fresh: true } = result? {
+                fresh += 1;
+            }
+        }
+        Ok(Response::Applied { fresh })
+    }
+
+    fn op_log(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
+        self.check_tree_readable(tree)?;
+        let limit = (limit as usize).min(self.config.limits.sync_page_size);
+        let mut entries = self.forest.get_op_log(tree, from_height, limit)?;
+        let budget = self.answer_budget_bytes();
+        let mut used = 0;
+        let keep = entries
+            .iter()
+            .take_while(|e| {
+                used += e.op.meta.size_bytes() + ITEM_OVERHEAD_BYTES;
+                used <= budget
+            })
+            .count()
+            .max(1);
+        entries.truncate(keep);
+        let next_height = entries.last().map_or(from_height, |e| e.height + 1);
+        Ok(Response::OpLog {
+            entries,
+            next_height,
+        })
+    }
+
+    async fn drop_trees(&self, cid: ContainerId, tree: Option<String>) -> Result<Response> {
+        self.check_replica(&cid)?;
+        let trees: Vec<TreeKey> = match &tree {
+            Some(name) => vec![TreeKey::new(cid, name.clone())],
+            None => self
+                .forest
+                .tree_list(&cid)?
+                .into_iter()
+                .map(|t| TreeKey::new(cid, t))
+                .collect(),
+        };
+        let mut guards = Vec::with_capacity(trees.len());
+        for key in &trees {
+            guards.push(self.locks(key).drop_guard.write_owned().await);
+        }
+        let forest = self.forest.clone();
+        blocking(&*self.env.runtime, move || {
+            forest.tree_drop(&cid, tree.as_deref())
+        })
+        .await?;
+        Ok(Response::Done)
+    }
+
+    // ---- validation ----
+
+    fn check_replica(&self, cid: &ContainerId) -> Result<()> {
+        if self.replica_set(cid).contains(&self.config.node.replica_id) {
+            Ok(())
+        } else {
+            Err(Error::NotReplica(cid.to_string()))
+        }
+    }
+
+    fn check_tree_key(&self, tree: &TreeKey) -> Result<()> {
+        self.check_replica(&tree.cid)?;
+        if tree.tree.len() > MAX_TREE_ID_BYTES {
+            return Err(too_large("tree id", tree.tree.len(), MAX_TREE_ID_BYTES));
+        }
+        Ok(())
+    }
+
+    fn check_tree_readable(&self, tree: &TreeKey) -> Result<()> {
+        self.check_tree_key(tree)?;
+        if !self.forest.tree_exists(tree)? {
+            return Err(Error::TreeNotFound);
+        }
+        Ok(())
+    }
+
+    fn check_path(&self, attr: &str, path: &[String]) -> Result<()> {
+        if attr != ATTR_FILE_NAME {
+            return Err(Error::UnsupportedAttribute(attr.to_string()));
+        }
+        if path.is_empty() {
+            return Err(Error::EmptyPath);
+        }
+        let max = self.config.limits.max_path_len;
+        if path.len() > max {
+            return Err(too_large("path", path.len(), max));
+        }
+        let bytes: usize = path.iter().map(String::len).sum();
+        let max_bytes = self.config.limits.max_meta_bytes;
+        if bytes > max_bytes {
+            return Err(too_large("path bytes", bytes, max_bytes));
+        }
+        Ok(())
+    }
+
+    fn check_items(&self, items: &[KeyValue]) -> Result<()> {
+        let size = Meta {
+            time: 0,
+            items: items.to_vec(),
+        }
+        .size_bytes();
+        let max = self.config.limits.max_meta_bytes;
+        if size > max {
+            return Err(too_large("meta", size, max));
+        }
+        Ok(())
+    }
+
+    fn check_move(&self, op: &Move) -> Result<()> {
+        let counter = timestamp_counter(op.ts());
+        if counter == 0 || counter > COUNTER_MAX {
+            return Err(Error::InvalidOp(format!(
+                "timestamp {} out of range",
+                op.ts()
+            )));
+        }
+        if op.child == ROOT || op.child == TRASH {
+            return Err(Error::InvalidOp(format!(
+                "op moves reserved node {}",
+                op.child
+            )));
+        }
+        let max = self.config.limits.max_meta_bytes;
+        if op.meta.size_bytes() > max {
+            return Err(too_large("meta", op.meta.size_bytes(), max));
+        }
+        Ok(())
+    }
+
+    /// Room for the payload of one answer.
+    fn answer_budget_bytes(&self) -> usize {
+        self.config.limits.max_message_bytes - MESSAGE_OVERHEAD_BYTES
+    }
+
+    fn check_answer_size(&self, what: &str, nodes: &[NodeInfo]) -> Result<()> {
+        let size: usize = nodes
+            .iter()
+            .map(|n| n.meta.size_bytes() + ITEM_OVERHEAD_BYTES)
+            .sum();
+        let budget = self.answer_budget_bytes();
+        if size > budget {
+            return Err(too_large(what, size, budget));
+        }
+        Ok(())
+    }
+
+    // ---- membership ----
+
+    /// The replicas holding a container: its configured set, or this node
+    /// and every peer when it is not listed.
+    fn replica_set(&self, cid: &ContainerId) -> Vec<ReplicaId> {
+        let node = &self.config.node;
+        match node.containers.iter().find(|c| &c.cid == cid) {
+            Some(container) => container.replicas.clone(),
+            None => std::iter::once(node.replica_id)
+                .chain(node.peers.iter().map(|p| p.replica_id))
+                .collect(),
+        }
+    }
+
+    /// The other replicas of a container, ascending.
+    fn peers_of(&self, cid: &ContainerId) -> Vec<ReplicaId> {
+        let own = self.config.node.replica_id;
+        let peers: BTreeSet<ReplicaId> = self
+            .replica_set(cid)
+            .into_iter()
+            .filter(|r| *r != own)
+            .collect();
+        peers.into_iter().collect()
+    }
+
+    fn replicates(&self, cid: &ContainerId) -> bool {
+        self.check_replica(cid).is_ok()
+    }
+
+    fn locks(&self, tree: &TreeKey) -> TreeLocks {
+        self.tree_locks
+            .lock()
+            .expect("tree locks")
+            .entry(tree.clone())
+            .or_default()
+            .clone()
+    }
+
+    fn stopped(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps on the node's clock; true when the node stopped meanwhile.
+    async fn sleep_or_stop(&self, duration: Duration) -> bool {
+        let mut shutdown = self.shutdown.subscribe();
+        let sleep = self.env.clock.sleep(duration);
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => true,
+            () = sleep => self.stopped(),
+        }
+    }
+}
+
+fn check_movable(node: NodeId) -> Result<()> {
+    match node {
+        ROOT => Err(Error::RootImmutable),
+        TRASH => Err(Error::InvalidOp("TRASH is not a node".into())),
+        _ => Ok(()),
+    }
+}
+
+fn too_large(what: &str, size: usize, limit: usize) -> Error {
+    Error::TooLarge {
+        what: what.into(),
+        size: size as u64,
+        limit: limit as u64,
+    }
+}
+
+fn unexpected(outcome: WriteOutcome) -> Error {
+    // The forest answers each op kind with its own outcome kind.
+    panic!("forest answered with the wrong outcome kind: {outcome:?}")
+}
+
+// ----------------------------------------------------------------------------
+// Replication (push).
+
+impl Inner {
+    fn hint_dropped(&self, tree: &TreeKey) {
+        self.counters.hints_dropped.fetch_add(1, Ordering::Relaxed);
+        if canary::active(Canary::ReplicationDropsOnFullQueue) {
+            // Planted bug: treat the ops behind a dropped hint as sent.
+            if let Ok(height) = self.forest.next_height(tree) {
+                self.push_skips
+                    .lock()
+                    .expect("push skips")
+                    .insert(tree.clone(), height);
+            }
+        }
+    }
+
+    async fn run_hints(self: Arc<Self>, mut hints: mpsc::Receiver<TreeKey>) {
+        let mut shutdown = self.shutdown.subscribe();
+        loop {
+            let tree = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => return,
+                tree = hints.recv() => match tree {
+                    Some(tree) => tree,
+                    None => return,
+                },
+            };
+            self.schedule_push(&tree);
+        }
+    }
+
+    /// At start (which resumes pushes a restart interrupted) and then every
+    /// `replication_timeout`, looks at every tree for unsent ops: this is
+    /// what makes a dropped hint harmless.
+    async fn run_sweeps(self: Arc<Self>) {
+        loop {
+            match self.forest.all_trees() {
+                Ok(trees) => {
+                    for tree in trees.iter().filter(|t| self.replicates(&t.cid)) {
+                        self.schedule_push(tree);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "replication sweep cannot list trees"),
+            }
+            if self
+                .sleep_or_stop(self.config.tree.replication_timeout)
+                .await
+            {
+                return;
+            }
+        }
+    }
+
+    /// Marks every pusher of `tree` as having work, starting the idle ones.
+    fn schedule_push(self: &Arc<Self>, tree: &TreeKey) {
+        if self.stopped() {
+            return;
+        }
+        for peer in self.peers_of(&tree.cid) {
+            let key = (tree.clone(), peer);
+            let start = {
+                let mut pushers = self.pushers.lock().expect("pushers");
+                let state = pushers.entry(key.clone()).or_default();
+                state.dirty = true;
+                !std::mem::replace(&mut state.running, true)
+            };
+            if start {
+                spawn(self, "pusher", self.clone().run_pusher(key));
+            }
+        }
+    }
+
+    /// One task per (tree, peer) while it has work; failures back off
+    /// exponentially up to `replication_timeout`.
+    async fn run_pusher(self: Arc<Self>, key: PushKey) {
+        let mut failures = 0u32;
+        loop {
+            {
+                let mut pushers = self.pushers.lock().expect("pushers");
+                let state = pushers.get_mut(&key).expect("pusher state");
+                if !state.dirty || self.stopped() {
+                    state.running = false;
+                    return;
+                }
+                state.dirty = false;
+            }
+            let (tree, peer) = &key;
+            match self.push_to_peer(tree, *peer).await {
+                Ok(()) => failures = 0,
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    self.counters.push_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%error, peer, ?tree, failures, "push failed");
+                    let delay = self.push_backoff(failures);
+                    self.pushers
+                        .lock()
+                        .expect("pushers")
+                        .get_mut(&key)
+                        .expect("pusher state")
+                        .dirty = true;
+                    if self.sleep_or_stop(delay).await {
+                        self.pushers
+                            .lock()
+                            .expect("pushers")
+                            .get_mut(&key)
+                            .expect("pusher state")
+                            .running = false;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn push_backoff(&self, failures: u32) -> Duration {
+        let cap = self.config.tree.replication_timeout;
+        let base = (cap / 32).max(Duration::from_millis(1));
+        base.saturating_mul(1u32 << failures.min(16).saturating_sub(1))
+            .min(cap)
+    }
+
+    /// Sends `peer` every op that originated here from its push cursor on,
+    /// one page at a time; the cursor moves only over acknowledged pages.
+    async fn push_to_peer(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
+        let locks = self.locks(tree);
+        let _no_drop = locks.drop_guard.read().await;
+        let start = self.forest.cursor(tree, CursorKind::Push, peer)?;
+        let mut cursor = start;
+        if let Some(&skip) = self.push_skips.lock().expect("push skips").get(tree) {
+            cursor = cursor.max(skip);
+        }
+        let result = self.push_pages(tree, peer, &mut cursor).await;
+        if cursor > start {
+            let forest = self.forest.clone();
+            let tree = tree.clone();
+            blocking(&*self.env.runtime, move || {
+                forest.set_cursor(&tree, CursorKind::Push, peer, cursor)
+            })
+            .await?;
+        }
+        result
+    }
+
+    async fn push_pages(&self, tree: &TreeKey, peer: ReplicaId, cursor: &mut u64) -> Result<()> {
+        let own = self.config.node.replica_id;
+        let page = self.config.limits.sync_page_size;
+        let budget = self.answer_budget_bytes();
+        loop {
+            let entries = self.forest.get_op_log(tree, *cursor, page)?;
+            let Some(last) = entries.last() else {
+                return Ok(());
+            };
+            let mut next = last.height + 1;
+            let mut ops = Vec::new();
+            let mut used = 0;
+            for entry in &entries {
+                assert!(entry.height >= *cursor, "op log went backwards");
+                if timestamp_replica(entry.op.ts()) != own {
+                    continue;
+                }
+                used += entry.op.meta.size_bytes() + ITEM_OVERHEAD_BYTES;
+                if used > budget && !ops.is_empty() {
+                    next = entry.height;
+                    break;
+                }
+                ops.push(entry.op.clone());
+            }
+            if !ops.is_empty() {
+                self.send_ops(tree, peer, ops).await?;
+            }
+            assert!(next > *cursor, "push cursor must advance");
+            *cursor = next;
+            if self.stopped() {
+                return Err(Error::ShuttingDown);
+            }
+        }
+    }
+
+    async fn send_ops(&self, tree: &TreeKey, peer: ReplicaId, ops: Vec<Move>) -> Result<()> {
+        let count = ops.len() as u64;
+        let _slot = self
+            .push_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        let request = Request::Apply {
+            tree: tree.clone(),
+            ops,
+        };
+        let timeout = self.config.tree.replication_timeout;
+        match self.transport.call(peer, request, timeout).await? {
+            Response::Applied { .. } => {
+                self.counters.ops_pushed.fetch_add(count, Ordering::Relaxed);
+                Ok(())
+            }
+            Response::Error(error) => Err(error),
+            other => Err(Error::Malformed(format!(
+                "peer {peer} answered Apply with {other:?}"
+            ))),
+        }
+    }
+
+    fn replication_idle(&self) -> Result<bool> {
+        let own = self.config.node.replica_id;
+        let page = self.config.limits.sync_page_size;
+        for tree in self.forest.all_trees()? {
+            if !self.replicates(&tree.cid) {
+                continue;
+            }
+            for peer in self.peers_of(&tree.cid) {
+                let mut cursor = self.forest.cursor(&tree, CursorKind::Push, peer)?;
+                loop {
+                    let entries = self.forest.get_op_log(&tree, cursor, page)?;
+                    let Some(last) = entries.last() else { break };
+                    if entries.iter().any(|e| timestamp_replica(e.op.ts()) == own) {
+                        return Ok(false);
+                    }
+                    cursor = last.height + 1;
+                }
+            }
+        }
+        Ok(true)
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Background sync (pull).
+
+impl Inner {
+    async fn run_sync(self: Arc<Self>, interval: Duration) {
+        loop {
+            self.sync_round().await;
+            if self.sleep_or_stop(interval).await {
+                return;
+            }
+        }
+    }
+
+    /// Pulls every tree this node replicates from every peer. A peer that
+    /// fails is skipped for the rest of the round; nothing local is touched
+    /// on failure.
+    async fn sync_round(&self) {
+        let mut failed_peers = BTreeSet::new();
+        let trees = self.sync_trees(&mut failed_peers).await;
+        for tree in trees {
+            if self.stopped() {
+                return;
+            }
+            let locks = self.locks(&tree);
+            let _one_sync = locks.pull.lock().await;
+            let _no_drop = locks.drop_guard.read().await;
+            for peer in self.peers_of(&tree.cid) {
+                if failed_peers.contains(&peer) {
+                    continue;
+                }
+                if let Err(error) = self.pull_from(&tree, peer).await {
+                    self.counters
+                        .sync_peer_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%error, peer, ?tree, "sync from peer failed");
+                    if error.is_transient() {
+                        failed_peers.insert(peer);
+                        if canary::active(Canary::SyncDropsTreeOnPeerError) {
+                            // Planted bug: discard local data on a peer's hiccup.
+                            let _ = self.forest.tree_drop(&tree.cid, Some(&tree.tree));
+                        }
+                    }
+                }
+            }
+        }
+        self.counters.sync_rounds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Trees to sync: the local ones plus whatever peers list for the
+    /// containers this node replicates.
+    async fn sync_trees(&self, failed_peers: &mut BTreeSet<ReplicaId>) -> BTreeSet<TreeKey> {
+        let mut trees: BTreeSet<TreeKey> = match self.forest.all_trees() {
+            Ok(trees) => trees
+                .into_iter()
+                .filter(|t| self.replicates(&t.cid))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(%error, "sync cannot list local trees");
+                BTreeSet::new()
+            }
+        };
+        let mut cids: BTreeSet<ContainerId> = trees.iter().map(|t| t.cid).collect();
+        for container in &self.config.node.containers {
+            if self.replicates(&container.cid) {
+                cids.insert(container.cid);
+            }
+        }
+        let timeout = self.config.tree.replication_timeout;
+        for cid in cids {
+            for peer in self.peers_of(&cid) {
+                if failed_peers.contains(&peer) {
+                    continue;
+                }
+                match self
+                    .transport
+                    .call(peer, Request::TreeList { cid }, timeout)
+                    .await
+                {
+                    Ok(Response::Trees(names)) => {
+                        trees.extend(names.into_iter().map(|name| TreeKey::new(cid, name)));
+                    }
+                    Ok(Response::Error(error)) if !error.is_transient() => {}
+                    Ok(_) | Err(_) => {
+                        self.counters
+                            .sync_peer_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        failed_peers.insert(peer);
+                    }
+                }
+            }
+        }
+        trees
+    }
+
+    /// Pulls `peer`'s log of `tree` from the pull cursor, page by page,
+    /// moving the cursor only over ops applied here.
+    async fn pull_from(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
+        let cursor_peer = if canary::active(Canary::SharedSyncCursor) {
+            0 // Planted bug: every peer's heights share one cursor.
+        } else {
+            peer
+        };
+        let mut cursor = self.forest.cursor(tree, CursorKind::Pull, cursor_peer)?;
+        for _ in 0..MAX_PULL_PAGES_PER_ROUND {
+            let entries = match self.fetch_page(tree, peer, cursor).await? {
+                Some(entries) if !entries.is_empty() => entries,
+                _ => return Ok(()),
+            };
+            let (applied_to, fresh, stop) = self.apply_page(tree, entries).await?;
+            if applied_to > cursor {
+                cursor = applied_to;
+                let forest = self.forest.clone();
+                let tree = tree.clone();
+                blocking(&*self.env.runtime, move || {
+                    forest.set_cursor(&tree, CursorKind::Pull, cursor_peer, cursor)
+                })
+                .await?;
+            }
+            self.counters.ops_pulled.fetch_add(fresh, Ordering::Relaxed);
+            if let Some(error) = stop {
+                return Err(error);
+            }
+            if self.stopped() {
+                return Err(Error::ShuttingDown);
+            }
+        }
+        Ok(())
+    }
+
+    /// One page of a peer's log from `from_height`; `None` when the peer
+    /// does not have the tree.
+    async fn fetch_page(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        from_height: u64,
+    ) -> Result<Option<Vec<LogEntry>>> {
+        let request = Request::GetOpLog {
+            tree: tree.clone(),
+            from_height,
+            limit: self.config.limits.sync_page_size.min(u32::MAX as usize) as u32,
+        };
+        let timeout = self.config.tree.replication_timeout;
+        let entries = match self.transport.call(peer, request, timeout).await? {
+            Response::OpLog { entries, .. } => entries,
+            Response::Error(Error::TreeNotFound) => return Ok(None),
+            Response::Error(error) => return Err(error),
+            other => {
+                return Err(Error::Malformed(format!(
+                    "peer {peer} answered GetOpLog with {other:?}"
+                )))
+            }
+        };
+        // A peer's answer is input like any other: check before trusting.
+        let mut expected_min = from_height;
+        for entry in &entries {
+            if entry.height < expected_min {
+                return Err(Error::Malformed(format!(
+                    "peer {peer} sent heights out of order"
+                )));
+            }
+            expected_min = entry.height + 1;
+        }
+        if entries.len() > self.config.limits.sync_page_size {
+            return Err(Error::Malformed(format!(
+                "peer {peer} sent an oversized page"
+            )));
+        }
+        Ok(Some(entries))
+    }
+
+    /// Applies a pulled page; returns the height the cursor may move to, how
+    /// many ops were new, and the error that stopped it early, if any. Ops
+    /// that can never apply (invalid) are passed over with a warning.
+    async fn apply_page(
+        &self,
+        tree: &TreeKey,
+        entries: Vec<LogEntry>,
+    ) -> Result<(u64, u64, Option<Error>)> {
+        let heights: Vec<u64> = entries.iter().map(|e| e.height).collect();
+        let mut requests = Vec::with_capacity(entries.len());
+        let mut valid = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let ok = self.check_move(&entry.op);
+            if let Err(error) = &ok {
+                tracing::warn!(%error, height = entry.height, ?tree, "skipping invalid op from peer");
+            }
+            valid.push(ok.is_ok());
+            if ok.is_ok() {
+                requests.push(WriteRequest {
+                    tree: tree.clone(),
+                    op: WriteOp::Apply { op: entry.op },
+                });
+            }
+        }
+        let mut results = self.batcher.submit_all(requests).await?.into_iter();
+        let mut applied_to = heights[0];
+        let mut fresh = 0;
+        for (height, valid) in heights.into_iter().zip(valid) {
+            if valid {
+                match results.next().expect("one result per request") {
+                    Ok(WriteOutcome::Applied { fresh: true }) => fresh += 1,
+                    Ok(_) => {}
+                    Err(error) if error.is_transient() => {
+                        return Ok((applied_to, fresh, Some(error)))
+                    }
+                    Err(error) => tracing::warn!(%error, height, ?tree, "peer op refused"),
+                }
+            }
+            applied_to = height + 1;
+        }
+        Ok((applied_to, fresh, None))
     }
 }

@@ -1,0 +1,333 @@
+//! Group commit with a scripted commit function: who gets which result, what
+//! a failed transaction does, overload and shutdown. Virtual time only.
+
+mod service_support;
+
+use arbor::batcher::{Batcher, BatcherOptions, CommitFn, CommitNotice};
+use arbor::forest::{WriteOp, WriteOutcome, WriteRequest};
+use arbor::{ContainerId, Error, TreeKey};
+use service_support::test_env;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn tree(name: &str) -> TreeKey {
+    TreeKey::new(ContainerId([7; 32]), name)
+}
+
+/// A write whose fake outcome is derived from `tag`.
+fn request(tree_name: &str, tag: u64) -> WriteRequest {
+    WriteRequest {
+        tree: tree(tree_name),
+        op: WriteOp::Move {
+            parent: tag,
+            child: None,
+            items: vec![],
+        },
+    }
+}
+
+/// Answers `Moved { node: parent }` for each request, records batch sizes,
+/// and fails the whole transaction while `fail` is set. Tag 13 fails alone.
+struct Script {
+    fail: AtomicBool,
+    batches: Mutex<Vec<usize>>,
+}
+
+impl Script {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            fail: AtomicBool::new(false),
+            batches: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn commit_fn(self: &Arc<Self>) -> CommitFn {
+        let script = self.clone();
+        Arc::new(move |requests: &[WriteRequest]| {
+            script.batches.lock().unwrap().push(requests.len());
+            if script.fail.load(Ordering::SeqCst) {
+                return Err(Error::Storage("disk on fire".into()));
+            }
+            Ok(requests
+                .iter()
+                .map(|r| match r.op {
+                    WriteOp::Move { parent: 13, .. } => Err(Error::NodeNotFound(13)),
+                    WriteOp::Move { parent, .. } => Ok(WriteOutcome::Moved {
+                        node: parent,
+                        ts: parent,
+                    }),
+                    _ => unreachable!(),
+                })
+                .collect())
+        })
+    }
+}
+
+fn options(max_batch_size: usize, max_pending: usize) -> BatcherOptions {
+    BatcherOptions {
+        max_batch_size,
+        max_batch_delay: Duration::from_millis(5),
+        max_pending,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_callers_get_their_own_results() {
+    let script = Script::new();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        options(10, 100),
+    ));
+    let callers: Vec<_> = (100..150u64)
+        .map(|tag| {
+            let batcher = batcher.clone();
+            tokio::spawn(async move { (tag, batcher.submit(request("t", tag)).await) })
+        })
+        .collect();
+    for caller in callers {
+        let (tag, result) = caller.await.unwrap();
+        assert_eq!(result, Ok(WriteOutcome::Moved { node: tag, ts: tag }));
+    }
+    // 50 concurrent writes with room for 10 per batch: grouped, never more.
+    let batches = script.batches.lock().unwrap().clone();
+    assert_eq!(batches, vec![10; 5]);
+    let stats = batcher.stats();
+    assert_eq!(
+        (stats.batches, stats.writes, stats.failed, stats.pending),
+        (5, 50, 0, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_bad_write_fails_alone() {
+    let script = Script::new();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        options(10, 100),
+    ));
+    let good = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("t", 12)).await }
+    });
+    let bad = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("t", 13)).await }
+    });
+    assert_eq!(bad.await.unwrap(), Err(Error::NodeNotFound(13)));
+    assert_eq!(
+        good.await.unwrap(),
+        Ok(WriteOutcome::Moved { node: 12, ts: 12 })
+    );
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_transaction_fails_every_caller_in_it() {
+    let script = Script::new();
+    script.fail.store(true, Ordering::SeqCst);
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        options(100, 100),
+    ));
+    let callers: Vec<_> = (1..=8u64)
+        .map(|tag| {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.submit(request("t", tag)).await })
+        })
+        .collect();
+    for caller in callers {
+        assert_eq!(
+            caller.await.unwrap(),
+            Err(Error::Storage("disk on fire".into()))
+        );
+    }
+    assert_eq!(batcher.stats().failed, 1);
+    assert_eq!(batcher.stats().pending, 0);
+    // The next batch is unaffected.
+    script.fail.store(false, Ordering::SeqCst);
+    assert_eq!(
+        batcher.submit(request("t", 5)).await,
+        Ok(WriteOutcome::Moved { node: 5, ts: 5 })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_arriving_within_the_delay_share_a_batch() {
+    let script = Script::new();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        options(100, 100),
+    ));
+    let first = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("t", 1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let second = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("t", 2)).await }
+    });
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    // A third write well after the delay opens a batch of its own.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    batcher.submit(request("t", 3)).await.unwrap();
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![2, 1]);
+}
+
+/// A commit that blocks (on a real blocking thread) until released.
+fn gated_commit(
+    gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    entered: Arc<AtomicUsize>,
+) -> CommitFn {
+    Arc::new(move |requests: &[WriteRequest]| {
+        entered.fetch_add(1, Ordering::SeqCst);
+        let (open, cv) = &*gate;
+        let mut open = open.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+        Ok(requests
+            .iter()
+            .map(|_| Ok(WriteOutcome::Applied { fresh: true }))
+            .collect())
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_refuses_at_once() {
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let entered = Arc::new(AtomicUsize::new(0));
+    let commit = gated_commit(gate.clone(), entered.clone());
+    let batcher = Arc::new(Batcher::start_with_commit(
+        commit,
+        test_env(),
+        options(1, 2),
+    ));
+    let waiting: Vec<_> = (1..=2u64)
+        .map(|tag| {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.submit(request("t", tag)).await })
+        })
+        .collect();
+    while batcher.stats().pending < 2 || entered.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Both slots are taken and the commit is stuck: a third write is refused
+    // without waiting for anything.
+    let refused = futures::FutureExt::now_or_never(batcher.submit(request("t", 3)));
+    assert!(
+        matches!(refused, Some(Err(Error::Overloaded(_)))),
+        "{refused:?}"
+    );
+    assert_eq!(batcher.stats().rejected, 1);
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    for caller in waiting {
+        assert_eq!(
+            caller.await.unwrap(),
+            Ok(WriteOutcome::Applied { fresh: true })
+        );
+    }
+    assert_eq!(batcher.stats().pending, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_answers_every_waiting_caller() {
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let entered = Arc::new(AtomicUsize::new(0));
+    let commit = gated_commit(gate.clone(), entered.clone());
+    let batcher = Arc::new(Batcher::start_with_commit(
+        commit,
+        test_env(),
+        options(1, 10),
+    ));
+    let callers: Vec<_> = (1..=4u64)
+        .map(|tag| {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.submit(request("t", tag)).await })
+        })
+        .collect();
+    while batcher.stats().pending < 4 || entered.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    batcher.shutdown();
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    let mut results = Vec::new();
+    for caller in callers {
+        results.push(caller.await.unwrap());
+    }
+    // The batch already committing finishes; the queued ones are refused.
+    assert_eq!(results[0], Ok(WriteOutcome::Applied { fresh: true }));
+    assert!(
+        results[1..].iter().all(|r| *r == Err(Error::ShuttingDown)),
+        "{results:?}"
+    );
+    assert_eq!(
+        batcher.submit(request("t", 9)).await,
+        Err(Error::ShuttingDown)
+    );
+    assert_eq!(batcher.stats().pending, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn commit_hook_names_trees_with_local_writes() {
+    let script = Script::new();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        options(100, 100),
+    ));
+    let notices = Arc::new(Mutex::new(Vec::<CommitNotice>::new()));
+    let sink = notices.clone();
+    batcher.set_commit_hook(Arc::new(move |n: &CommitNotice| {
+        sink.lock().unwrap().push(n.clone())
+    }));
+    let a = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("b", 1)).await }
+    });
+    let c = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("a", 2)).await }
+    });
+    let failed = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("z", 13)).await }
+    });
+    a.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+    assert!(failed.await.unwrap().is_err());
+    let notices = notices.lock().unwrap().clone();
+    assert_eq!(
+        notices,
+        vec![CommitNotice {
+            local_trees: vec![tree("a"), tree("b")],
+            applied_trees: vec![],
+        }]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_job_is_admitted_when_nothing_waits() {
+    let script = Script::new();
+    let batcher = Batcher::start_with_commit(script.commit_fn(), test_env(), options(4, 3));
+    let requests: Vec<_> = (20..30u64).map(|t| request("t", t)).collect();
+    let results = batcher.submit_all(requests).await.unwrap();
+    assert_eq!(results.len(), 10);
+    assert_eq!(results[9], Ok(WriteOutcome::Moved { node: 29, ts: 29 }));
+    // One caller's writes are never split across transactions.
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![10]);
+}

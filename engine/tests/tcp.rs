@@ -1,0 +1,301 @@
+//! The TCP frame layer against hostile input: oversized, truncated, garbage
+//! and lying frames get an error response or a clean close, and the server
+//! keeps serving everyone else. Runs on real sockets on 127.0.0.1.
+
+use arbor::config::Config;
+use arbor::net::Transport;
+use arbor::proto::{self, Request, Response};
+use arbor::runtime::BoxFuture;
+use arbor::tcp::{self, Connection, Handler, ServerOptions, TcpTransport};
+use arbor::{ContainerId, Error};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const MAX: usize = 64 * 1024;
+/// Bounds every wait of these tests; none is expected to come close.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Fake;
+
+impl Handler for Fake {
+    fn handle(&self, request: Request) -> BoxFuture<'_, Response> {
+        Box::pin(async move {
+            match request {
+                Request::Healthcheck => Response::Health { replica_id: 9 },
+                Request::TreeList { .. } => Response::Trees(vec!["x".repeat(MAX)]),
+                Request::GetOpLog { .. } => futures::future::pending().await,
+                _ => Response::Error(Error::InvalidOp("fake".into())),
+            }
+        })
+    }
+}
+
+async fn start(max_connections: usize) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let options = ServerOptions {
+        max_message_bytes: MAX,
+        max_connections,
+        frame_timeout: Duration::from_secs(5),
+    };
+    tokio::spawn(tcp::serve(listener, Arc::new(Fake), options));
+    address
+}
+
+async fn connect(address: SocketAddr) -> Connection {
+    Connection::connect(&address.to_string(), PATIENCE, MAX)
+        .await
+        .unwrap()
+}
+
+async fn healthy(address: SocketAddr) {
+    let mut connection = connect(address).await;
+    let response = tokio::time::timeout(PATIENCE, connection.call(&Request::Healthcheck))
+        .await
+        .unwrap();
+    assert_eq!(response, Ok(Response::Health { replica_id: 9 }));
+}
+
+/// Sends raw bytes, then reads until the server closes: the frames it sent
+/// back, decoded.
+async fn raw_exchange(address: SocketAddr, bytes: &[u8], close_write: bool) -> Vec<Response> {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    if close_write {
+        stream.shutdown().await.unwrap();
+    }
+    let mut received = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut received))
+        .await
+        .expect("server must close the connection")
+        .ok();
+    let mut responses = Vec::new();
+    let mut reader = &received[..];
+    while let Ok(Some(body)) = tcp::read_frame(&mut reader, MAX).await {
+        responses.push(proto::decode::<Response>(&body, MAX).unwrap().body);
+    }
+    responses
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_round_trip_on_one_connection() {
+    let address = start(8).await;
+    let mut connection = connect(address).await;
+    for _ in 0..3 {
+        assert_eq!(
+            connection.call(&Request::Healthcheck).await,
+            Ok(Response::Health { replica_id: 9 })
+        );
+    }
+    let other = Request::Remove {
+        tree: arbor::TreeKey::new(ContainerId([1; 32]), "t"),
+        node: 5,
+    };
+    assert_eq!(
+        connection.call(&other).await,
+        Ok(Response::Error(Error::InvalidOp("fake".into())))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frames_are_refused_without_reading_them() {
+    let address = start(8).await;
+    for claimed in [MAX as u32 + 1, u32::MAX] {
+        // Only the header is sent: the claimed body is never waited for.
+        let responses = raw_exchange(address, &claimed.to_be_bytes(), false).await;
+        assert!(
+            matches!(
+                responses.as_slice(),
+                [Response::Error(Error::TooLarge { .. })]
+            ),
+            "{claimed}: {responses:?}"
+        );
+    }
+    healthy(address).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_frames_are_refused() {
+    let address = start(8).await;
+    let body = proto::encode(1, &Request::Healthcheck);
+    let whole = frame(&body);
+    for cut in [1, 3, 4, whole.len() - 1] {
+        let responses = raw_exchange(address, &whole[..cut], true).await;
+        assert!(
+            matches!(responses.as_slice(), [Response::Error(Error::Malformed(_))]),
+            "cut at {cut}: {responses:?}"
+        );
+    }
+    healthy(address).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_gets_an_error_and_a_close() {
+    let address = start(8).await;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut garbage = Vec::new();
+    for _ in 0..200 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        garbage.push(seed as u8);
+    }
+    let cases: Vec<Vec<u8>> = vec![
+        frame(&garbage),
+        frame(&[]),
+        frame(&[proto::PROTOCOL_VERSION + 1, 0, 0]),
+        // A valid request followed by trailing junk inside the same frame.
+        frame(&[proto::encode(1, &Request::Healthcheck), vec![1, 2, 3]].concat()),
+    ];
+    for bytes in cases {
+        let responses = raw_exchange(address, &bytes, false).await;
+        assert!(
+            matches!(responses.as_slice(), [Response::Error(Error::Malformed(_))]),
+            "{responses:?}"
+        );
+    }
+    // A valid frame after garbage on another connection is served.
+    healthy(address).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_request_before_garbage_is_answered() {
+    let address = start(8).await;
+    let good = frame(&proto::encode(5, &Request::Healthcheck));
+    let bytes = [good, frame(b"\x01\xff\xff\xff")].concat();
+    let responses = raw_exchange(address, &bytes, false).await;
+    assert_eq!(responses.len(), 2, "{responses:?}");
+    assert_eq!(responses[0], Response::Health { replica_id: 9 });
+    assert!(matches!(responses[1], Response::Error(Error::Malformed(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_responses_become_errors() {
+    let address = start(8).await;
+    let mut connection = connect(address).await;
+    let response = connection
+        .call(&Request::TreeList {
+            cid: ContainerId([0; 32]),
+        })
+        .await;
+    assert!(
+        matches!(response, Ok(Response::Error(Error::TooLarge { .. }))),
+        "{response:?}"
+    );
+    // The connection stays usable: the error replaced the answer in step.
+    assert_eq!(
+        connection.call(&Request::Healthcheck).await,
+        Ok(Response::Health { replica_id: 9 })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_refused() {
+    let address = start(2).await;
+    let mut first = connect(address).await;
+    let mut second = connect(address).await;
+    for c in [&mut first, &mut second] {
+        assert!(matches!(
+            c.call(&Request::Healthcheck).await,
+            Ok(Response::Health { .. })
+        ));
+    }
+    let responses = raw_exchange(address, &[], false).await;
+    assert!(
+        matches!(
+            responses.as_slice(),
+            [Response::Error(Error::Overloaded(_))]
+        ),
+        "{responses:?}"
+    );
+    drop(first);
+    // The freed slot is taken back once the server sees the close.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut c = connect(address).await;
+        if let Ok(Response::Health { .. }) = c.call(&Request::Healthcheck).await {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "slot never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(matches!(
+        second.call(&Request::Healthcheck).await,
+        Ok(Response::Health { .. })
+    ));
+}
+
+fn transport_to(address: SocketAddr) -> TcpTransport {
+    let mut config = Config::default_for_test(1);
+    config.node.peers.push(arbor::config::PeerConfig {
+        replica_id: 2,
+        address: address.to_string(),
+    });
+    config.limits.max_message_bytes = MAX;
+    config.limits.max_meta_bytes = 1024;
+    TcpTransport::new(&config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_calls_time_out_and_name_unknown_peers() {
+    let address = start(8).await;
+    let transport = transport_to(address);
+    let ok = transport.call(2, Request::Healthcheck, PATIENCE).await;
+    assert_eq!(ok, Ok(Response::Health { replica_id: 9 }));
+    let tree = arbor::TreeKey::new(ContainerId([1; 32]), "t");
+    let request = Request::GetOpLog {
+        tree,
+        from_height: 0,
+        limit: 1,
+    };
+    assert_eq!(
+        transport.call(2, request, Duration::from_millis(100)).await,
+        Err(Error::Timeout)
+    );
+    assert!(matches!(
+        transport.call(3, Request::Healthcheck, PATIENCE).await,
+        Err(Error::Network(_))
+    ));
+    // A call after a timed-out one still works (the broken connection was
+    // not returned to the pool).
+    assert_eq!(
+        transport.call(2, Request::Healthcheck, PATIENCE).await,
+        Ok(Response::Health { replica_id: 9 })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_survives_a_closed_pooled_connection() {
+    // A server that answers one request per connection, then closes it: the
+    // pooled connection is stale on the next call.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                if let Ok(Some(body)) = tcp::read_frame(&mut stream, MAX).await {
+                    let id = proto::decode::<Request>(&body, MAX).unwrap().id;
+                    let answer = proto::encode(id, &Response::Health { replica_id: 4 });
+                    tcp::write_frame(&mut stream, &answer).await.unwrap();
+                }
+            });
+        }
+    });
+    let transport = transport_to(address);
+    for _ in 0..3 {
+        assert_eq!(
+            transport.call(2, Request::Healthcheck, PATIENCE).await,
+            Ok(Response::Health { replica_id: 4 })
+        );
+    }
+}
