@@ -753,7 +753,11 @@ impl Inner {
         if let Some(&skip) = self.push_skips.lock().expect("push skips").get(tree) {
             cursor = cursor.max(skip);
         }
-        let result = self.push_pages(tree, peer, &mut cursor).await;
+        let result = match self.push_pages(tree, peer, &mut cursor).await {
+            // Dropped meanwhile: nothing left to push.
+            Err(Error::TreeNotFound) => Ok(()),
+            other => other,
+        };
         if cursor > start {
             let forest = self.forest.clone();
             let tree = tree.clone();
@@ -834,7 +838,10 @@ impl Inner {
             for peer in self.peers_of(&tree.cid) {
                 let mut cursor = self.forest.cursor(&tree, CursorKind::Push, peer)?;
                 loop {
-                    let entries = self.forest.get_op_log(&tree, cursor, page)?;
+                    let entries = match self.forest.get_op_log(&tree, cursor, page) {
+                        Err(Error::TreeNotFound) => break,
+                        other => other?,
+                    };
                     let Some(last) = entries.last() else { break };
                     if entries.iter().any(|e| timestamp_replica(e.op.ts()) == own) {
                         return Ok(false);

@@ -50,6 +50,8 @@ struct Slot {
 pub struct LocalNet {
     slots: Mutex<BTreeMap<ReplicaId, Slot>>,
     calls: Mutex<u64>,
+    /// One-way links that lose every call: (from, to).
+    cut: Mutex<std::collections::BTreeSet<(ReplicaId, ReplicaId)>>,
 }
 
 impl LocalNet {
@@ -57,8 +59,21 @@ impl LocalNet {
         Arc::new(Self::default())
     }
 
-    pub fn transport(self: &Arc<Self>) -> Arc<dyn Transport> {
-        Arc::new(LocalTransport { net: self.clone() })
+    pub fn transport(self: &Arc<Self>, from: ReplicaId) -> Arc<dyn Transport> {
+        Arc::new(LocalTransport {
+            net: self.clone(),
+            from,
+        })
+    }
+
+    /// Cuts (or heals) the one-way link `from -> to`.
+    pub fn cut(&self, from: ReplicaId, to: ReplicaId, cut: bool) {
+        let mut links = self.cut.lock().unwrap();
+        if cut {
+            links.insert((from, to));
+        } else {
+            links.remove(&(from, to));
+        }
     }
 
     pub fn attach(&self, id: ReplicaId, service: Arc<Service>) {
@@ -93,8 +108,11 @@ impl LocalNet {
         *self.calls.lock().unwrap()
     }
 
-    fn route(&self, peer: ReplicaId) -> Result<Arc<Service>, Error> {
+    fn route(&self, from: ReplicaId, peer: ReplicaId) -> Result<Arc<Service>, Error> {
         *self.calls.lock().unwrap() += 1;
+        if self.cut.lock().unwrap().contains(&(from, peer)) {
+            return Err(Error::Timeout);
+        }
         let mut slots = self.slots.lock().unwrap();
         let slot = slots
             .get_mut(&peer)
@@ -114,6 +132,7 @@ impl LocalNet {
 
 struct LocalTransport {
     net: Arc<LocalNet>,
+    from: ReplicaId,
 }
 
 const WIRE_MAX: usize = 64 << 20;
@@ -125,7 +144,7 @@ impl Transport for LocalTransport {
         request: Request,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Response, Error>> {
-        let routed = self.net.route(peer);
+        let routed = self.net.route(self.from, peer);
         Box::pin(async move {
             let service = routed?;
             // Through the wire format, as TCP would.
@@ -147,5 +166,130 @@ pub async fn eventually(what: &str, deadline: Duration, mut done: impl FnMut() -
             "not reached within {deadline:?}: {what}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Clusters of in-process services.
+
+use arbor::config::{Config, PeerConfig};
+use arbor::forest::{Forest, TreeDump};
+use arbor::{ContainerId, TreeKey};
+
+/// Configs for replicas `1..=count`, every one a peer of the others, sync
+/// off, generous timeouts (virtual time makes them free).
+pub fn cluster_configs(count: u16) -> Vec<Config> {
+    (1..=count)
+        .map(|id| {
+            let mut config = Config::default_for_test(id);
+            config.node.peers = (1..=count)
+                .filter(|p| *p != id)
+                .map(|p| PeerConfig {
+                    replica_id: p,
+                    address: format!("local:{p}"),
+                })
+                .collect();
+            config.tree.replication_timeout = Duration::from_secs(60);
+            config
+        })
+        .collect()
+}
+
+pub fn start_node(net: &Arc<LocalNet>, config: Config, forest: Forest) -> Arc<Service> {
+    let id = config.node.replica_id;
+    let service = Service::start(config, Arc::new(forest), test_env(), net.transport(id)).unwrap();
+    net.attach(id, service.clone());
+    service
+}
+
+pub fn memory_forest(config: &Config) -> Forest {
+    Forest::in_memory(config.forest_options()).unwrap()
+}
+
+pub fn cid() -> ContainerId {
+    ContainerId([0xab; 32])
+}
+
+pub fn tree(name: &str) -> TreeKey {
+    TreeKey::new(cid(), name)
+}
+
+pub fn dump(service: &Service, tree: &TreeKey) -> Option<TreeDump> {
+    service.forest().dump(tree).ok()
+}
+
+/// Stops a node and waits (virtual time) until nothing holds its forest,
+/// so the file can be opened again.
+pub async fn stop_node(net: &LocalNet, service: Arc<Service>) {
+    let id = service.config().node.replica_id;
+    net.detach(id);
+    service.shutdown();
+    let forest = Arc::downgrade(service.forest());
+    drop(service);
+    let start = tokio::time::Instant::now();
+    while forest.strong_count() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "node {id} never let go of its forest"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// A storage backend whose writes fail on demand.
+
+use redb::backends::InMemoryBackend;
+use redb::StorageBackend;
+use std::io::Error as BackendIoError;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(Debug)]
+pub struct FlakyBackend {
+    inner: InMemoryBackend,
+    pub failing: Arc<AtomicBool>,
+}
+
+impl FlakyBackend {
+    pub fn new() -> (Self, Arc<AtomicBool>) {
+        let failing = Arc::new(AtomicBool::new(false));
+        let backend = Self {
+            inner: InMemoryBackend::new(),
+            failing: failing.clone(),
+        };
+        (backend, failing)
+    }
+
+    fn check(&self) -> Result<(), BackendIoError> {
+        if self.failing.load(Ordering::SeqCst) {
+            Err(BackendIoError::other("injected write failure"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl StorageBackend for FlakyBackend {
+    fn len(&self) -> Result<u64, BackendIoError> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendIoError> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
+        self.check()?;
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> Result<(), BackendIoError> {
+        self.check()?;
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
+        self.check()?;
+        self.inner.write(offset, data)
     }
 }

@@ -1,0 +1,551 @@
+//! The tree service over an in-process network, in virtual time: request
+//! validation, replication (push), background sync (pull), restarts.
+
+mod service_support;
+
+use arbor::config::ContainerConfig;
+use arbor::forest::{CursorKind, Forest};
+use arbor::proto::{Request, Response};
+use arbor::service::Service;
+use arbor::{Error, KeyValue, Move, TreeKey, ATTR_FILE_NAME, ROOT, TRASH};
+use service_support::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+const PATIENCE: Duration = Duration::from_secs(3600);
+
+fn kv(key: &str, value: &str) -> KeyValue {
+    KeyValue::new(key, value.as_bytes())
+}
+
+async fn add(service: &Service, tree: &TreeKey, parent: u64, name: &str) -> u64 {
+    let request = Request::Add {
+        tree: tree.clone(),
+        parent,
+        items: vec![kv(ATTR_FILE_NAME, name), kv("k", name)],
+    };
+    match service.handle(request).await {
+        Response::Added { node } => node,
+        other => panic!("add failed: {other:?}"),
+    }
+}
+
+async fn add_by_path(service: &Service, tree: &TreeKey, path: &str) -> u64 {
+    let request = Request::AddByPath {
+        tree: tree.clone(),
+        attr: ATTR_FILE_NAME.into(),
+        path: path.split('/').map(str::to_string).collect(),
+        items: vec![kv(ATTR_FILE_NAME, "leaf"), kv("size", "1")],
+    };
+    match service.handle(request).await {
+        Response::AddedByPath { leaf, .. } => leaf,
+        other => panic!("add by path failed: {other:?}"),
+    }
+}
+
+/// Every node holds the same tree and log as the first.
+fn assert_converged(nodes: &[Arc<Service>], trees: &[TreeKey]) {
+    for tree in trees {
+        let reference = dump(&nodes[0], tree).expect("tree exists on the first node");
+        assert!(!reference.log.is_empty());
+        for node in &nodes[1..] {
+            let other = dump(node, tree);
+            assert_eq!(
+                other.as_ref(),
+                Some(&reference),
+                "replica {} differs on {tree:?}",
+                node.config().node.replica_id
+            );
+            node.forest().check_invariants(tree).unwrap();
+        }
+    }
+}
+
+fn all_idle(nodes: &[Arc<Service>]) -> bool {
+    nodes.iter().all(|n| n.replication_idle())
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_replicate_to_every_replica() {
+    let net = LocalNet::new();
+    let nodes: Vec<_> = cluster_configs(3)
+        .into_iter()
+        .map(|c| {
+            let forest = memory_forest(&c);
+            start_node(&net, c, forest)
+        })
+        .collect();
+    let trees = [tree("a"), tree("b")];
+    for (i, node) in nodes.iter().enumerate() {
+        for t in &trees {
+            let dir = add(node, t, ROOT, &format!("dir{i}")).await;
+            add(node, t, dir, "file").await;
+            add_by_path(node, t, &format!("x/y{i}/z")).await;
+        }
+    }
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    assert_converged(&nodes, &trees);
+    assert!(nodes.iter().all(|n| n.stats().ops_pushed > 0));
+    assert!(nodes.iter().all(|n| n.stats().pending_writes == 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_hint_queue_with_sync_off_still_delivers_everything() {
+    let net = LocalNet::new();
+    let nodes: Vec<_> = cluster_configs(3)
+        .into_iter()
+        .map(|mut c| {
+            c.tree.replication_channel_capacity = 1;
+            c.tree.replication_worker_count = 1;
+            c.tree.sync_interval = None;
+            let forest = memory_forest(&c);
+            start_node(&net, c, forest)
+        })
+        .collect();
+    let trees: Vec<TreeKey> = (0..6).map(|i| tree(&format!("t{i}"))).collect();
+    // Many trees in each batch: one hint fits, the rest are dropped.
+    let mut writers = Vec::new();
+    for node in &nodes {
+        for t in &trees {
+            for n in 0..3 {
+                let (node, t) = (node.clone(), t.clone());
+                writers.push(tokio::spawn(async move {
+                    add(&node, &t, ROOT, &format!("n{n}")).await
+                }));
+            }
+        }
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert!(
+        nodes.iter().all(|n| n.stats().hints_dropped > 0),
+        "the queue never overflowed"
+    );
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    assert_converged(&nodes, &trees);
+    assert!(nodes.iter().all(|n| n.stats().sync_rounds == 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn peer_down_during_writes_catches_up_through_sync() {
+    let net = LocalNet::new();
+    let nodes: Vec<_> = cluster_configs(3)
+        .into_iter()
+        .map(|c| {
+            let forest = memory_forest(&c);
+            start_node(&net, c, forest)
+        })
+        .collect();
+    let t = tree("docs");
+    add(&nodes[2], &t, ROOT, "before").await;
+    eventually("first write replicated", PATIENCE, || all_idle(&nodes)).await;
+    net.set_down(3, true);
+    for i in 0..20 {
+        add(&nodes[i % 2], &t, ROOT, &format!("while-down-{i}")).await;
+    }
+    net.set_down(3, false);
+    // Pushes to node 3 are backing off; its own sync pulls the gap now.
+    nodes[2].sync_now().await;
+    assert!(nodes[2].stats().ops_pulled >= 20, "{:?}", nodes[2].stats());
+    assert_eq!(dump(&nodes[2], &t), dump(&nodes[0], &t));
+    eventually("pushes settle", PATIENCE, || all_idle(&nodes)).await;
+    assert_converged(&nodes, &[t]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn periodic_sync_repairs_without_pushes() {
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    configs[1].tree.sync_interval = Some(Duration::from_secs(30));
+    // Listed, so node 2 looks for its trees before it holds any of them.
+    for c in &mut configs {
+        c.node.containers.push(ContainerConfig {
+            cid: cid(),
+            replicas: vec![1, 2],
+        });
+    }
+    let nodes: Vec<_> = configs
+        .into_iter()
+        .map(|c| {
+            let forest = memory_forest(&c);
+            start_node(&net, c, forest)
+        })
+        .collect();
+    let t = tree("t");
+    // Node 1 cannot reach node 2 (its pushes are lost), but node 2 can
+    // reach node 1: only node 2's periodic pull brings the data over.
+    net.cut(1, 2, true);
+    for i in 0..5 {
+        add(&nodes[0], &t, ROOT, &format!("n{i}")).await;
+    }
+    let n2 = nodes[1].clone();
+    eventually("periodic sync pulled", PATIENCE, || {
+        dump(&n2, &t).is_some_and(|d| d.log.len() == 5)
+    })
+    .await;
+    assert_eq!(dump(&nodes[0], &t), dump(&n2, &t));
+    assert_eq!(nodes[0].stats().ops_pushed, 0);
+    assert!(n2.stats().sync_rounds >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_resumes_cursors() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    for c in &mut configs {
+        c.pilorama.path = dir.path().join(format!("node{}.db", c.node.replica_id));
+        c.limits.sync_page_size = 16;
+    }
+    let open =
+        |c: &arbor::config::Config| Forest::open(&c.pilorama.path, c.forest_options()).unwrap();
+    let n1 = start_node(&net, configs[0].clone(), open(&configs[0]));
+    let n2 = start_node(&net, configs[1].clone(), open(&configs[1]));
+    let t = tree("t");
+    for i in 0..100 {
+        add(&n1, &t, ROOT, &format!("n{i}")).await;
+    }
+    eventually("pushed", PATIENCE, || n1.replication_idle()).await;
+    n2.sync_now().await;
+    let push_cursor = n1.forest().cursor(&t, CursorKind::Push, 2).unwrap();
+    let pull_cursor = n2.forest().cursor(&t, CursorKind::Pull, 1).unwrap();
+    assert_eq!(push_cursor, 100);
+    assert_eq!(pull_cursor, 100);
+
+    stop_node(&net, n1).await;
+    stop_node(&net, n2).await;
+    let n1 = start_node(&net, configs[0].clone(), open(&configs[0]));
+    let n2 = start_node(&net, configs[1].clone(), open(&configs[1]));
+    let calls_before = net.calls();
+    n2.sync_now().await;
+    // One TreeList and one empty GetOpLog page: nothing is pulled again.
+    assert_eq!(net.calls() - calls_before, 2);
+    assert_eq!(n2.stats().ops_pulled, 0);
+    // The restarted pusher found nothing behind its durable cursor.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(n1.stats().ops_pushed, 0);
+    assert!(n1.replication_idle());
+    assert_eq!(dump(&n1, &t), dump(&n2, &t));
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_pushes_what_was_not_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    for c in &mut configs {
+        c.pilorama.path = dir.path().join(format!("node{}.db", c.node.replica_id));
+    }
+    let open =
+        |c: &arbor::config::Config| Forest::open(&c.pilorama.path, c.forest_options()).unwrap();
+    let n1 = start_node(&net, configs[0].clone(), open(&configs[0]));
+    let n2 = start_node(&net, configs[1].clone(), open(&configs[1]));
+    net.set_down(2, true);
+    let t = tree("t");
+    for i in 0..10 {
+        add(&n1, &t, ROOT, &format!("n{i}")).await;
+    }
+    assert!(!n1.replication_idle());
+    // Node 1 restarts before any push got through; with sync off, only its
+    // durable push cursor remembers what node 2 still lacks.
+    stop_node(&net, n1).await;
+    net.set_down(2, false);
+    let n1 = start_node(&net, configs[0].clone(), open(&configs[0]));
+    eventually("pushed after restart", PATIENCE, || n1.replication_idle()).await;
+    assert_eq!(dump(&n1, &t), dump(&n2, &t));
+    assert_eq!(n2.stats().sync_rounds, 0);
+}
+
+async fn expect_error(service: &Service, request: Request) -> Error {
+    match service.handle(request.clone()).await {
+        Response::Error(error) => error,
+        other => panic!("{request:?} answered {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_requests_get_typed_errors() {
+    let net = LocalNet::new();
+    let mut config = cluster_configs(1).remove(0);
+    config.limits.max_meta_bytes = 256;
+    config.limits.max_path_len = 4;
+    config.node.containers.push(ContainerConfig {
+        cid: arbor::ContainerId([9; 32]),
+        replicas: vec![],
+    });
+    // A container listed without this node: it is not ours.
+    config.node.containers[0].replicas = vec![];
+    let forest = memory_forest(&config);
+    let node = start_node(&net, config, forest);
+    let t = tree("t");
+    add(&node, &t, ROOT, "x").await;
+    let unknown = tree("nope");
+    let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let get = |tree: TreeKey, attr: &str, p: Vec<String>| Request::GetNodeByPath {
+        tree,
+        attr: attr.into(),
+        path: p,
+        attributes: vec![],
+        latest_only: false,
+        all_attributes: true,
+    };
+    assert_eq!(
+        expect_error(&node, get(unknown.clone(), ATTR_FILE_NAME, path(&["x"]))).await,
+        Error::TreeNotFound
+    );
+    let subtree = Request::GetSubTree {
+        tree: unknown.clone(),
+        root: ROOT,
+        depth: 0,
+    };
+    assert_eq!(expect_error(&node, subtree).await, Error::TreeNotFound);
+    let oplog = Request::GetOpLog {
+        tree: unknown,
+        from_height: 0,
+        limit: 10,
+    };
+    assert_eq!(expect_error(&node, oplog).await, Error::TreeNotFound);
+    assert!(matches!(
+        expect_error(&node, get(t.clone(), "Size", path(&["x"]))).await,
+        Error::UnsupportedAttribute(_)
+    ));
+    assert_eq!(
+        expect_error(&node, get(t.clone(), ATTR_FILE_NAME, vec![])).await,
+        Error::EmptyPath
+    );
+    let add_by_path = |attr: &str, p: Vec<String>, items: Vec<KeyValue>| Request::AddByPath {
+        tree: t.clone(),
+        attr: attr.into(),
+        path: p,
+        items,
+    };
+    assert_eq!(
+        expect_error(&node, add_by_path(ATTR_FILE_NAME, vec![], vec![])).await,
+        Error::EmptyPath
+    );
+    assert!(matches!(
+        expect_error(&node, add_by_path("Other", path(&["a"]), vec![])).await,
+        Error::UnsupportedAttribute(_)
+    ));
+    let long = path(&["a", "b", "c", "d", "e"]);
+    assert!(matches!(
+        expect_error(&node, add_by_path(ATTR_FILE_NAME, long, vec![])).await,
+        Error::TooLarge { what, .. } if what == "path"
+    ));
+    let big = vec![kv("blob", &"x".repeat(300))];
+    assert!(matches!(
+        expect_error(&node, add_by_path(ATTR_FILE_NAME, path(&["a"]), big.clone())).await,
+        Error::TooLarge { what, .. } if what == "meta"
+    ));
+    let add_big = Request::Add {
+        tree: t.clone(),
+        parent: ROOT,
+        items: big,
+    };
+    assert!(matches!(
+        expect_error(&node, add_big).await,
+        Error::TooLarge { .. }
+    ));
+    let move_root = Request::Move {
+        tree: t.clone(),
+        parent: 5,
+        node: ROOT,
+        items: vec![],
+    };
+    assert_eq!(expect_error(&node, move_root).await, Error::RootImmutable);
+    let remove_root = Request::Remove {
+        tree: t.clone(),
+        node: ROOT,
+    };
+    assert_eq!(expect_error(&node, remove_root).await, Error::RootImmutable);
+    let remove_trash = Request::Remove {
+        tree: t.clone(),
+        node: TRASH,
+    };
+    assert!(matches!(
+        expect_error(&node, remove_trash).await,
+        Error::InvalidOp(_)
+    ));
+    let bad_op = Move {
+        parent: ROOT,
+        child: 77,
+        meta: arbor::Meta {
+            time: 5, // counter 0: not a valid timestamp
+            items: vec![],
+        },
+    };
+    let apply = Request::Apply {
+        tree: t.clone(),
+        ops: vec![bad_op],
+    };
+    assert!(matches!(
+        expect_error(&node, apply).await,
+        Error::InvalidOp(_)
+    ));
+    let foreign = arbor::ContainerId([9; 32]);
+    let list = Request::TreeList { cid: foreign };
+    assert!(matches!(
+        expect_error(&node, list).await,
+        Error::NotReplica(_)
+    ));
+    let write_foreign = Request::Add {
+        tree: TreeKey::new(foreign, "t"),
+        parent: ROOT,
+        items: vec![],
+    };
+    assert!(matches!(
+        expect_error(&node, write_foreign).await,
+        Error::NotReplica(_)
+    ));
+    let meta = Request::GetMeta {
+        tree: t.clone(),
+        node: 12345,
+    };
+    assert_eq!(expect_error(&node, meta).await, Error::NodeNotFound(12345));
+    // Nothing of the above changed the tree.
+    assert_eq!(dump(&node, &t).unwrap().log.len(), 1);
+    assert_eq!(
+        node.handle(Request::Healthcheck).await,
+        Response::Health { replica_id: 1 }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_are_bounded_and_filtered() {
+    let net = LocalNet::new();
+    let mut config = cluster_configs(1).remove(0);
+    config.limits.sync_page_size = 4;
+    config.limits.max_subtree_nodes = 5;
+    let forest = memory_forest(&config);
+    let node = start_node(&net, config, forest);
+    let t = tree("t");
+    for i in 0..10 {
+        add(&node, &t, ROOT, &format!("n{i}")).await;
+    }
+    let oplog = Request::GetOpLog {
+        tree: t.clone(),
+        from_height: 2,
+        limit: 1000,
+    };
+    match node.handle(oplog).await {
+        Response::OpLog {
+            entries,
+            next_height,
+        } => {
+            assert_eq!(
+                entries.iter().map(|e| e.height).collect::<Vec<_>>(),
+                vec![2, 3, 4, 5]
+            );
+            assert_eq!(next_height, 6);
+        }
+        other => panic!("{other:?}"),
+    }
+    let subtree = Request::GetSubTree {
+        tree: t.clone(),
+        root: ROOT,
+        depth: 0,
+    };
+    assert!(matches!(
+        expect_error(&node, subtree).await,
+        Error::TooLarge { .. }
+    ));
+    let shallow = Request::GetSubTree {
+        tree: t.clone(),
+        root: ROOT,
+        depth: 1,
+    };
+    assert!(matches!(node.handle(shallow).await, Response::Nodes(n) if n.len() == 1));
+
+    let get = |attributes: Vec<String>, all_attributes: bool| Request::GetNodeByPath {
+        tree: t.clone(),
+        attr: ATTR_FILE_NAME.into(),
+        path: vec!["n3".into()],
+        attributes,
+        latest_only: true,
+        all_attributes,
+    };
+    let Response::Nodes(filtered) = node.handle(get(vec!["k".into()], false)).await else {
+        panic!()
+    };
+    assert_eq!(filtered.len(), 1);
+    assert_eq!(filtered[0].meta.items, vec![kv("k", "n3")]);
+    let Response::Nodes(none) = node.handle(get(vec![], false)).await else {
+        panic!()
+    };
+    assert!(none[0].meta.items.is_empty());
+    let Response::Nodes(all) = node.handle(get(vec![], true)).await else {
+        panic!()
+    };
+    assert_eq!(all[0].meta.items.len(), 2);
+    assert_eq!(
+        node.handle(Request::TreeList { cid: cid() }).await,
+        Response::Trees(vec!["t".into()])
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn apply_is_idempotent_and_drop_removes_trees() {
+    let net = LocalNet::new();
+    let configs = cluster_configs(2);
+    let source = memory_forest(&configs[0]);
+    let n1 = start_node(&net, configs[0].clone(), source);
+    let n2 = start_node(&net, configs[1].clone(), memory_forest(&configs[1]));
+    net.set_down(2, true);
+    let t = tree("t");
+    for i in 0..5 {
+        add(&n1, &t, ROOT, &format!("n{i}")).await;
+    }
+    let ops = n1.forest().dump(&t).unwrap().log;
+    let apply = Request::Apply {
+        tree: t.clone(),
+        ops: ops.clone(),
+    };
+    assert_eq!(
+        n2.handle(apply.clone()).await,
+        Response::Applied { fresh: 5 }
+    );
+    assert_eq!(n2.handle(apply).await, Response::Applied { fresh: 0 });
+    assert_eq!(dump(&n1, &t), dump(&n2, &t));
+    let drop = Request::Drop {
+        cid: cid(),
+        tree: Some("t".into()),
+    };
+    assert_eq!(n2.handle(drop).await, Response::Done);
+    assert!(dump(&n2, &t).is_none());
+    assert_eq!(
+        n2.handle(Request::TreeList { cid: cid() }).await,
+        Response::Trees(vec![])
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sync_survives_dropped_calls() {
+    let net = LocalNet::new();
+    let nodes: Vec<_> = cluster_configs(3)
+        .into_iter()
+        .map(|c| {
+            let forest = memory_forest(&c);
+            start_node(&net, c, forest)
+        })
+        .collect();
+    let t = tree("t");
+    add(&nodes[0], &t, ROOT, "first").await;
+    eventually("first write replicated", PATIENCE, || all_idle(&nodes)).await;
+    net.set_down(3, true);
+    for i in 0..6 {
+        add(&nodes[i % 2], &t, ROOT, &format!("n{i}")).await;
+    }
+    net.set_down(3, false);
+    // Calls to node 1 are lost: node 3 skips it this round and keeps what
+    // it got from node 2; nothing local is dropped.
+    net.drop_calls_to(1, 1000);
+    nodes[2].sync_now().await;
+    assert!(nodes[2].stats().sync_peer_errors > 0);
+    let partial = dump(&nodes[2], &t).unwrap();
+    assert_eq!(partial.log.len(), 7, "node 2 holds every op already");
+    net.drop_calls_to(1, 0);
+    nodes[2].sync_now().await;
+    assert_eq!(dump(&nodes[2], &t), dump(&nodes[0], &t));
+}
