@@ -1,1 +1,334 @@
-fn main() {}
+//! Forest benchmark: a binary printing a table (no timed assertions).
+//!
+//! `cargo bench -p arbor-engine --bench engine -- [--ops N] [--batch B]
+//! [--reapply N] [--only NAME] [--no-sync]`
+//!
+//! Every scenario runs on a fresh temp-file database with durable commits
+//! (`Durability::Immediate`), as the service runs it by default; `--no-sync`
+//! switches to non-durable commits to show the CPU cost alone.
+
+use arbor::forest::*;
+use arbor::*;
+use std::time::{Duration, Instant};
+
+struct Args {
+    ops: usize,
+    batch: usize,
+    reapply_ops: usize,
+    only: Option<String>,
+    /// Non-durable commits: separates CPU cost from fsync cost.
+    no_sync: bool,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        ops: 100_000,
+        batch: 100,
+        reapply_ops: 100_000,
+        only: None,
+        no_sync: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().expect("flag needs a value");
+        match arg.as_str() {
+            "--ops" => args.ops = value().parse().expect("--ops N"),
+            "--batch" => args.batch = value().parse().expect("--batch N"),
+            "--reapply" => args.reapply_ops = value().parse().expect("--reapply N"),
+            "--only" => args.only = Some(value()),
+            "--no-sync" => args.no_sync = true,
+            // cargo bench passes --bench; anything else is ignored too.
+            _ => {}
+        }
+    }
+    args
+}
+
+fn tree() -> TreeKey {
+    TreeKey::new(ContainerId([0xab; 32]), "bench")
+}
+
+/// Seven fields, FileName first, like an object version node.
+fn object_meta(i: usize) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new(ATTR_FILE_NAME, format!("object-{i:08}.bin")),
+        KeyValue::new(
+            "OID",
+            format!("{:064x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        ),
+        KeyValue::new("Owner", "NbUgTSFvPmsRxmGeWpuuGeJUoRoi6PErcM"),
+        KeyValue::new("Size", (i * 4096).to_string()),
+        KeyValue::new("Created", (1_700_000_000 + i).to_string()),
+        KeyValue::new("ContentType", "application/octet-stream"),
+        KeyValue::new("ETag", format!("{:032x}", i.wrapping_mul(31))),
+    ]
+}
+
+/// Unique 3-4 component paths (2-3 directories plus the leaf's FileName):
+/// a spread of directories shared by many objects.
+fn object_dirs(i: usize) -> Vec<String> {
+    let mut dirs = vec![
+        format!("bucket-{}", i % 8),
+        format!("prefix-{}", (i / 8) % 64),
+    ];
+    if i % 2 == 1 {
+        dirs.push(format!("sub-{}", (i / 512) % 32));
+    }
+    dirs
+}
+
+fn add_request(i: usize) -> WriteRequest {
+    WriteRequest {
+        tree: tree(),
+        op: WriteOp::AddByPath {
+            attr: ATTR_FILE_NAME.into(),
+            path: object_dirs(i),
+            items: object_meta(i),
+        },
+    }
+}
+
+fn apply_request(op: &Move) -> WriteRequest {
+    WriteRequest {
+        tree: tree(),
+        op: WriteOp::Apply { op: op.clone() },
+    }
+}
+
+struct Row {
+    name: String,
+    ops: usize,
+    elapsed: Duration,
+    commits: Vec<Duration>,
+}
+
+impl Row {
+    fn print(&self) {
+        let ops_per_s = self.ops as f64 / self.elapsed.as_secs_f64();
+        let (p50, p99) = percentiles(&self.commits);
+        println!(
+            "| {:<34} | {:>8} | {:>10.0} | {:>9.3} | {:>9.3} |",
+            self.name,
+            self.ops,
+            ops_per_s,
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
+    }
+}
+
+fn percentiles(samples: &[Duration]) -> (Duration, Duration) {
+    if samples.is_empty() {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    (at(0.50), at(0.99))
+}
+
+fn open_file(dir: &tempfile::TempDir, args: &Args) -> Forest {
+    let options = ForestOptions {
+        durable: !args.no_sync,
+        ..ForestOptions::default()
+    };
+    Forest::open(&dir.path().join("bench.redb"), options).unwrap()
+}
+
+/// Runs `requests` in batches; returns the wall time and each commit's
+/// latency (one `write_batch` call).
+fn run_batches(
+    forest: &Forest,
+    requests: &[WriteRequest],
+    batch: usize,
+) -> (Duration, Vec<Duration>) {
+    let mut commits = Vec::with_capacity(requests.len() / batch + 1);
+    let start = Instant::now();
+    for chunk in requests.chunks(batch) {
+        let begin = Instant::now();
+        let results = forest.write_batch(chunk).unwrap();
+        commits.push(begin.elapsed());
+        assert!(results.iter().all(|r| r.is_ok()), "bench request failed");
+    }
+    (start.elapsed(), commits)
+}
+
+fn bench_add_by_path(args: &Args) -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let forest = open_file(&dir, args);
+    let requests: Vec<WriteRequest> = (0..args.ops).map(add_request).collect();
+    let (elapsed, commits) = run_batches(&forest, &requests, args.batch);
+    Row {
+        name: format!("add_by_path, batch {}", args.batch),
+        ops: args.ops,
+        elapsed,
+        commits,
+    }
+}
+
+/// A realistic replicated log of `count` ops: those of AddByPath calls
+/// made on another replica (directories included), in timestamp order.
+fn source_log(count: usize) -> Vec<Move> {
+    let source = Forest::in_memory(ForestOptions {
+        replica_id: 2,
+        durable: false,
+        ..ForestOptions::default()
+    })
+    .unwrap();
+    let requests: Vec<WriteRequest> = (0..count).map(add_request).collect();
+    for chunk in requests.chunks(1000) {
+        source.write_batch(chunk).unwrap();
+    }
+    let mut log = source.dump(&tree()).unwrap().log;
+    log.truncate(count);
+    log
+}
+
+/// Arrival order where every odd-numbered op (in timestamp order) arrives
+/// `k` positions late: each such op is older than up to `k` stored ops.
+fn delayed(log: &[Move], k: usize) -> Vec<Move> {
+    let mut keyed: Vec<(usize, &Move)> = log
+        .iter()
+        .enumerate()
+        .map(|(i, op)| (if i % 2 == 1 { i + k } else { i }, op))
+        .collect();
+    keyed.sort_by_key(|(slot, _)| *slot);
+    keyed.into_iter().map(|(_, op)| op.clone()).collect()
+}
+
+fn bench_apply(args: &Args, log: &[Move], k: usize) -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let forest = open_file(&dir, args);
+    let order = if k == 0 {
+        log.to_vec()
+    } else {
+        delayed(log, k)
+    };
+    let requests: Vec<WriteRequest> = order.iter().map(apply_request).collect();
+    let (elapsed, commits) = run_batches(&forest, &requests, args.batch);
+    assert_eq!(forest.next_height(&tree()).unwrap(), log.len() as u64);
+    let name = if k == 0 {
+        format!("apply in order, batch {}", args.batch)
+    } else {
+        format!("apply, odd ops {k} late, batch {}", args.batch)
+    };
+    Row {
+        name,
+        ops: log.len(),
+        elapsed,
+        commits,
+    }
+}
+
+fn bench_reapply(args: &Args, log: &[Move]) -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let forest = open_file(&dir, args);
+    let requests: Vec<WriteRequest> = log.iter().map(apply_request).collect();
+    for chunk in requests.chunks(1000) {
+        forest.write_batch(chunk).unwrap();
+    }
+    let (elapsed, commits) = run_batches(&forest, &requests, args.batch);
+    assert_eq!(forest.next_height(&tree()).unwrap(), log.len() as u64);
+    Row {
+        name: format!("re-apply stored log, batch {}", args.batch),
+        ops: log.len(),
+        elapsed,
+        commits,
+    }
+}
+
+/// The floor under every durable commit: one small write plus fsync on
+/// the same file system.
+fn bench_fsync(dir: &tempfile::TempDir) -> Row {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.path().join("fsync.probe")).unwrap();
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    for i in 0..200u32 {
+        let begin = Instant::now();
+        file.write_all(&[i as u8; 4096]).unwrap();
+        file.sync_data().unwrap();
+        samples.push(begin.elapsed());
+    }
+    Row {
+        name: "fsync of a 4 KiB append (floor)".into(),
+        ops: 200,
+        elapsed: start.elapsed(),
+        commits: samples,
+    }
+}
+
+fn bench_empty_commit(dir: &tempfile::TempDir, args: &Args) -> Row {
+    let forest = open_file(dir, args);
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    for i in 0..200u64 {
+        let begin = Instant::now();
+        forest.set_cursor_for_bench(i);
+        samples.push(begin.elapsed());
+    }
+    Row {
+        name: "durable one-row redb commit".into(),
+        ops: 200,
+        elapsed: start.elapsed(),
+        commits: samples,
+    }
+}
+
+/// Commits a one-row write through the public API (a cursor bump).
+trait CursorBump {
+    fn set_cursor_for_bench(&self, value: u64);
+}
+
+impl CursorBump for Forest {
+    fn set_cursor_for_bench(&self, value: u64) {
+        if value == 0 {
+            let seed = WriteRequest {
+                tree: tree(),
+                op: WriteOp::Move {
+                    parent: ROOT,
+                    child: None,
+                    items: vec![],
+                },
+            };
+            self.write_batch(&[seed]).unwrap();
+        }
+        self.set_cursor(&tree(), CursorKind::Pull, 1, value)
+            .unwrap();
+    }
+}
+
+fn main() {
+    let args = parse_args();
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
+    println!(
+        "ops={} batch={} reapply={} durable={} (temp file)",
+        args.ops, args.batch, args.reapply_ops, !args.no_sync
+    );
+    println!(
+        "| {:<34} | {:>8} | {:>10} | {:>9} | {:>9} |",
+        "scenario", "ops", "ops/s", "p50 ms", "p99 ms"
+    );
+    println!(
+        "|{:-<36}|{:-<10}|{:-<12}|{:-<11}|{:-<11}|",
+        "", "", "", "", ""
+    );
+    let floor_dir = tempfile::tempdir().unwrap();
+    if wanted("floor") {
+        bench_fsync(&floor_dir).print();
+        bench_empty_commit(&floor_dir, &args).print();
+    }
+    if wanted("add") {
+        bench_add_by_path(&args).print();
+    }
+    if wanted("apply") {
+        let log = source_log(args.ops);
+        for k in [0, 10, 100] {
+            bench_apply(&args, &log, k).print();
+        }
+    }
+    if wanted("reapply") {
+        let log = source_log(args.reapply_ops);
+        bench_reapply(&args, &log).print();
+    }
+}

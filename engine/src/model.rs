@@ -118,12 +118,66 @@ impl TreeModel {
             .collect()
     }
 
+    /// The logged op with this timestamp.
+    pub fn op_at(&self, ts: Timestamp) -> Option<&Move> {
+        self.log.get(&ts).map(|e| &e.op)
+    }
+
     /// The largest Lamport counter in the log.
     pub fn max_counter(&self) -> u64 {
         self.log
             .keys()
             .next_back()
             .map_or(0, |ts| timestamp_counter(*ts))
+    }
+
+    /// The directory `component` under `parent`: an internal child with
+    /// that name, the smallest id among duplicates.
+    pub fn find_dir(&self, parent: NodeId, component: &str) -> Option<NodeId> {
+        self.children(parent).into_iter().find(|id| {
+            let meta = &self.nodes[id].1;
+            meta.is_internal() && meta.file_name() == Some(component.as_bytes())
+        })
+    }
+
+    /// The ops a local AddByPath issues on `replica`: the missing
+    /// directories (parents first), then the leaf, on consecutive counters
+    /// after the largest one in the log.
+    pub fn add_by_path_ops(
+        &self,
+        dirs: &[String],
+        items: &[KeyValue],
+        replica: ReplicaId,
+    ) -> Vec<Move> {
+        let mut parent = ROOT;
+        let mut found = 0;
+        for component in dirs {
+            match self.find_dir(parent, component) {
+                Some(dir) => parent = dir,
+                None => break,
+            }
+            found += 1;
+        }
+        let mut counter = self.max_counter();
+        let mut ops = Vec::new();
+        let mut make = |parent: NodeId, items: Vec<KeyValue>| {
+            counter += 1;
+            let ts = make_timestamp(counter, replica);
+            ops.push(Move {
+                parent,
+                child: ts,
+                meta: Meta { time: ts, items },
+            });
+            ts
+        };
+        for component in &dirs[found..] {
+            parent = make(
+                parent,
+                vec![KeyValue::new(ATTR_FILE_NAME, component.as_bytes())],
+            );
+        }
+        make(parent, items.to_vec());
+        ops
     }
 
     /// Path lookup with the forest's rules: directories are internal
@@ -135,11 +189,7 @@ impl TreeModel {
         };
         let mut current = ROOT;
         for component in dirs {
-            let dir = self.children(current).into_iter().find(|id| {
-                let meta = &self.nodes[id].1;
-                meta.is_internal() && meta.file_name() == Some(component.as_bytes())
-            });
-            match dir {
+            match self.find_dir(current, component) {
                 Some(id) => current = id,
                 None => return Vec::new(),
             }

@@ -33,6 +33,10 @@ pub(super) struct Writer<'txn> {
     states: BTreeMap<TreeKey, TreeState>,
     replica_id: ReplicaId,
     changed: bool,
+    /// Directory lookups of this batch: `dir_cache_key` -> the directory
+    /// (or its absence). Invalidated whenever an internal row under that
+    /// key changes.
+    dir_cache: BTreeMap<Vec<u8>, Option<NodeId>>,
 }
 
 /// Consistency assertions on undo hold unless a planted bug that breaks
@@ -53,6 +57,7 @@ impl<'txn> Writer<'txn> {
             states: BTreeMap::new(),
             replica_id,
             changed: false,
+            dir_cache: BTreeMap::new(),
         })
     }
 
@@ -294,12 +299,16 @@ impl<'txn> Writer<'txn> {
         child: NodeId,
         items: &[KeyValue],
     ) -> Result<Undo> {
-        if self.is_ancestor_or_self(rec, child, parent)? {
+        let existing = read::node_record(&self.nodes, rec.number, child)?;
+        // A child that is not stored and has no children cannot be above
+        // `parent` (unless it is `parent`): skip the ancestor walk.
+        let may_be_above = existing.is_some() || self.has_children(rec.number, child)?;
+        if child == parent || (may_be_above && self.is_ancestor_or_self(rec, child, parent)?) {
             return Ok(Undo::NoEffect);
         }
-        let undo = match read::node_record(&self.nodes, rec.number, child)? {
+        let undo = match existing {
             Some(old) => {
-                self.remove_child_entry(rec.number, old.parent, &old.name_key, child)?;
+                self.remove_child_entry(rec.number, child, &old)?;
                 Undo::Moved {
                     old_parent: old.parent,
                     old_ts: old.time,
@@ -338,7 +347,7 @@ impl<'txn> Writer<'txn> {
             );
         }
         if let Some(current) = &current {
-            self.remove_child_entry(tree, current.parent, &current.name_key, child)?;
+            self.remove_child_entry(tree, child, current)?;
         }
         match record.tail.undo {
             Undo::NoEffect => unreachable!("handled above"),
@@ -363,6 +372,14 @@ impl<'txn> Writer<'txn> {
             }
         }
         Ok(())
+    }
+
+    fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
+        let (lower, upper) = read::children_bounds(tree, node);
+        let mut range = self
+            .children
+            .range::<ChildKey>((std::ops::Bound::Included(lower), upper))?;
+        Ok(range.next().transpose()?.is_some())
     }
 
     /// True when `ancestor` is `node` or one of its ancestors. The walk is
@@ -396,23 +413,60 @@ impl<'txn> Writer<'txn> {
         self.nodes
             .insert((tree, id), encode_node(node).as_slice())?;
         let key = (tree, node.parent, node.name_key.as_slice(), id);
-        let previous = self.children.insert(key, (node.time, node.internal))?;
-        assert!(previous.is_none(), "tree {tree}: node {id} indexed twice");
+        let fresh = self
+            .children
+            .insert(key, (node.time, node.internal))?
+            .is_none();
+        assert!(fresh, "tree {tree}: node {id} indexed twice");
+        if node.internal {
+            self.forget_dir(tree, node.parent, &node.name_key);
+        }
         Ok(())
     }
 
-    fn remove_child_entry(
-        &mut self,
-        tree: u64,
-        parent: NodeId,
-        name: &[u8],
-        id: NodeId,
-    ) -> Result<()> {
-        let removed = self.children.remove((tree, parent, name, id))?;
+    /// Drops the cached directory lookup that a changed internal row of
+    /// `(tree, parent, name)` may invalidate.
+    fn forget_dir(&mut self, tree: u64, parent: NodeId, name_key: &[u8]) {
+        if !self.dir_cache.is_empty() {
+            self.dir_cache
+                .remove(&dir_cache_key(tree, parent, name_key));
+        }
+    }
+
+    /// `read::resolve_dirs` through the batch's directory cache: the ops of
+    /// one batch mostly share their directories.
+    fn resolve_dirs(&mut self, tree: u64, dirs: &[String]) -> Result<(NodeId, usize)> {
+        let mut current = ROOT;
+        for (i, component) in dirs.iter().enumerate() {
+            let key = dir_cache_key(tree, current, &component_key(component));
+            let found = match self.dir_cache.get(&key) {
+                Some(found) => *found,
+                None => {
+                    let found =
+                        read::find_dir(&self.children, &self.log, tree, current, component)?;
+                    self.dir_cache.insert(key, found);
+                    found
+                }
+            };
+            match found {
+                Some(next) => current = next,
+                None => return Ok((current, i)),
+            }
+        }
+        Ok((current, dirs.len()))
+    }
+
+    /// Drops the children-index row of `node` (its current state).
+    fn remove_child_entry(&mut self, tree: u64, id: NodeId, node: &NodeRecord) -> Result<()> {
+        let key = (tree, node.parent, node.name_key.as_slice(), id);
+        let removed = self.children.remove(key)?.is_some();
         assert!(
-            removed.is_some(),
+            removed,
             "tree {tree}: node {id} missing from the children index"
         );
+        if node.internal {
+            self.forget_dir(tree, node.parent, &node.name_key);
+        }
         Ok(())
     }
 
@@ -486,7 +540,7 @@ impl<'txn> Writer<'txn> {
         path: &[String],
         items: &[KeyValue],
     ) -> Result<Result<WriteOutcome>> {
-        let (mut parent, found) = read::resolve_dirs(&self.children, &self.log, rec.number, path)?;
+        let (mut parent, found) = self.resolve_dirs(rec.number, path)?;
         let missing = &path[found..];
         let stamps = match self.reserve_timestamps(rec, missing.len() as u64 + 1) {
             Ok(stamps) => stamps,
@@ -507,6 +561,15 @@ impl<'txn> Writer<'txn> {
             ts: leaf,
         }))
     }
+}
+
+/// `tree (8, BE) ++ parent (8, BE) ++ name key`.
+fn dir_cache_key(tree: u64, parent: NodeId, name_key: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(16 + name_key.len());
+    key.extend_from_slice(&tree.to_be_bytes());
+    key.extend_from_slice(&parent.to_be_bytes());
+    key.extend_from_slice(name_key);
+    key
 }
 
 fn known_outcome(same: bool, ts: Timestamp) -> Result<WriteOutcome> {
