@@ -51,7 +51,7 @@ pub struct BatcherStats {
     pub failed: u64,
     /// Writes refused with `Overloaded`.
     pub rejected: u64,
-    /// Writes whose callers are waiting right now.
+    /// Writes admitted and not answered yet.
     pub pending: u64,
 }
 
@@ -68,7 +68,21 @@ type JobReply = Result<Vec<Result<WriteOutcome>>>;
 /// One caller's writes; they always go into the same batch.
 struct Job {
     requests: Vec<WriteRequest>,
-    reply: oneshot::Sender<JobReply>,
+    reply: Reply,
+}
+
+/// The answer channel of a job and its share of the pending count, which
+/// lasts until the answer is sent (not until the caller stops waiting), so
+/// an unanswered job stays visible and keeps counting against the bound.
+struct Reply {
+    sender: oneshot::Sender<JobReply>,
+    _pending: PendingToken,
+}
+
+impl Reply {
+    fn send(self, reply: JobReply) {
+        let _ = self.sender.send(reply);
+    }
 }
 
 #[derive(Default)]
@@ -170,8 +184,12 @@ impl Batcher {
             return Err(Error::ShuttingDown);
         }
         let count = requests.len() as u64;
-        let _pending = self.admit(count)?;
-        let (reply, answer) = oneshot::channel();
+        let pending = self.admit(count)?;
+        let (sender, answer) = oneshot::channel();
+        let reply = Reply {
+            sender,
+            _pending: pending,
+        };
         match self.queue.try_send(Job { requests, reply }) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => return Err(self.reject(count)),
@@ -186,7 +204,7 @@ impl Batcher {
     /// Counts `count` writes as pending, or refuses them when that would
     /// exceed the bound. A job larger than the bound is let in when nothing
     /// else waits, so a full replication page always makes progress.
-    fn admit(&self, count: u64) -> Result<PendingGuard<'_>> {
+    fn admit(&self, count: u64) -> Result<PendingToken> {
         let max = self.options.max_pending as u64;
         let admitted = self.shared.counters.pending.fetch_update(
             Ordering::SeqCst,
@@ -194,8 +212,8 @@ impl Batcher {
             |pending| (pending == 0 || pending + count <= max).then_some(pending + count),
         );
         match admitted {
-            Ok(_) => Ok(PendingGuard {
-                pending: &self.shared.counters.pending,
+            Ok(_) => Ok(PendingToken {
+                shared: self.shared.clone(),
                 count,
             }),
             Err(_) => Err(self.reject(count)),
@@ -239,16 +257,19 @@ impl Drop for Batcher {
     }
 }
 
-/// Keeps a caller's writes counted as pending for as long as it waits,
-/// including when its future is dropped early.
-struct PendingGuard<'a> {
-    pending: &'a AtomicU64,
+/// Counts a job's writes as pending until it is dropped.
+struct PendingToken {
+    shared: Arc<Shared>,
     count: u64,
 }
 
-impl Drop for PendingGuard<'_> {
+impl Drop for PendingToken {
     fn drop(&mut self) {
-        let before = self.pending.fetch_sub(self.count, Ordering::SeqCst);
+        let before = self
+            .shared
+            .counters
+            .pending
+            .fetch_sub(self.count, Ordering::SeqCst);
         assert!(before >= self.count, "pending write count underflow");
     }
 }
@@ -263,7 +284,7 @@ struct Worker {
     /// A job that did not fit into the previous batch; it opens the next.
     carry: Option<Job>,
     /// Canary `FailedBatchHangs`: answers deliberately never sent.
-    hung: Vec<oneshot::Sender<JobReply>>,
+    hung: Vec<Reply>,
 }
 
 impl Worker {
@@ -279,7 +300,7 @@ impl Worker {
         }
         self.receiver.close();
         while let Ok(job) = self.receiver.try_recv() {
-            let _ = job.reply.send(Err(Error::ShuttingDown));
+            job.reply.send(Err(Error::ShuttingDown));
         }
     }
 
@@ -362,7 +383,7 @@ impl Worker {
                 let notice = notice_of(&requests, &results);
                 let mut results = results.into_iter();
                 for (count, reply) in replies {
-                    let _ = reply.send(Ok(results.by_ref().take(count).collect()));
+                    reply.send(Ok(results.by_ref().take(count).collect()));
                 }
                 let hook = self.shared.hook.lock().expect("hook lock").clone();
                 if let Some(hook) = hook {
@@ -378,7 +399,7 @@ impl Worker {
                     return;
                 }
                 for (_, reply) in replies {
-                    let _ = reply.send(Err(error.clone()));
+                    reply.send(Err(error.clone()));
                 }
             }
         }
@@ -387,7 +408,7 @@ impl Worker {
 
 fn answer_all(batch: Vec<Job>, error: Error) {
     for job in batch {
-        let _ = job.reply.send(Err(error.clone()));
+        job.reply.send(Err(error.clone()));
     }
 }
 

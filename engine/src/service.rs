@@ -47,8 +47,9 @@ pub struct ServiceStats {
     pub ops_pushed: u64,
     pub ops_pulled: u64,
     pub sync_rounds: u64,
-    /// Writes whose callers are waiting on the batcher right now; a value
-    /// that never drops back to 0 on an idle node means a caller hangs.
+    /// Writes admitted by the batcher and not answered yet (whether or not
+    /// their caller still waits); a value that stays above 0 on an idle
+    /// node means a write hangs.
     pub pending_writes: u64,
     /// Push calls that failed (retried later).
     pub push_failures: u64,

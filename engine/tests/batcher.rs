@@ -331,3 +331,44 @@ async fn a_large_job_is_admitted_when_nothing_waits() {
     // One caller's writes are never split across transactions.
     assert_eq!(script.batches.lock().unwrap().clone(), vec![10]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_write_counts_until_it_is_answered() {
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let entered = Arc::new(AtomicUsize::new(0));
+    let commit = gated_commit(gate.clone(), entered.clone());
+    let batcher = Arc::new(Batcher::start_with_commit(
+        commit,
+        test_env(),
+        options(1, 1),
+    ));
+    let caller = tokio::spawn({
+        let b = batcher.clone();
+        async move { b.submit(request("t", 1)).await }
+    });
+    while entered.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The caller gives up, but its write is still being committed: it keeps
+    // its slot (a hang stays visible) and the bound still holds.
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    assert_eq!(batcher.stats().pending, 1);
+    let refused = futures::FutureExt::now_or_never(batcher.submit(request("t", 2)));
+    assert!(
+        matches!(refused, Some(Err(Error::Overloaded(_)))),
+        "{refused:?}"
+    );
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    while batcher.stats().pending > 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        batcher.submit(request("t", 3)).await,
+        Ok(WriteOutcome::Applied { fresh: true })
+    );
+}

@@ -52,6 +52,8 @@ pub struct LocalNet {
     calls: Mutex<u64>,
     /// One-way links that lose every call: (from, to).
     cut: Mutex<std::collections::BTreeSet<(ReplicaId, ReplicaId)>>,
+    /// Nodes whose GetOpLog calls are lost (everything else gets through).
+    oplog_down: Mutex<std::collections::BTreeSet<ReplicaId>>,
 }
 
 impl LocalNet {
@@ -64,6 +66,16 @@ impl LocalNet {
             net: self.clone(),
             from,
         })
+    }
+
+    /// Loses (or lets through) every GetOpLog call to `id`.
+    pub fn set_oplog_down(&self, id: ReplicaId, down: bool) {
+        let mut nodes = self.oplog_down.lock().unwrap();
+        if down {
+            nodes.insert(id);
+        } else {
+            nodes.remove(&id);
+        }
     }
 
     /// Cuts (or heals) the one-way link `from -> to`.
@@ -144,7 +156,12 @@ impl Transport for LocalTransport {
         request: Request,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Response, Error>> {
-        let routed = self.net.route(self.from, peer);
+        let oplog_lost = matches!(request, Request::GetOpLog { .. })
+            && self.net.oplog_down.lock().unwrap().contains(&peer);
+        let routed = match oplog_lost {
+            true => Err(Error::Timeout),
+            false => self.net.route(self.from, peer),
+        };
         Box::pin(async move {
             let service = routed?;
             // Through the wire format, as TCP would.
