@@ -74,6 +74,12 @@ struct Counters {
 struct PushState {
     running: bool,
     dirty: bool,
+    /// Acknowledged height known in memory; the durable cursor may lag
+    /// behind it (a restart then re-sends a little, which Apply absorbs),
+    /// so that replication does not add a durable commit per batch.
+    acked: u64,
+    /// When the cursor was last made durable.
+    persisted_at: Option<Duration>,
 }
 
 /// Locks of one tree: `drop_guard` is held shared by push and pull passes and
@@ -448,6 +454,14 @@ impl Inner {
             forest.tree_drop(&cid, tree.as_deref())
         })
         .await?;
+        // A tree created again under the same name starts its heights anew.
+        let mut pushers = self.pushers.lock().expect("pushers");
+        for (key, state) in pushers.iter_mut() {
+            if trees.contains(&key.0) {
+                state.acked = 0;
+                state.persisted_at = None;
+            }
+        }
         Ok(Response::Done)
     }
 
@@ -749,7 +763,9 @@ impl Inner {
     async fn push_to_peer(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
         let locks = self.locks(tree);
         let _no_drop = locks.drop_guard.read().await;
-        let start = self.forest.cursor(tree, CursorKind::Push, peer)?;
+        let key = (tree.clone(), peer);
+        let durable = self.forest.cursor(tree, CursorKind::Push, peer)?;
+        let start = durable.max(self.push_state(&key, |s| s.acked));
         let mut cursor = start;
         if let Some(&skip) = self.push_skips.lock().expect("push skips").get(tree) {
             cursor = cursor.max(skip);
@@ -759,7 +775,7 @@ impl Inner {
             Err(Error::TreeNotFound) => Ok(()),
             other => other,
         };
-        if cursor > start {
+        if self.should_persist(&key, durable, cursor) {
             let forest = self.forest.clone();
             let tree = tree.clone();
             blocking(&*self.env.runtime, move || {
@@ -768,6 +784,37 @@ impl Inner {
             .await?;
         }
         result
+    }
+
+    fn push_state<T>(&self, key: &PushKey, read: impl FnOnce(&mut PushState) -> T) -> T {
+        read(
+            self.pushers
+                .lock()
+                .expect("pushers")
+                .entry(key.clone())
+                .or_default(),
+        )
+    }
+
+    /// Records `cursor` as acknowledged; true when it should also be made
+    /// durable now: a page or more ahead of the durable cursor, or not
+    /// persisted for a `replication_timeout` (the sweep guarantees a pass
+    /// at least that often).
+    fn should_persist(&self, key: &PushKey, durable: u64, cursor: u64) -> bool {
+        let now = self.env.clock.now();
+        let page = self.config.limits.sync_page_size as u64;
+        let period = self.config.tree.replication_timeout;
+        self.push_state(key, |state| {
+            state.acked = state.acked.max(cursor);
+            let stale = state
+                .persisted_at
+                .is_none_or(|at| now.saturating_sub(at) >= period);
+            let persist = cursor > durable && (cursor - durable >= page || stale);
+            if persist {
+                state.persisted_at = Some(now);
+            }
+            persist
+        })
     }
 
     async fn push_pages(&self, tree: &TreeKey, peer: ReplicaId, cursor: &mut u64) -> Result<()> {
@@ -837,7 +884,11 @@ impl Inner {
                 continue;
             }
             for peer in self.peers_of(&tree.cid) {
-                let mut cursor = self.forest.cursor(&tree, CursorKind::Push, peer)?;
+                let acked = self.push_state(&(tree.clone(), peer), |s| s.acked);
+                let mut cursor = self
+                    .forest
+                    .cursor(&tree, CursorKind::Push, peer)?
+                    .max(acked);
                 loop {
                     let entries = match self.forest.get_op_log(&tree, cursor, page) {
                         Err(Error::TreeNotFound) => break,
