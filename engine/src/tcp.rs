@@ -291,6 +291,9 @@ impl Connection {
 /// is harmless.
 pub struct TcpTransport {
     addresses: BTreeMap<ReplicaId, String>,
+    /// Calls in flight per peer, so that this node alone never takes more
+    /// than its share of a peer's `max_connections`.
+    slots: BTreeMap<ReplicaId, Arc<Semaphore>>,
     pool: Arc<Mutex<BTreeMap<ReplicaId, Vec<Connection>>>>,
     limits: Limits,
     calls: AtomicU64,
@@ -304,8 +307,16 @@ impl TcpTransport {
             .iter()
             .map(|p| (p.replica_id, p.address.clone()))
             .collect();
+        let share = outbound_share(config);
+        let slots = config
+            .node
+            .peers
+            .iter()
+            .map(|p| (p.replica_id, Arc::new(Semaphore::new(share))))
+            .collect();
         Self {
             addresses,
+            slots,
             pool: Arc::default(),
             limits: config.limits.clone(),
             calls: AtomicU64::new(0),
@@ -331,13 +342,25 @@ impl Transport for TcpTransport {
         };
         let pool = self.pool.clone();
         let limits = self.limits.clone();
+        let slots = self.slots[&peer].clone();
         Box::pin(async move {
-            let call = call_pooled(&pool, peer, &address, &request, &limits);
+            let call = async {
+                let _slot = slots.acquire().await.map_err(|_| Error::ShuttingDown)?;
+                call_pooled(&pool, peer, &address, &request, &limits).await
+            };
             tokio::time::timeout(timeout, call)
                 .await
                 .unwrap_or(Err(Error::Timeout))
         })
     }
+}
+
+/// Concurrent calls to one peer: half of a node's inbound connection limit,
+/// split between the peers that may all call it at once; clients keep the
+/// other half.
+pub fn outbound_share(config: &Config) -> usize {
+    let callers = config.node.peers.len().max(1);
+    (config.limits.max_connections / 2 / callers).max(1)
 }
 
 async fn call_pooled(

@@ -299,3 +299,71 @@ async fn transport_survives_a_closed_pooled_connection() {
         );
     }
 }
+
+/// Holds every request until released; counts what arrived.
+struct Gate {
+    arrived: std::sync::atomic::AtomicUsize,
+    release: tokio::sync::Semaphore,
+}
+
+impl Handler for Gate {
+    fn handle(&self, _request: Request) -> BoxFuture<'_, Response> {
+        Box::pin(async move {
+            self.arrived
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.release.acquire().await.unwrap().forget();
+            Response::Done
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_caps_calls_in_flight_per_peer() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let gate = Arc::new(Gate {
+        arrived: Default::default(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let options = ServerOptions {
+        max_message_bytes: MAX,
+        max_connections: 64,
+        frame_timeout: Duration::from_secs(5),
+    };
+    tokio::spawn(tcp::serve(listener, gate.clone(), options));
+    let mut config = Config::default_for_test(1);
+    config.node.peers.push(arbor::config::PeerConfig {
+        replica_id: 2,
+        address: address.to_string(),
+    });
+    config.limits.max_connections = 4;
+    assert_eq!(tcp::outbound_share(&config), 2);
+    let transport = Arc::new(TcpTransport::new(&config));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let t = transport.clone();
+            tokio::spawn(async move { t.call(2, Request::Healthcheck, PATIENCE).await })
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while gate.arrived.load(SeqCst) < 2 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Both slots are busy: a third call waits for one and times out without
+    // ever reaching the peer.
+    let third = transport
+        .call(2, Request::Healthcheck, Duration::from_millis(200))
+        .await;
+    assert_eq!(third, Err(Error::Timeout));
+    assert_eq!(gate.arrived.load(SeqCst), 2);
+    gate.release.add_permits(3);
+    for h in held {
+        assert_eq!(h.await.unwrap(), Ok(Response::Done));
+    }
+    assert_eq!(
+        transport.call(2, Request::Healthcheck, PATIENCE).await,
+        Ok(Response::Done)
+    );
+}
