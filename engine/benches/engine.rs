@@ -9,6 +9,8 @@
 
 use arbor::forest::*;
 use arbor::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Args {
@@ -100,19 +102,68 @@ struct Row {
     ops: usize,
     elapsed: Duration,
     commits: Vec<Duration>,
+    /// CPU time of the bench thread over the run: unlike wall time it does
+    /// not count waiting for fsync or for other processes on the machine.
+    /// Sampled from the scheduler, so only meaningful over long runs.
+    cpu: Duration,
+    /// Bytes handed to the file over the run (redb pages and headers).
+    written_bytes: u64,
+}
+
+/// A file backend that counts what redb writes, to explain commit cost.
+#[derive(Debug)]
+struct CountingBackend {
+    inner: redb::backends::FileBackend,
+    written_bytes: Arc<AtomicU64>,
+}
+
+impl redb::StorageBackend for CountingBackend {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.inner.close()
+    }
+}
+
+/// CPU time consumed so far by this thread (Linux schedstat; zero where
+/// unavailable).
+fn thread_cpu() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
 }
 
 impl Row {
     fn print(&self) {
         let ops_per_s = self.ops as f64 / self.elapsed.as_secs_f64();
         let (p50, p99) = percentiles(&self.commits);
+        let cpu_us_per_op = self.cpu.as_secs_f64() * 1e6 / self.ops as f64;
+        let kib_per_commit = self.written_bytes as f64 / 1024.0 / self.commits.len() as f64;
         println!(
-            "| {:<34} | {:>8} | {:>10.0} | {:>9.3} | {:>9.3} |",
+            "| {:<36} | {:>8} | {:>10.0} | {:>9.3} | {:>9.3} | {:>9.2} | {:>10.1} |",
             self.name,
             self.ops,
             ops_per_s,
             p50.as_secs_f64() * 1e3,
-            p99.as_secs_f64() * 1e3
+            p99.as_secs_f64() * 1e3,
+            cpu_us_per_op,
+            kib_per_commit
         );
     }
 }
@@ -127,22 +178,36 @@ fn percentiles(samples: &[Duration]) -> (Duration, Duration) {
     (at(0.50), at(0.99))
 }
 
-fn open_file(dir: &tempfile::TempDir, args: &Args) -> Forest {
+/// A forest on a temp file, with a counter of the bytes written to it.
+fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
     let options = ForestOptions {
         durable: !args.no_sync,
         ..ForestOptions::default()
     };
-    Forest::open(&dir.path().join("bench.redb"), options).unwrap()
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.path().join("bench.redb"))
+        .unwrap();
+    let written_bytes = Arc::new(AtomicU64::new(0));
+    let backend = CountingBackend {
+        inner: redb::backends::FileBackend::new(file).unwrap(),
+        written_bytes: written_bytes.clone(),
+    };
+    (Forest::open_with_backend(backend, options).unwrap(), written_bytes)
 }
 
-/// Runs `requests` in batches; returns the wall time and each commit's
-/// latency (one `write_batch` call).
+/// Runs `requests` in batches; returns the wall time, each commit's
+/// latency (one `write_batch` call) and the CPU time spent.
 fn run_batches(
     forest: &Forest,
     requests: &[WriteRequest],
     batch: usize,
-) -> (Duration, Vec<Duration>) {
+) -> (Duration, Vec<Duration>, Duration) {
     let mut commits = Vec::with_capacity(requests.len() / batch + 1);
+    let cpu_start = thread_cpu();
     let start = Instant::now();
     for chunk in requests.chunks(batch) {
         let begin = Instant::now();
@@ -150,19 +215,22 @@ fn run_batches(
         commits.push(begin.elapsed());
         assert!(results.iter().all(|r| r.is_ok()), "bench request failed");
     }
-    (start.elapsed(), commits)
+    (start.elapsed(), commits, thread_cpu() - cpu_start)
 }
 
 fn bench_add_by_path(args: &Args) -> Row {
     let dir = tempfile::tempdir().unwrap();
-    let forest = open_file(&dir, args);
+    let (forest, written) = open_file(&dir, args);
     let requests: Vec<WriteRequest> = (0..args.ops).map(add_request).collect();
-    let (elapsed, commits) = run_batches(&forest, &requests, args.batch);
+    written.store(0, Ordering::Relaxed);
+    let (elapsed, commits, cpu) = run_batches(&forest, &requests, args.batch);
     Row {
         name: format!("add_by_path, batch {}", args.batch),
         ops: args.ops,
         elapsed,
         commits,
+        cpu,
+        written_bytes: written.load(Ordering::Relaxed),
     }
 }
 
@@ -198,14 +266,15 @@ fn delayed(log: &[Move], k: usize) -> Vec<Move> {
 
 fn bench_apply(args: &Args, log: &[Move], k: usize) -> Row {
     let dir = tempfile::tempdir().unwrap();
-    let forest = open_file(&dir, args);
+    let (forest, written) = open_file(&dir, args);
     let order = if k == 0 {
         log.to_vec()
     } else {
         delayed(log, k)
     };
     let requests: Vec<WriteRequest> = order.iter().map(apply_request).collect();
-    let (elapsed, commits) = run_batches(&forest, &requests, args.batch);
+    written.store(0, Ordering::Relaxed);
+    let (elapsed, commits, cpu) = run_batches(&forest, &requests, args.batch);
     assert_eq!(forest.next_height(&tree()).unwrap(), log.len() as u64);
     let name = if k == 0 {
         format!("apply in order, batch {}", args.batch)
@@ -217,50 +286,60 @@ fn bench_apply(args: &Args, log: &[Move], k: usize) -> Row {
         ops: log.len(),
         elapsed,
         commits,
+        cpu,
+        written_bytes: written.load(Ordering::Relaxed),
     }
 }
 
 fn bench_reapply(args: &Args, log: &[Move]) -> Row {
     let dir = tempfile::tempdir().unwrap();
-    let forest = open_file(&dir, args);
+    let (forest, written) = open_file(&dir, args);
     let requests: Vec<WriteRequest> = log.iter().map(apply_request).collect();
     for chunk in requests.chunks(1000) {
         forest.write_batch(chunk).unwrap();
     }
-    let (elapsed, commits) = run_batches(&forest, &requests, args.batch);
+    written.store(0, Ordering::Relaxed);
+    let (elapsed, commits, cpu) = run_batches(&forest, &requests, args.batch);
     assert_eq!(forest.next_height(&tree()).unwrap(), log.len() as u64);
     Row {
         name: format!("re-apply stored log, batch {}", args.batch),
         ops: log.len(),
         elapsed,
         commits,
+        cpu,
+        written_bytes: written.load(Ordering::Relaxed),
     }
 }
 
 /// The floor under every durable commit: one small write plus fsync on
 /// the same file system.
-fn bench_fsync(dir: &tempfile::TempDir) -> Row {
+fn bench_fsync(dir: &tempfile::TempDir, size_kib: usize) -> Row {
     use std::io::Write;
     let mut file = std::fs::File::create(dir.path().join("fsync.probe")).unwrap();
+    let block = vec![0x5a_u8; size_kib * 1024];
     let mut samples = Vec::new();
+    let cpu_start = thread_cpu();
     let start = Instant::now();
-    for i in 0..200u32 {
+    for _ in 0..100 {
         let begin = Instant::now();
-        file.write_all(&[i as u8; 4096]).unwrap();
+        file.write_all(&block).unwrap();
         file.sync_data().unwrap();
         samples.push(begin.elapsed());
     }
     Row {
-        name: "fsync of a 4 KiB append (floor)".into(),
-        ops: 200,
+        name: format!("fsync after a {size_kib} KiB append"),
+        ops: 100,
         elapsed: start.elapsed(),
         commits: samples,
+        cpu: thread_cpu() - cpu_start,
+        written_bytes: (size_kib * 1024 * 100) as u64,
     }
 }
 
 fn bench_empty_commit(dir: &tempfile::TempDir, args: &Args) -> Row {
-    let forest = open_file(dir, args);
+    let (forest, written) = open_file(dir, args);
     let mut samples = Vec::new();
+    let cpu_start = thread_cpu();
     let start = Instant::now();
     for i in 0..200u64 {
         let begin = Instant::now();
@@ -268,10 +347,12 @@ fn bench_empty_commit(dir: &tempfile::TempDir, args: &Args) -> Row {
         samples.push(begin.elapsed());
     }
     Row {
-        name: "durable one-row redb commit".into(),
+        name: "one-row redb commit".into(),
         ops: 200,
         elapsed: start.elapsed(),
         commits: samples,
+        cpu: thread_cpu() - cpu_start,
+        written_bytes: written.load(Ordering::Relaxed),
     }
 }
 
@@ -306,16 +387,18 @@ fn main() {
         args.ops, args.batch, args.reapply_ops, !args.no_sync
     );
     println!(
-        "| {:<34} | {:>8} | {:>10} | {:>9} | {:>9} |",
-        "scenario", "ops", "ops/s", "p50 ms", "p99 ms"
+        "| {:<36} | {:>8} | {:>10} | {:>9} | {:>9} | {:>9} | {:>10} |",
+        "scenario", "ops", "ops/s", "p50 ms", "p99 ms", "cpu us/op", "KiB/commit"
     );
     println!(
-        "|{:-<36}|{:-<10}|{:-<12}|{:-<11}|{:-<11}|",
-        "", "", "", "", ""
+        "|{:-<38}|{:-<10}|{:-<12}|{:-<11}|{:-<11}|{:-<11}|{:-<12}|",
+        "", "", "", "", "", "", ""
     );
     let floor_dir = tempfile::tempdir().unwrap();
     if wanted("floor") {
-        bench_fsync(&floor_dir).print();
+        for size_kib in [4, 64, 512] {
+            bench_fsync(&floor_dir, size_kib).print();
+        }
         bench_empty_commit(&floor_dir, &args).print();
     }
     if wanted("add") {
