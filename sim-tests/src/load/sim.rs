@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 /// docs/load.md, "Sim-mode calibration"): what one redb commit of a batch
 /// costs in writes, bytes and fsyncs.
 pub const CALIBRATED_DISK: DiskLatency = DiskLatency {
-    per_write: Duration::from_micros(20),
-    per_sync: Duration::from_micros(1000),
-    per_byte_nanos: 1,
+    per_write: Duration::ZERO,
+    per_sync: Duration::from_micros(3560),
+    per_byte_nanos: 35,
 };
 
 /// A simulated disk large enough for long load runs.
