@@ -92,9 +92,10 @@ pub struct Common {
     /// configuration when absent. Flags below override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Background sync interval, or "off".
-    #[arg(long, default_value = "5m")]
-    sync: String,
+    /// Background sync interval, or "off" (default 5m, or the --config
+    /// file's value).
+    #[arg(long)]
+    sync: Option<String>,
     #[arg(long)]
     max_batch_size: Option<usize>,
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -135,6 +136,10 @@ pub struct Common {
     /// real mode connects them over loopback TCP).
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// Real cluster: the gateway calls replicas over TCP too (default: in
+    /// process, as the reference run mocked the gateway's network).
+    #[arg(long)]
+    gateway_tcp: bool,
     /// Sim mode: the seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -159,8 +164,12 @@ pub enum Mode {
 }
 
 impl Common {
+    fn sync_explicit(&self) -> bool {
+        self.sync.is_some()
+    }
+
     fn sync_interval(&self) -> Result<Option<Duration>, String> {
-        match self.sync.as_str() {
+        match self.sync.as_deref().unwrap_or("5m") {
             "off" | "0" | "0s" => Ok(None),
             s => humantime::parse_duration(s)
                 .map(Some)
@@ -169,14 +178,13 @@ impl Common {
     }
 
     fn config(&self) -> Result<Config, String> {
-        if let Some(path) = &self.config {
-            return Err(format!(
-                "--config {}: YAML configs are not wired in yet",
-                path.display()
-            ));
+        let mut config = match &self.config {
+            Some(path) => Config::load(path).map_err(|e| format!("--config: {e}"))?,
+            None => real::reference_config(1, PathBuf::new(), None),
+        };
+        if self.config.is_none() || self.sync_explicit() {
+            config.tree.sync_interval = self.sync_interval()?;
         }
-        let mut config = real::reference_config(1, PathBuf::new(), None);
-        config.tree.sync_interval = self.sync_interval()?;
         if let Some(n) = self.max_batch_size {
             config.pilorama.max_batch_size = n;
         }
@@ -245,8 +253,12 @@ impl Common {
 
     fn real_options(&self, config: Config) -> Result<RealOptions, String> {
         let topology = match self.replicas {
+            0 => return Err("--replicas must be at least 1".into()),
             1 => Topology::Single,
-            n => return Err(format!("--replicas {n}: real mode runs 1 replica so far")),
+            replicas => Topology::Cluster {
+                replicas,
+                via_tcp: self.gateway_tcp,
+            },
         };
         Ok(RealOptions {
             topology,
@@ -319,7 +331,7 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
                     start_rate: search_start,
                     max_rate: search_max,
                     duration: search_duration,
-                    sync_interval: common.sync_interval()?,
+                    sync_interval: runner.base.tree.sync_interval,
                     resolution: 0.05,
                     probes_max: search_probes,
                 };

@@ -1,15 +1,19 @@
 //! Real mode: wall clock, real redb files in a temporary directory, a tokio
-//! multi-thread runtime, nodes in this process.
+//! multi-thread runtime, nodes in this process (one, or a cluster talking
+//! over loopback TCP).
 
 use super::driver::{self, RunSpec};
 use super::env::wall_env;
 use super::report::{RunReport, ServiceCounters, Verification};
 use super::scenario::{Scenario, Workload, LOAD_CID};
-use super::target::{NoPeers, ServiceTarget, Target};
-use arbor::config::{Config, Limits, NodeConfig, PiloramaConfig, TreeConfig};
-use arbor::forest::{Forest, ForestOptions};
+use super::target::{NoPeers, ServiceTarget, Target, TransportTarget};
+use arbor::config::{Config, PeerConfig};
+use arbor::forest::Forest;
+use arbor::net::Transport;
 use arbor::runtime::Env;
 use arbor::service::Service;
+use arbor::system::system_env;
+use arbor::tcp::{self, ServerOptions, TcpTransport};
 use arbor::types::{NodeId, ReplicaId, TreeKey};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +22,14 @@ use std::time::{Duration, Instant};
 /// How many missing ids a verification report lists.
 const MISSING_SAMPLE_MAX: usize = 10;
 
+/// How long to wait after the load for replication to drain before
+/// verifying every replica.
+pub const REPLICATION_DRAIN_MAX: Duration = Duration::from_secs(120);
+
+/// Transport-level bound on one gateway call (the generator's own deadline
+/// is usually shorter and wins).
+const GATEWAY_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The service configuration of the reference run (DESIGN §7), for one
 /// node storing its forest at `path`.
 pub fn reference_config(
@@ -25,47 +37,10 @@ pub fn reference_config(
     path: PathBuf,
     sync_interval: Option<Duration>,
 ) -> Config {
-    Config {
-        tree: TreeConfig {
-            enabled: true,
-            cache_size: 15,
-            replication_worker_count: 1000,
-            replication_channel_capacity: 1000,
-            replication_timeout: Duration::from_secs(5),
-            sync_interval,
-        },
-        pilorama: PiloramaConfig {
-            max_batch_delay: Duration::from_millis(5),
-            max_batch_size: 100,
-            path,
-            no_sync: false,
-        },
-        node: NodeConfig {
-            replica_id,
-            listen: "127.0.0.1:0".to_string(),
-            peers: Vec::new(),
-            containers: Vec::new(),
-        },
-        limits: Limits {
-            max_message_bytes: 4 << 20,
-            max_meta_bytes: 64 << 10,
-            max_path_len: 256,
-            max_pending_writes: 10_000,
-            sync_page_size: 1000,
-            max_subtree_nodes: 100_000,
-            max_connections: 1024,
-            connect_timeout: Duration::from_secs(1),
-        },
-    }
-}
-
-pub fn forest_options(config: &Config) -> ForestOptions {
-    ForestOptions {
-        replica_id: config.node.replica_id,
-        max_meta_bytes: config.limits.max_meta_bytes,
-        max_path_len: config.limits.max_path_len,
-        durable: !config.pilorama.no_sync,
-    }
+    let mut config = Config::default_for_test(replica_id);
+    config.tree.sync_interval = sync_interval;
+    config.pilorama.path = path;
+    config
 }
 
 /// Which nodes real mode runs.
@@ -73,14 +48,17 @@ pub fn forest_options(config: &Config) -> ForestOptions {
 pub enum Topology {
     /// One node, no peers.
     Single,
+    /// `replicas` in-process nodes replicating over loopback TCP. The
+    /// gateway calls them round-robin, directly or (`via_tcp`) over TCP.
+    Cluster { replicas: usize, via_tcp: bool },
 }
 
 /// Real-mode settings besides the load itself.
 #[derive(Clone, Debug)]
 pub struct RealOptions {
     pub topology: Topology,
-    /// The node's configuration; its `pilorama.path` is replaced by a file
-    /// under `data_dir`.
+    /// The nodes' configuration; identity, peers, listen address and
+    /// `pilorama.path` are filled in per node.
     pub config: Config,
     /// Where the databases go; a fresh temporary directory when `None`.
     pub data_dir: Option<PathBuf>,
@@ -108,45 +86,150 @@ pub fn run(spec: &RunSpec, options: &RealOptions) -> Result<RunReport, String> {
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
     let env = wall_env(runtime.handle().clone());
-    let mut report = runtime.block_on(run_single(spec, options, dir, env))?;
+    let mut report = runtime.block_on(run_nodes(spec, options, dir, env))?;
     report.wall_time_s = wall.elapsed().as_secs_f64();
     Ok(report)
 }
 
-async fn run_single(
+/// The nodes under test and how the gateway reaches them.
+struct Nodes {
+    services: Vec<Arc<Service>>,
+    target: Arc<dyn Target>,
+    mode: String,
+}
+
+async fn run_nodes(
     spec: &RunSpec,
     options: &RealOptions,
     dir: &Path,
     env: Env,
 ) -> Result<RunReport, String> {
-    let mut config = options.config.clone();
-    config.pilorama.path = dir.join("node-1.redb");
-    let forest = Arc::new(
-        Forest::open(&config.pilorama.path, forest_options(&config))
-            .map_err(|e| format!("open forest: {e}"))?,
-    );
-    let service = Service::start(config.clone(), forest, env.clone(), Arc::new(NoPeers))
-        .map_err(|e| format!("start service: {e}"))?;
-    let target: Arc<dyn Target> = Arc::new(ServiceTarget::new(vec![service.clone()]));
-    let out = driver::run(spec, &env, target).await;
+    let nodes = match options.topology {
+        Topology::Single => start_single(&options.config, dir)?,
+        Topology::Cluster { replicas, via_tcp } => {
+            start_cluster(&options.config, dir, replicas, via_tcp).await?
+        }
+    };
+    let out = driver::run(spec, &env, nodes.target.clone()).await;
     let acked = out.acked.clone();
-    let mut report = RunReport::new(
-        "Arbor tree service under gateway load".to_string(),
-        "real/single".to_string(),
-        out,
-    );
-    report.params = params(spec, &config);
-    report.service = Some(ServiceCounters::sum([&service.stats()]));
+    let title = "Arbor tree service under gateway load".to_string();
+    let mut report = RunReport::new(title, nodes.mode, out);
+    report.params = params(spec, &options.config);
+    report
+        .params
+        .insert("real.workers".into(), options.worker_threads.to_string());
     if options.verify {
-        let forest = service.forest().clone();
+        if nodes.services.len() > 1 && !drain_replication(&env, &nodes.services).await {
+            report.notes.push(format!(
+                "replication still busy {REPLICATION_DRAIN_MAX:?} after the load; verified anyway"
+            ));
+        }
+        let forests: Vec<Arc<Forest>> = nodes.services.iter().map(|s| s.forest().clone()).collect();
         let scenarios = spec.scenarios.clone();
-        let verification =
-            arbor::runtime::blocking(&*env.runtime, move || verify(&[forest], &scenarios, &acked))
-                .await;
-        report.verification = Some(verification);
+        let check = move || verify(&forests, &scenarios, &acked);
+        report.verification = Some(arbor::runtime::blocking(&*env.runtime, check).await);
     }
-    service.shutdown();
+    let stats: Vec<_> = nodes.services.iter().map(|s| s.stats()).collect();
+    report.service = Some(ServiceCounters::sum(&stats));
+    for s in &nodes.services {
+        s.shutdown();
+    }
     Ok(report)
+}
+
+fn open_service(config: &Config, transport: Arc<dyn Transport>) -> Result<Arc<Service>, String> {
+    let path = &config.pilorama.path;
+    let forest = Forest::open(path, config.forest_options())
+        .map_err(|e| format!("open {}: {e}", path.display()))?;
+    Service::start(config.clone(), Arc::new(forest), system_env(), transport)
+        .map_err(|e| format!("start replica {}: {e}", config.node.replica_id))
+}
+
+fn start_single(base: &Config, dir: &Path) -> Result<Nodes, String> {
+    let mut config = base.clone();
+    config.node.peers.clear();
+    config.pilorama.path = dir.join(format!("node-{}.redb", config.node.replica_id));
+    let service = open_service(&config, Arc::new(NoPeers))?;
+    Ok(Nodes {
+        services: vec![service.clone()],
+        target: Arc::new(ServiceTarget::new(vec![service])),
+        mode: "real/single".into(),
+    })
+}
+
+/// Binds every listener first (ephemeral ports), then starts each node
+/// with the others as peers and serves it over TCP.
+async fn start_cluster(
+    base: &Config,
+    dir: &Path,
+    replicas: usize,
+    via_tcp: bool,
+) -> Result<Nodes, String> {
+    let mut listeners = Vec::new();
+    for _ in 0..replicas {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("bind: {e}"))?;
+        let address = listener.local_addr().map_err(|e| format!("bind: {e}"))?;
+        listeners.push((listener, address.to_string()));
+    }
+    let ids: Vec<ReplicaId> = (1..=replicas as ReplicaId).collect();
+    let addresses: Vec<String> = listeners.iter().map(|(_, a)| a.clone()).collect();
+    let peers_of = |me: ReplicaId| -> Vec<PeerConfig> {
+        ids.iter()
+            .zip(&addresses)
+            .filter(|(id, _)| **id != me)
+            .map(|(id, address)| PeerConfig {
+                replica_id: *id,
+                address: address.clone(),
+            })
+            .collect()
+    };
+    let mut services = Vec::new();
+    for ((id, address), (listener, _)) in ids.iter().zip(&addresses).zip(listeners) {
+        let mut config = base.clone();
+        config.node.replica_id = *id;
+        config.node.listen = address.clone();
+        config.node.peers = peers_of(*id);
+        config.pilorama.path = dir.join(format!("node-{id}.redb"));
+        let service = open_service(&config, Arc::new(TcpTransport::new(&config)))?;
+        tokio::spawn(tcp::serve(
+            listener,
+            service.clone(),
+            ServerOptions::from_config(&config),
+        ));
+        services.push(service);
+    }
+    let target: Arc<dyn Target> = if via_tcp {
+        let mut gateway = base.clone();
+        gateway.node.peers = peers_of(0);
+        let transport = Arc::new(TcpTransport::new(&gateway));
+        Arc::new(TransportTarget::new(
+            transport,
+            ids.clone(),
+            GATEWAY_CALL_TIMEOUT,
+        ))
+    } else {
+        Arc::new(ServiceTarget::new(services.clone()))
+    };
+    let gateway = if via_tcp { "-gateway-tcp" } else { "" };
+    Ok(Nodes {
+        services,
+        target,
+        mode: format!("real/cluster{replicas}-tcp{gateway}"),
+    })
+}
+
+/// Waits until every node has pushed everything to its peers.
+async fn drain_replication(env: &Env, services: &[Arc<Service>]) -> bool {
+    let give_up = env.clock.now() + REPLICATION_DRAIN_MAX;
+    while env.clock.now() < give_up {
+        if services.iter().all(|s| s.replication_idle()) {
+            return true;
+        }
+        env.clock.sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 /// The tree a scenario writes to.
