@@ -196,7 +196,10 @@ fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
         inner: redb::backends::FileBackend::new(file).unwrap(),
         written_bytes: written_bytes.clone(),
     };
-    (Forest::open_with_backend(backend, options).unwrap(), written_bytes)
+    (
+        Forest::open_with_backend(backend, options).unwrap(),
+        written_bytes,
+    )
 }
 
 /// Runs `requests` in batches; returns the wall time, each commit's

@@ -792,3 +792,33 @@ fn dump_without_log(f: &Forest) -> Vec<NodeInfo> {
 fn model_nodes(f: &Forest) -> Vec<NodeInfo> {
     model_of(&f.dump(&tree()).unwrap().log).dump().nodes
 }
+
+#[test]
+fn reserved_nodes_in_reads() {
+    let f = forest();
+    let WriteOutcome::AddedByPath { leaf, created, .. } =
+        add_by_path(&f, &["d"], name("x")).unwrap()
+    else {
+        panic!()
+    };
+    write_one(&f, WriteOp::Remove { node: created[0] }).unwrap();
+    // ROOT and TRASH are not stored nodes, but subtrees hang from them.
+    assert_eq!(f.get_node(&tree(), ROOT).unwrap(), None);
+    assert_eq!(f.get_node(&tree(), TRASH).unwrap(), None);
+    let trash = f.get_subtree(&tree(), TRASH, 0, 10).unwrap();
+    assert_eq!(
+        trash.iter().map(|n| n.id).collect::<Vec<_>>(),
+        vec![TRASH, created[0], leaf]
+    );
+    assert_eq!(f.get_subtree(&tree(), ROOT, 0, 10).unwrap().len(), 1);
+    assert_eq!(f.get_children(&tree(), ROOT).unwrap(), Vec::<NodeId>::new());
+    // A removed directory no longer resolves, and a new one is created.
+    let WriteOutcome::AddedByPath { created: again, .. } =
+        add_by_path(&f, &["d"], name("y")).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0], created[0]);
+    f.check_invariants(&tree()).unwrap();
+}

@@ -181,3 +181,55 @@ proptest! {
         prop_assert_eq!(log.len(), ops.len());
     }
 }
+
+mod records_codec {
+    use arbor::forest::records::*;
+    use arbor::*;
+    use proptest::prelude::*;
+
+    fn kv() -> impl Strategy<Value = KeyValue> {
+        (".{0,8}", proptest::collection::vec(any::<u8>(), 0..16))
+            .prop_map(|(k, v)| KeyValue::new(k, v))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Damaged records are errors, never panics.
+        #[test]
+        fn decoders_survive_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode_log(&bytes);
+            let _ = decode_node(&bytes);
+            let _ = decode_tree(&bytes);
+            let _ = decode_tree_key(&bytes);
+            let _ = log_body_len(&bytes);
+            let _ = node_parent(&bytes);
+        }
+
+        #[test]
+        fn records_round_trip(
+            parent in any::<u64>(),
+            child in any::<u64>(),
+            items in proptest::collection::vec(kv(), 0..4),
+            height in any::<u64>(),
+            old_ts in any::<u64>(),
+            internal in any::<bool>(),
+        ) {
+            let tail = LogTail { height, undo: Undo::Moved { old_parent: parent, old_ts } };
+            let bytes = encode_log(parent, child, &items, tail);
+            let record = decode_log(&bytes).unwrap();
+            prop_assert_eq!(&record.body, &OpBody { parent, child, items: items.clone() });
+            prop_assert_eq!(record.tail, tail);
+            let retailed = replace_log_tail(&bytes, LogTail { height, undo: Undo::Created }).unwrap();
+            prop_assert_eq!(decode_log(&retailed).unwrap().tail.undo, Undo::Created);
+            prop_assert!(bytes.starts_with(&encode_op_body(parent, child, &items)));
+
+            let node = NodeRecord { parent, time: old_ts, internal, name_key: name_key(&items) };
+            prop_assert_eq!(decode_node(&encode_node(&node)).unwrap(), node);
+            let tree = TreeRecord { number: parent, max_counter: child, next_height: height, node_count: old_ts };
+            prop_assert_eq!(decode_tree(&encode_tree(&tree)).unwrap(), tree);
+            let key = TreeKey::new(ContainerId([height as u8; 32]), "tree/ü");
+            prop_assert_eq!(decode_tree_key(&tree_key_bytes(&key)).unwrap(), key);
+        }
+    }
+}

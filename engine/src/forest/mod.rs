@@ -231,11 +231,11 @@ impl Forest {
     }
 
     fn check_meta(&self, items: &[KeyValue]) -> Result<()> {
-        let meta = Meta {
-            time: 0,
-            items: items.to_vec(),
-        };
-        let size = meta.size_bytes();
+        // Same measure as `Meta::size_bytes`, without copying the items.
+        let size: usize = items
+            .iter()
+            .map(|kv| kv.key.len() + kv.value.len() + 8)
+            .sum();
         if size > self.options.max_meta_bytes {
             return Err(Error::TooLarge {
                 what: "meta".into(),
