@@ -19,11 +19,7 @@ pub enum Error {
     #[error("invalid op: {0}")]
     InvalidOp(String),
     #[error("request too large: {what} is {size}, limit {limit}")]
-    TooLarge {
-        what: String,
-        size: u64,
-        limit: u64,
-    },
+    TooLarge { what: String, size: u64, limit: u64 },
     #[error("malformed input: {0}")]
     Malformed(String),
     #[error("overloaded: {0}")]

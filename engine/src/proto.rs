@@ -130,7 +130,9 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], max_bytes: usize) -> R
         .split_first()
         .ok_or_else(|| Error::Malformed("empty frame".into()))?;
     if version != PROTOCOL_VERSION {
-        return Err(Error::Malformed(format!("unsupported protocol version {version}")));
+        return Err(Error::Malformed(format!(
+            "unsupported protocol version {version}"
+        )));
     }
     let (envelope, tail) = postcard::take_from_bytes::<Envelope<T>>(rest)
         .map_err(|e| Error::Malformed(format!("undecodable frame: {e}")))?;

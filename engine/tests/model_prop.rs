@@ -226,7 +226,7 @@ mod records_codec {
 
             let node = NodeRecord { parent, time: old_ts, internal, name_key: name_key(&items) };
             prop_assert_eq!(decode_node(&encode_node(&node)).unwrap(), node);
-            let tree = TreeRecord { number: parent, max_counter: child, next_height: height, node_count: old_ts };
+            let tree = TreeRecord { number: parent, max_counter: child, next_height: height, node_count: old_ts, max_parent: parent };
             prop_assert_eq!(decode_tree(&encode_tree(&tree)).unwrap(), tree);
             let key = TreeKey::new(ContainerId([height as u8; 32]), "tree/ü");
             prop_assert_eq!(decode_tree_key(&tree_key_bytes(&key)).unwrap(), key);

@@ -15,6 +15,7 @@ pub(super) fn check_tree(txn: &ReadTransaction, rec: &TreeRecord) -> Result<Resu
     let log = txn.open_table(LOG)?;
     let nodes = load_nodes(txn, t)?;
     let verdict = check_node_count(rec, &nodes)
+        .and_then(|()| check_max_parent(rec, &nodes))
         .and_then(|()| check_nodes_against_log(&log, t, &nodes).map_err(|e| e.to_string())?)
         .and_then(|()| check_children_index(txn, t, &nodes).map_err(|e| e.to_string())?)
         .and_then(|()| check_acyclic(&nodes))
@@ -41,6 +42,21 @@ fn check_node_count(rec: &TreeRecord, nodes: &BTreeMap<NodeId, NodeRecord>) -> R
         ));
     }
     Ok(())
+}
+
+/// Every parent is covered by the tree's `max_parent` (the write path
+/// skips the child check of nodes above it).
+fn check_max_parent(rec: &TreeRecord, nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
+    match nodes
+        .iter()
+        .find(|(_, n)| n.parent != TRASH && n.parent > rec.max_parent)
+    {
+        Some((id, n)) => Err(format!(
+            "node {id} hangs under {} above the tree's max parent {}",
+            n.parent, rec.max_parent
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Every node's state was set by the op at its meta time.

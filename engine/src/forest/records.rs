@@ -77,6 +77,10 @@ pub struct TreeRecord {
     pub next_height: u64,
     /// Rows of [`NODES`] for this tree; bounds ancestor walks.
     pub node_count: u64,
+    /// Largest parent id (TRASH aside) named by any stored op: a node id
+    /// above it can have no children, which spares the cycle check's walk
+    /// for freshly created nodes.
+    pub max_parent: u64,
 }
 
 pub fn encode_tree(record: &TreeRecord) -> Vec<u8> {

@@ -104,6 +104,7 @@ impl<'txn> Writer<'txn> {
             max_counter: 0,
             next_height: 0,
             node_count: 0,
+            max_parent: 0,
         })
     }
 
@@ -285,6 +286,9 @@ impl<'txn> Writer<'txn> {
         self.heights.insert((rec.number, rec.next_height), ts)?;
         rec.next_height += 1;
         rec.max_counter = rec.max_counter.max(timestamp_counter(ts));
+        if parent != TRASH {
+            rec.max_parent = rec.max_parent.max(parent);
+        }
         self.changed = true;
         Ok(())
     }
@@ -302,7 +306,8 @@ impl<'txn> Writer<'txn> {
         let existing = read::node_record(&self.nodes, rec.number, child)?;
         // A child that is not stored and has no children cannot be above
         // `parent` (unless it is `parent`): skip the ancestor walk.
-        let may_be_above = existing.is_some() || self.has_children(rec.number, child)?;
+        let may_be_above = existing.is_some()
+            || (child <= rec.max_parent && self.has_children(rec.number, child)?);
         if child == parent || (may_be_above && self.is_ancestor_or_self(rec, child, parent)?) {
             return Ok(Undo::NoEffect);
         }
