@@ -819,7 +819,7 @@ impl Inner {
 
     async fn push_pages(&self, tree: &TreeKey, peer: ReplicaId, cursor: &mut u64) -> Result<()> {
         let own = self.config.node.replica_id;
-        let page = self.config.limits.sync_page_size;
+        let mut page = self.config.limits.sync_page_size;
         let budget = self.answer_budget_bytes();
         loop {
             let entries = self.forest.get_op_log(tree, *cursor, page)?;
@@ -842,7 +842,14 @@ impl Inner {
                 ops.push(entry.op.clone());
             }
             if !ops.is_empty() {
-                self.send_ops(tree, peer, ops).await?;
+                match self.send_ops(tree, peer, ops).await {
+                    // The peer has smaller limits than ours: smaller pages.
+                    Err(Error::TooLarge { .. }) if page > 1 => {
+                        page /= 2;
+                        continue;
+                    }
+                    other => other?,
+                }
             }
             assert!(next > *cursor, "push cursor must advance");
             *cursor = next;

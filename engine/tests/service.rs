@@ -551,3 +551,28 @@ async fn sync_survives_dropped_calls() {
     nodes[2].sync_now().await;
     assert_eq!(dump(&nodes[2], &t), dump(&nodes[0], &t));
 }
+
+/// Regression (found by service_random): a peer with a smaller page limit
+/// refused every push as too large, forever.
+#[tokio::test(start_paused = true)]
+async fn pushes_adapt_to_a_peer_with_smaller_pages() {
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    configs[0].limits.sync_page_size = 8;
+    configs[1].limits.sync_page_size = 2;
+    let nodes: Vec<_> = configs
+        .into_iter()
+        .map(|c| {
+            let forest = memory_forest(&c);
+            start_node(&net, c, forest)
+        })
+        .collect();
+    net.set_down(2, true);
+    let t = tree("t");
+    for i in 0..10 {
+        add(&nodes[0], &t, ROOT, &format!("n{i}")).await;
+    }
+    net.set_down(2, false);
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    assert_converged(&nodes, &[t]);
+}

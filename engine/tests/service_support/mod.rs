@@ -177,12 +177,14 @@ impl Transport for LocalTransport {
 /// Polls `done` on virtual time until it holds, at most `deadline`.
 pub async fn eventually(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
     let start = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(10);
     while !done() {
         assert!(
             start.elapsed() < deadline,
             "not reached within {deadline:?}: {what}"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
