@@ -822,3 +822,84 @@ fn reserved_nodes_in_reads() {
     assert_ne!(again[0], created[0]);
     f.check_invariants(&tree()).unwrap();
 }
+
+/// Storage shared between backend instances, so a database can be reopened
+/// on what an earlier instance left, with a switch that fails every write.
+#[derive(Debug, Default)]
+struct SharedDisk {
+    bytes: std::sync::Mutex<Vec<u8>>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug)]
+struct SharedBackend(std::sync::Arc<SharedDisk>);
+
+impl redb::StorageBackend for SharedBackend {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        Ok(self.0.bytes.lock().unwrap().len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        let bytes = self.0.bytes.lock().unwrap();
+        let start = offset as usize;
+        out.copy_from_slice(&bytes[start..start + out.len()]);
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.bytes.lock().unwrap().resize(len as usize, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.fail_if_switched()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.fail_if_switched()?;
+        let mut bytes = self.0.bytes.lock().unwrap();
+        let start = offset as usize;
+        bytes[start..start + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+impl SharedBackend {
+    fn fail_if_switched(&self) -> Result<(), std::io::Error> {
+        if self.0.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected write failure"));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn failed_commit_stores_nothing_of_the_batch() {
+    let disk = std::sync::Arc::new(SharedDisk::default());
+    let before = {
+        let f = Forest::open_with_backend(SharedBackend(disk.clone()), ForestOptions::default())
+            .unwrap();
+        add_by_path(&f, &["a"], name("kept")).unwrap();
+        let before = f.dump(&tree()).unwrap();
+        disk.failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let request = WriteRequest {
+            tree: tree(),
+            op: WriteOp::AddByPath {
+                attr: ATTR_FILE_NAME.into(),
+                path: path(&["b"]),
+                items: name("lost"),
+            },
+        };
+        let outcome = f.write_batch(&[request]);
+        assert!(matches!(outcome, Err(Error::Storage(_))), "{outcome:?}");
+        before
+    };
+    disk.failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let f = Forest::open_with_backend(SharedBackend(disk), ForestOptions::default()).unwrap();
+    assert_eq!(f.dump(&tree()).unwrap(), before);
+    f.check_invariants(&tree()).unwrap();
+    // The reopened forest goes on from the committed state.
+    let WriteOutcome::AddedByPath { created, .. } = add_by_path(&f, &["b"], name("again")).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(created, vec![make_timestamp(3, 1)]);
+}
