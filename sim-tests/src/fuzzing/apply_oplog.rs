@@ -1,0 +1,200 @@
+//! Fuzz target `apply_oplog`: two replicas receive the same replicated ops
+//! in different orders and different batch splits; both must end equal to
+//! each other and to the paper's model, keep the tree invariant after every
+//! batch, refuse exactly the invalid ops, and treat every op they already
+//! hold as known (no change, `fresh: false`).
+
+use super::ops::{
+    batch_sizes, dump_or_empty, fast_forest, fuzz_tree, is_valid, model_of, shuffled, FuzzMove,
+    MAX_OPS,
+};
+use arbitrary::{Arbitrary, Unstructured};
+use arbor::forest::{Forest, WriteOp, WriteOutcome, WriteRequest};
+use arbor::model::TreeModel;
+use arbor::{Move, Timestamp};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Field order matters: `ops` is last so that it takes all the remaining
+/// bytes (arbitrary's `take_rest`), giving long op lists from short inputs.
+#[derive(Arbitrary, Debug)]
+pub struct Input {
+    /// Replica B's delivery order is a permutation drawn from this.
+    pub order_seed: u64,
+    /// Batch sizes of each replica, cycled.
+    pub batches_a: [u8; 3],
+    pub batches_b: [u8; 3],
+    pub ops: Vec<FuzzMove>,
+}
+
+/// The ops of one input sorted out: the first op with each timestamp, and
+/// the later ones with a timestamp already taken by a different op.
+struct OpSet {
+    /// Delivered to both replicas, duplicates included.
+    stream: Vec<Move>,
+    /// First op per timestamp: what the replicas must converge to.
+    canonical: Vec<Move>,
+    /// Same timestamp as a canonical op but different content.
+    conflicting: Vec<Move>,
+}
+
+fn sort_ops(ops: &[FuzzMove]) -> OpSet {
+    let mut first: BTreeMap<Timestamp, Move> = BTreeMap::new();
+    let mut set = OpSet {
+        stream: Vec::new(),
+        canonical: Vec::new(),
+        conflicting: Vec::new(),
+    };
+    for op in ops.iter().take(MAX_OPS).map(|f| f.to_move()) {
+        // A refused op does not take its timestamp.
+        if !is_valid(&op) {
+            set.stream.push(op);
+            continue;
+        }
+        match first.get(&op.ts()) {
+            Some(known) if *known != op => set.conflicting.push(op),
+            Some(_) => set.stream.push(op),
+            None => {
+                first.insert(op.ts(), op.clone());
+                set.canonical.push(op.clone());
+                set.stream.push(op);
+            }
+        }
+    }
+    set
+}
+
+pub fn check(data: &[u8]) {
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    run(&input);
+}
+
+pub fn run(input: &Input) {
+    let set = sort_ops(&input.ops);
+    let order_b = shuffled(&set.stream, input.order_seed);
+
+    let a = fast_forest(1);
+    let b = fast_forest(2);
+
+    let expected_fresh: BTreeSet<Timestamp> = set
+        .canonical
+        .iter()
+        .filter(|op| is_valid(op))
+        .map(|op| op.ts())
+        .collect();
+    for (forest, order, sizes) in [
+        (&a, &set.stream, &input.batches_a),
+        (&b, &order_b, &input.batches_b),
+    ] {
+        let delivery = deliver(forest, order, sizes);
+        let fresh: BTreeSet<Timestamp> = delivery.fresh.into_iter().collect();
+        assert_eq!(fresh, expected_fresh, "fresh ops differ from the new ones");
+    }
+
+    let dump_a = dump_or_empty(&a);
+    assert_eq!(dump_a, dump_or_empty(&b), "replicas diverged");
+    let model = model_of(&set.canonical);
+    assert_eq!(dump_a, model.dump(), "forest differs from the model");
+    check_paths(&a, &b, &model);
+
+    let requests: Vec<WriteRequest> = set.conflicting.iter().map(apply_request).collect();
+    let outcomes = if requests.is_empty() {
+        Vec::new()
+    } else {
+        a.write_batch(&requests)
+            .expect("a batch on a fault-free disk commits")
+    };
+    for (op, outcome) in set.conflicting.iter().zip(outcomes) {
+        assert!(
+            outcome.is_err(),
+            "an op reusing timestamp {} with other content was accepted: {outcome:?}",
+            op.ts()
+        );
+    }
+    let redelivered = deliver(&a, &set.stream, &[4]);
+    assert!(
+        redelivered.fresh.is_empty(),
+        "known ops applied again: {:?}",
+        redelivered.fresh
+    );
+    assert_eq!(dump_or_empty(&a), dump_a, "re-delivery changed the tree");
+}
+
+/// Timestamps a replica reported as fresh, in order.
+struct Delivery {
+    fresh: Vec<Timestamp>,
+}
+
+/// Delivers `ops` in batches, checking each outcome and the invariant after
+/// every batch. Every valid op must be reported fresh exactly once over the
+/// replica's life; `deliver` checks the once-per-call part.
+fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
+    let tree = fuzz_tree();
+    let mut fresh = Vec::new();
+    let mut start = 0;
+    for size in batch_sizes(ops.len(), sizes) {
+        let batch = &ops[start..start + size];
+        start += size;
+        let requests: Vec<WriteRequest> = batch.iter().map(apply_request).collect();
+        let results = forest
+            .write_batch(&requests)
+            .expect("a batch on a fault-free disk commits");
+        assert_eq!(results.len(), batch.len(), "one result per request");
+        for (op, result) in batch.iter().zip(results) {
+            match (is_valid(op), result) {
+                (true, Ok(WriteOutcome::Applied { fresh: true })) => fresh.push(op.ts()),
+                (true, Ok(WriteOutcome::Applied { fresh: false })) => {}
+                (false, Err(_)) => {}
+                (valid, other) => panic!("op {op:?} (valid: {valid}) got {other:?}"),
+            }
+        }
+        if forest.tree_exists(&tree).expect("tree_exists") {
+            if let Err(e) = forest.check_invariants(&tree) {
+                panic!("invariant broken after a batch: {e}");
+            }
+        }
+    }
+    let distinct: BTreeSet<Timestamp> = fresh.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        fresh.len(),
+        "an op was fresh twice: {fresh:?}"
+    );
+    Delivery { fresh }
+}
+
+fn apply_request(op: &Move) -> WriteRequest {
+    WriteRequest {
+        tree: fuzz_tree(),
+        op: WriteOp::Apply { op: op.clone() },
+    }
+}
+
+/// Paths over the names the ops use ("a", "b"): both replicas must resolve
+/// them as the model does, duplicates and all.
+fn check_paths(a: &Forest, b: &Forest, model: &TreeModel) {
+    let tree = fuzz_tree();
+    if !a.tree_exists(&tree).expect("tree_exists") {
+        return;
+    }
+    for path in [
+        &["a"][..],
+        &["b"],
+        &["a", "a"],
+        &["a", "b"],
+        &["b", "a"],
+        &["a", "b", "a"],
+    ] {
+        let path: Vec<String> = path.iter().map(|c| c.to_string()).collect();
+        for latest_only in [false, true] {
+            let expected = model.get_by_path(&path, latest_only);
+            for forest in [a, b] {
+                let found = forest
+                    .get_by_path(&tree, "FileName", &path, latest_only)
+                    .expect("get_by_path");
+                assert_eq!(found, expected, "path {path:?} latest_only {latest_only}");
+            }
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Fuzz target `crash_recovery`: batches of writes go to a forest on the
+//! simulated disk, with power failures between batches and in the middle of
+//! commits, torn unsynced writes and injected I/O errors. After every crash
+//! the forest must reopen holding every acknowledged batch, plus at most the
+//! one batch that was in flight (all of it or none of it), with its tree
+//! invariant intact and its nodes equal to the paper's model of its log.
+//!
+//! The expected state comes from a second, in-memory forest fed only the
+//! acknowledged batches: local ops take their timestamps from the history,
+//! so the same history gives the same ids on both.
+
+use super::ops::{dump_or_empty, fuzz_tree, memory_forest, FuzzMove, NODE_IDS};
+use crate::disk::{DiskConfig, DiskFaults, SimDisk};
+use arbitrary::{Arbitrary, Unstructured};
+use arbor::forest::{Forest, ForestOptions, TreeDump, WriteOp, WriteRequest};
+use arbor::model::TreeModel;
+use arbor::{KeyValue, LogEntry, NodeId, ROOT};
+
+/// Bounds on one input: batches per run, ops per batch, path components.
+pub const MAX_BATCHES: usize = 12;
+pub const MAX_BATCH_OPS: usize = 8;
+pub const MAX_PATH: usize = 4;
+
+/// The replica id of the forest under test (and of its reference).
+const REPLICA_ID: u16 = 1;
+
+#[derive(Arbitrary, Debug)]
+pub struct Input {
+    pub seed: u64,
+    /// Chance (in 1/255) that an unsynced write is torn rather than lost.
+    pub torn: u8,
+    pub batches: Vec<Batch>,
+}
+
+#[derive(Arbitrary, Debug)]
+pub struct Batch {
+    pub ops: Vec<CrashOp>,
+    pub crash: Crash,
+}
+
+/// What goes wrong around one batch.
+#[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crash {
+    Nothing,
+    /// The power fails after the batch was acknowledged.
+    PowerFailAfter,
+    /// The power fails on its own after this many disk writes/syncs of the
+    /// batch: inside the commit, or after it if the commit is shorter.
+    CutDuring(u8),
+    /// The disk returns I/O errors during the batch (chances in 1/255).
+    IoErrors {
+        write: u8,
+        sync: u8,
+    },
+}
+
+/// A write; node operands index the nodes the tree has (ROOT included), so
+/// local ops hit real nodes whatever ids their creation gave them.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum CrashOp {
+    Add { parent: u8, meta: u8 },
+    Move { parent: u8, node: u8 },
+    Remove { node: u8 },
+    AddByPath { path: Vec<u8> },
+    Apply(FuzzMove),
+}
+
+pub fn check(data: &[u8]) {
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    run(&input);
+}
+
+fn options() -> ForestOptions {
+    ForestOptions {
+        replica_id: REPLICA_ID,
+        durable: true,
+        ..ForestOptions::default()
+    }
+}
+
+/// The forest under test, its disk, and the reference holding exactly the
+/// acknowledged (or recovered) batches.
+struct Run {
+    disk: SimDisk,
+    forest: Option<Forest>,
+    reference: Forest,
+}
+
+pub fn run(input: &Input) {
+    let mut config = DiskConfig::reliable(input.seed);
+    config.faults.torn_write_probability = f64::from(input.torn) / 255.0;
+    let disk = SimDisk::new(config);
+    let forest = Forest::open_with_backend(disk.backend(), options())
+        .expect("a forest opens on an empty disk");
+    let mut run = Run {
+        disk,
+        forest: Some(forest),
+        reference: memory_forest(REPLICA_ID),
+    };
+    for batch in input.batches.iter().take(MAX_BATCHES) {
+        run.batch(batch);
+    }
+    run.recover(None);
+}
+
+impl Run {
+    fn batch(&mut self, batch: &Batch) {
+        let requests = build_requests(&batch.ops, &dump_or_empty(&self.reference));
+        let power_failures = self.disk.stats().power_failures;
+        arm(&self.disk, batch.crash);
+        let forest = self.forest.as_ref().expect("forest open between batches");
+        let result = forest.write_batch(&requests);
+        self.disk.set_power_cut_after(None);
+        self.disk.set_faults(DiskFaults {
+            torn_write_probability: self.disk.faults().torn_write_probability,
+            ..DiskFaults::default()
+        });
+        let cut = self.disk.stats().power_failures > power_failures;
+        match result {
+            Ok(results) => {
+                let expected = self
+                    .reference
+                    .write_batch(&requests)
+                    .expect("the reference commits");
+                assert_eq!(
+                    results, expected,
+                    "per-op results differ from the reference"
+                );
+                if cut || batch.crash == Crash::PowerFailAfter {
+                    self.recover(None);
+                }
+            }
+            // Not acknowledged: the batch may or may not have committed.
+            Err(_) => {
+                self.check_failed_batch_invisible();
+                self.recover(Some(requests));
+            }
+        }
+    }
+
+    /// Until the crash, a batch that reported failure must not be visible:
+    /// reads either fail too or show the acknowledged state.
+    fn check_failed_batch_invisible(&self) {
+        let forest = self.forest.as_ref().expect("forest open between batches");
+        if let Ok(state) = try_stored_state(forest) {
+            assert_eq!(
+                state,
+                stored_state(&self.reference),
+                "a failed batch is visible to readers"
+            );
+        }
+    }
+
+    /// Power failure and restart: the reopened forest must hold the
+    /// acknowledged state, or that state plus the whole in-flight batch.
+    fn recover(&mut self, in_flight: Option<Vec<WriteRequest>>) {
+        self.disk.power_fail();
+        // The old forest's destructor runs against a dead backend, as a
+        // crashed process's would never run at all.
+        drop(self.forest.take());
+        let forest = Forest::open_with_backend(self.disk.backend(), options())
+            .unwrap_or_else(|e| panic!("the forest does not reopen after a power failure: {e}"));
+        let state = stored_state(&forest);
+        check_consistent(&forest, &state.0);
+        if state != stored_state(&self.reference) {
+            let Some(requests) = in_flight else {
+                panic!("acknowledged writes lost or changed by the crash: {state:?}");
+            };
+            self.reference
+                .write_batch(&requests)
+                .expect("the reference commits");
+            assert_eq!(
+                state,
+                stored_state(&self.reference),
+                "the crash left part of a batch, or something never written"
+            );
+        }
+        self.forest = Some(forest);
+    }
+}
+
+/// Arms the fault this batch runs under.
+fn arm(disk: &SimDisk, crash: Crash) {
+    match crash {
+        Crash::Nothing | Crash::PowerFailAfter => {}
+        Crash::CutDuring(ops) => disk.set_power_cut_after(Some(u64::from(ops % 32))),
+        Crash::IoErrors { write, sync } => disk.set_faults(DiskFaults {
+            write_error_probability: f64::from(write) / 255.0 / 4.0,
+            sync_error_probability: f64::from(sync) / 255.0,
+            torn_write_probability: disk.faults().torn_write_probability,
+        }),
+    }
+}
+
+type State = (TreeDump, Vec<LogEntry>);
+
+/// The durable state that matters: the tree and its log in storage order.
+fn stored_state(forest: &Forest) -> State {
+    try_stored_state(forest).expect("reading a healthy forest")
+}
+
+fn try_stored_state(forest: &Forest) -> arbor::Result<State> {
+    let tree = fuzz_tree();
+    if !forest.tree_exists(&tree)? {
+        let empty = TreeDump {
+            nodes: Vec::new(),
+            log: Vec::new(),
+        };
+        return Ok((empty, Vec::new()));
+    }
+    let log = forest.get_op_log(&tree, 0, 100_000)?;
+    Ok((forest.dump(&tree)?, log))
+}
+
+/// The stored nodes are what the paper's model makes of the stored log,
+/// and the stored indexes agree with them.
+fn check_consistent(forest: &Forest, dump: &TreeDump) {
+    let tree = fuzz_tree();
+    if forest.tree_exists(&tree).expect("tree_exists") {
+        if let Err(e) = forest.check_invariants(&tree) {
+            panic!("invariant broken after recovery: {e}");
+        }
+    }
+    let mut model = TreeModel::new();
+    for op in &dump.log {
+        model.apply(op);
+    }
+    assert_eq!(
+        model.dump(),
+        *dump,
+        "stored nodes disagree with the stored log"
+    );
+}
+
+/// Turns fuzz ops into requests against the nodes `state` holds.
+fn build_requests(ops: &[CrashOp], state: &TreeDump) -> Vec<WriteRequest> {
+    let mut known: Vec<NodeId> = vec![ROOT];
+    known.extend(state.nodes.iter().map(|n| n.id));
+    let pick = |i: u8| known[usize::from(i) % known.len()];
+    ops.iter()
+        .take(MAX_BATCH_OPS)
+        .map(|op| WriteRequest {
+            tree: fuzz_tree(),
+            op: match op {
+                CrashOp::Add { parent, meta } => WriteOp::Move {
+                    parent: pick(*parent),
+                    child: None,
+                    items: vec![KeyValue::new("FileName", vec![b'a' + meta % 3])],
+                },
+                CrashOp::Move { parent, node } => WriteOp::Move {
+                    parent: pick(*parent),
+                    child: Some(pick(*node)),
+                    items: Vec::new(),
+                },
+                CrashOp::Remove { node } => WriteOp::Remove { node: pick(*node) },
+                CrashOp::AddByPath { path } => WriteOp::AddByPath {
+                    attr: "FileName".into(),
+                    path: path
+                        .iter()
+                        .take(MAX_PATH)
+                        .map(|c| char::from(b'a' + c % NODE_IDS.min(3)).to_string())
+                        .collect(),
+                    items: vec![KeyValue::new("FileName", "leaf")],
+                },
+                CrashOp::Apply(m) => WriteOp::Apply { op: m.to_move() },
+            },
+        })
+        .collect()
+}
