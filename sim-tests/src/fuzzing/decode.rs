@@ -209,3 +209,35 @@ fn config_yaml(bytes: &[u8]) {
         Err(e) => panic!("a bad config gave a non-config error: {e:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed corpus must reach the accepting branches too, or the
+    /// round-trip checks above would never run on it.
+    #[test]
+    fn the_corpus_config_is_accepted() {
+        let file = include_bytes!("../../../fuzz/corpus/decode/config-design-example.yaml");
+        assert_eq!(
+            usize::from(file[0]) % DECODERS.len(),
+            9,
+            "selects config_yaml"
+        );
+        let text = std::str::from_utf8(&file[1..]).expect("UTF-8");
+        let config = Config::from_yaml_str(text).expect("the example config parses");
+        assert_eq!(config.node.peers.len(), 1);
+        config_yaml(&file[1..]);
+    }
+
+    #[test]
+    fn a_valid_frame_round_trips() {
+        let frame = proto::encode(7, &Request::Healthcheck);
+        let mut stream = Vec::new();
+        stream.extend_from_slice(&(frame.len() as u32).to_be_bytes());
+        stream.extend_from_slice(&frame);
+        tcp_stream(&stream);
+        let decoded = proto::decode::<Request>(&frame, FRAME_LIMIT_BYTES).expect("decodes");
+        assert_eq!(decoded.body, Request::Healthcheck);
+    }
+}
