@@ -11,4 +11,6 @@ use libfuzzer_sys::fuzz_target;
 #[global_allocator]
 static ALLOC: LimitedAlloc = LimitedAlloc;
 
-fuzz_target!(|input: Input| run(&input));
+fuzz_target!(|input: Input| {
+    run(&input);
+});

@@ -45,7 +45,7 @@ pub enum Crash {
     /// The power fails after the batch was acknowledged.
     PowerFailAfter,
     /// The power fails on its own after this many disk writes/syncs of the
-    /// batch: inside the commit, or after it if the commit is shorter.
+    /// batch: inside the commit (nothing happens if the commit is shorter).
     CutDuring(u8),
     /// The disk returns I/O errors during the batch (chances in 1/255).
     IoErrors {
@@ -86,9 +86,22 @@ struct Run {
     disk: SimDisk,
     forest: Option<Forest>,
     reference: Forest,
+    summary: Summary,
 }
 
-pub fn run(input: &Input) {
+/// What a run went through, so tests can show both outcomes of an
+/// unacknowledged batch really occur.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub recoveries: u64,
+    /// Unacknowledged batches found committed after the crash.
+    pub in_flight_kept: u64,
+    /// Unacknowledged batches found absent after the crash.
+    pub in_flight_lost: u64,
+    pub writes_torn: u64,
+}
+
+pub fn run(input: &Input) -> Summary {
     let mut config = DiskConfig::reliable(input.seed);
     config.faults.torn_write_probability = f64::from(input.torn) / 255.0;
     let disk = SimDisk::new(config);
@@ -98,11 +111,14 @@ pub fn run(input: &Input) {
         disk,
         forest: Some(forest),
         reference: memory_forest(REPLICA_ID),
+        summary: Summary::default(),
     };
     for batch in input.batches.iter().take(MAX_BATCHES) {
         run.batch(batch);
     }
     run.recover(None);
+    run.summary.writes_torn = run.disk.stats().writes_torn;
+    run.summary
 }
 
 impl Run {
@@ -164,7 +180,11 @@ impl Run {
             .unwrap_or_else(|e| panic!("the forest does not reopen after a power failure: {e}"));
         let state = stored_state(&forest);
         check_consistent(&forest, &state.0);
-        if state != stored_state(&self.reference) {
+        self.summary.recoveries += 1;
+        if state == stored_state(&self.reference) {
+            self.summary.in_flight_lost += u64::from(in_flight.is_some());
+        } else {
+            self.summary.in_flight_kept += 1;
             let Some(requests) = in_flight else {
                 panic!("acknowledged writes lost or changed by the crash: {state:?}");
             };
@@ -268,4 +288,69 @@ fn build_requests(ops: &[CrashOp], state: &TreeDump) -> Vec<WriteRequest> {
             },
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(parent: u8) -> CrashOp {
+        CrashOp::Add { parent, meta: 0 }
+    }
+
+    /// Power cuts at every point of a commit, and failing syncs that may or
+    /// may not have persisted, must reach both outcomes of an
+    /// unacknowledged batch (lost, and committed without an acknowledgement)
+    /// so the target's all-or-nothing check has teeth.
+    #[test]
+    fn power_cuts_reach_both_outcomes_of_a_batch() {
+        let mut total = Summary::default();
+        for cut in 0..24u8 {
+            let batches = (0..3)
+                .map(|i| Batch {
+                    ops: vec![add(i), add(i + 1), CrashOp::Remove { node: 1 }],
+                    crash: if i == 1 {
+                        Crash::CutDuring(cut)
+                    } else {
+                        Crash::Nothing
+                    },
+                })
+                .collect();
+            let summary = run(&Input {
+                seed: u64::from(cut),
+                torn: 128,
+                batches,
+            });
+            total.recoveries += summary.recoveries;
+            total.in_flight_kept += summary.in_flight_kept;
+            total.in_flight_lost += summary.in_flight_lost;
+            total.writes_torn += summary.writes_torn;
+        }
+        for seed in 0..32 {
+            let batches = (0..3)
+                .map(|i| Batch {
+                    ops: vec![add(i), add(i + 1)],
+                    crash: if i == 1 {
+                        Crash::IoErrors {
+                            write: 0,
+                            sync: 128,
+                        }
+                    } else {
+                        Crash::Nothing
+                    },
+                })
+                .collect();
+            let summary = run(&Input {
+                seed,
+                torn: 0,
+                batches,
+            });
+            total.in_flight_kept += summary.in_flight_kept;
+            total.in_flight_lost += summary.in_flight_lost;
+        }
+        assert!(total.in_flight_lost > 0, "{total:?}");
+        assert!(total.in_flight_kept > 0, "{total:?}");
+        assert!(total.writes_torn > 0, "{total:?}");
+        assert!(total.recoveries > 24, "{total:?}");
+    }
 }
