@@ -6,5 +6,6 @@ pub mod cli;
 pub mod disk;
 pub mod fuzzing;
 pub mod load;
+pub mod scenario;
 pub mod trace;
 pub mod world;

@@ -76,9 +76,15 @@ impl Default for Knobs {
 /// Configs for `count` replicas numbered 1..=count at `replica_addr`, every
 /// container replicated on all of them.
 pub fn cluster_configs(count: usize, knobs: &Knobs) -> Vec<Config> {
+    cluster_configs_with(count, knobs, &[])
+}
+
+/// Like `cluster_configs`, with explicit replica sets for some containers
+/// (every node learns every container's set, as from a network map).
+pub fn cluster_configs_with(count: usize, knobs: &Knobs, containers: &[ContainerConfig]) -> Vec<Config> {
     let ids: Vec<ReplicaId> = (1..=count as ReplicaId).collect();
     ids.iter()
-        .map(|&id| node_config(id, &ids, knobs, Vec::new()))
+        .map(|&id| node_config(id, &ids, knobs, containers.to_vec()))
         .collect()
 }
 

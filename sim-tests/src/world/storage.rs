@@ -115,3 +115,21 @@ impl NodeDisk for MemDisk {
         "mem".into()
     }
 }
+
+impl NodeDisk for crate::disk::SimDisk {
+    fn open(&self, options: ForestOptions) -> arbor::Result<Forest> {
+        Forest::open_with_backend(self.backend(), options)
+    }
+
+    fn power_fail(&self) {
+        crate::disk::SimDisk::power_fail(self);
+    }
+
+    fn take_latency(&self) -> Duration {
+        crate::disk::SimDisk::take_latency(self)
+    }
+
+    fn describe(&self) -> String {
+        format!("{:?}", self.faults())
+    }
+}

@@ -61,6 +61,10 @@ impl MessageFilter {
         self.blocked.lock().unwrap().insert((from, to, kind), ());
     }
 
+    pub fn unblock(&self, from: ReplicaId, to: ReplicaId, kind: RequestKind) {
+        self.blocked.lock().unwrap().remove(&(from, to, kind));
+    }
+
     pub fn unblock_all(&self) {
         self.blocked.lock().unwrap().clear();
     }

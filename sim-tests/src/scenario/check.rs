@@ -1,0 +1,261 @@
+//! The checkers that run once the faults have healed: convergence (same
+//! log and tree on every replica), durability of every acknowledged write,
+//! equal reads everywhere, nobody left waiting, and liveness within a
+//! bounded simulated time.
+
+use super::workload::{read_request, Acked, Workload};
+use super::Failure;
+use crate::world::clock::global_now;
+use crate::world::transport::RequestKind;
+use crate::world::World;
+use arbor::forest::TreeDump;
+use arbor::proto::Response;
+use arbor::{ReplicaId, TreeKey, TRASH, timestamp_replica};
+use std::collections::{BTreeMap, BTreeSet};
+
+use std::time::Duration;
+
+/// How long a healed cluster may take to push everything (simulated).
+pub const CONVERGENCE_DEADLINE: Duration = Duration::from_secs(120);
+/// Deadline of one sync round on one node (simulated).
+const SYNC_ROUND_DEADLINE: Duration = Duration::from_secs(60);
+/// Reads compared across replicas, at most.
+const READS_COMPARED_MAX: usize = 150;
+
+type Result<T = ()> = std::result::Result<T, Failure>;
+
+/// Blocks or unblocks pushes between every pair of replicas.
+fn set_pushes_blocked(world: &World, blocked: bool) {
+    for from in world.replica_ids() {
+        for to in world.replica_ids() {
+            if from == to {
+                continue;
+            }
+            if blocked {
+                world.filter.block(from, to, RequestKind::Push);
+            } else {
+                world.filter.unblock(from, to, RequestKind::Push);
+            }
+        }
+    }
+}
+
+/// Drops every push between replicas from now on, until the sync check ends.
+pub fn block_pushes(world: &World) {
+    world.trace.record("world", "pushes between replicas blocked");
+    set_pushes_blocked(world, true);
+}
+
+/// One sync round on every replica, in replica order: afterwards every
+/// replica must hold everything any replica held before the round.
+pub async fn sync_round(world: &World) -> Result {
+    for replica in world.replica_ids() {
+        world.trace.record(&format!("replica-{replica}"), "sync_now");
+        let round = world.on_node(replica, |service| async move { service.sync_now().await });
+        match madsim::time::timeout(SYNC_ROUND_DEADLINE, round).await {
+            Ok(Some(())) => {}
+            Ok(None) => return Err(Failure::new("liveness", format!("replica-{replica} died during sync_now"))),
+            Err(_) => {
+                return Err(Failure::new(
+                    "liveness",
+                    format!("replica-{replica}: sync_now did not finish within {SYNC_ROUND_DEADLINE:?}"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sync-only convergence: pushes stay blocked, so whatever converges was
+/// carried by background sync alone.
+pub async fn check_sync_converges(world: &World, workload: &Workload) -> Result {
+    world.trace.record("world", "check: one sync round on every replica, pushes blocked");
+    let result = async {
+        sync_round(world).await?;
+        check_converged(world, workload, "after a sync round with pushes blocked").await
+    }
+    .await;
+    set_pushes_blocked(world, false);
+    world.trace.record("world", "pushes flow again");
+    result
+}
+
+/// Waits until every replica has pushed everything, then checks.
+pub async fn check_push_converges(world: &World, workload: &Workload) -> Result {
+    world.trace.record("world", "check: waiting for replication to go idle");
+    let deadline = global_now() + CONVERGENCE_DEADLINE;
+    loop {
+        let busy: Vec<ReplicaId> = world
+            .nodes
+            .iter()
+            .filter(|n| n.service().is_none_or(|s| !s.replication_idle()))
+            .map(|n| n.replica_id)
+            .collect();
+        if busy.is_empty() {
+            break;
+        }
+        if global_now() >= deadline {
+            return Err(Failure::new(
+                "liveness",
+                format!("replication not idle on {busy:?} within {CONVERGENCE_DEADLINE:?} after healing"),
+            ));
+        }
+        madsim::time::sleep(Duration::from_millis(50)).await;
+    }
+    world.trace.record("world", "replication idle everywhere");
+    check_converged(world, workload, "after replication went idle").await?;
+    check_nobody_waits(world)
+}
+
+/// No caller of any replica is still waiting for a batch.
+pub fn check_nobody_waits(world: &World) -> Result {
+    for node in &world.nodes {
+        let Some(service) = node.service() else { continue };
+        let pending = service.stats().pending_writes;
+        if pending != 0 {
+            return Err(Failure::new(
+                "hung callers",
+                format!("{} still has {pending} writes pending on an idle cluster", node.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn dumps(world: &World) -> Result<BTreeMap<ReplicaId, BTreeMap<TreeKey, TreeDump>>> {
+    let mut all = BTreeMap::new();
+    for node in &world.nodes {
+        let service = node
+            .service()
+            .ok_or_else(|| Failure::new("liveness", format!("{} is down at check time", node.name)))?;
+        let forest = service.forest();
+        let trees = forest
+            .all_trees()
+            .map_err(|e| Failure::new("storage", format!("{}: all_trees: {e}", node.name)))?;
+        let mut per_tree = BTreeMap::new();
+        for tree in trees {
+            if let Err(broken) = forest.check_invariants(&tree) {
+                return Err(Failure::new("tree invariant", format!("{} {:?}/{}: {broken}", node.name, tree.cid, tree.tree)));
+            }
+            let dump = forest
+                .dump(&tree)
+                .map_err(|e| Failure::new("storage", format!("{}: dump: {e}", node.name)))?;
+            per_tree.insert(tree, dump);
+        }
+        all.insert(node.replica_id, per_tree);
+    }
+    Ok(all)
+}
+
+/// Replicas hold identical trees and logs, every acked write is in them,
+/// and reads agree.
+pub async fn check_converged(world: &World, workload: &Workload, when: &str) -> Result {
+    let all = dumps(world)?;
+    let trees: BTreeSet<&TreeKey> = all.values().flat_map(|d| d.keys()).collect();
+    let mut reference: BTreeMap<TreeKey, TreeDump> = BTreeMap::new();
+    for tree in trees {
+        let holders = workload.replicas_of(&tree.cid);
+        let Some(&first) = holders.first() else { continue };
+        let empty = TreeDump { nodes: Vec::new(), log: Vec::new() };
+        let base = all[&first].get(tree).unwrap_or(&empty);
+        for &other in &holders[1..] {
+            let dump = all[&other].get(tree).unwrap_or(&empty);
+            if let Some(diff) = describe_difference(base, dump) {
+                return Err(Failure::new(
+                    "divergence",
+                    format!("{when}: {:?}/{} differs between replica-{first} and replica-{other}: {diff}", tree.cid, tree.tree),
+                ));
+            }
+        }
+        reference.insert(tree.clone(), base.clone());
+    }
+    check_acked_present(&reference, workload, when)?;
+    check_reads_agree(world, workload, when).await?;
+    world.trace.record("world", format!("converged {when}"));
+    Ok(())
+}
+
+fn describe_difference(a: &TreeDump, b: &TreeDump) -> Option<String> {
+    if a.log != b.log {
+        let ts_a: BTreeSet<u64> = a.log.iter().map(|op| op.ts()).collect();
+        let ts_b: BTreeSet<u64> = b.log.iter().map(|op| op.ts()).collect();
+        let only_a: Vec<&u64> = ts_a.difference(&ts_b).take(5).collect();
+        let only_b: Vec<&u64> = ts_b.difference(&ts_a).take(5).collect();
+        return Some(format!(
+            "logs differ ({} vs {} ops; only left {only_a:?}; only right {only_b:?})",
+            a.log.len(),
+            b.log.len()
+        ));
+    }
+    if a.nodes != b.nodes {
+        let first = a.nodes.iter().zip(&b.nodes).find(|(x, y)| x != y);
+        return Some(format!(
+            "same log, different trees ({} vs {} nodes; first difference {first:?})",
+            a.nodes.len(),
+            b.nodes.len()
+        ));
+    }
+    None
+}
+
+/// Every acknowledged write is in the (common) log.
+fn check_acked_present(dumps: &BTreeMap<TreeKey, TreeDump>, workload: &Workload, when: &str) -> Result {
+    let ledger = workload.ledger.lock().unwrap();
+    let timestamps: BTreeMap<&TreeKey, BTreeSet<u64>> = dumps
+        .iter()
+        .map(|(tree, dump)| (tree, dump.log.iter().map(|op| op.ts()).collect()))
+        .collect();
+    let empty = TreeDump { nodes: Vec::new(), log: Vec::new() };
+    for acked in &ledger.acked {
+        let present = match acked {
+            Acked::Created { tree, node, .. } => timestamps.get(tree).is_some_and(|ts| ts.contains(node)),
+            Acked::Moved { tree, node, parent, tag, .. } => dumps.get(tree).unwrap_or(&empty).log.iter().any(|op| {
+                op.child == *node && op.parent == *parent && op.meta.get("op") == Some(tag.as_bytes())
+            }),
+            Acked::Removed { tree, node, acker } => dumps
+                .get(tree)
+                .unwrap_or(&empty)
+                .log
+                .iter()
+                .any(|op| op.child == *node && op.parent == TRASH && timestamp_replica(op.ts()) == *acker),
+        };
+        if !present {
+            return Err(Failure::new("lost write", format!("{when}: acknowledged {acked:?} is missing")));
+        }
+    }
+    Ok(())
+}
+
+/// The workload's reads give the same answer on every replica.
+async fn check_reads_agree(world: &World, workload: &Workload, when: &str) -> Result {
+    let mut reads: Vec<_> = {
+        let ledger = workload.ledger.lock().unwrap();
+        ledger.leaf_paths.iter().take(READS_COMPARED_MAX).cloned().collect()
+    };
+    let dirs: BTreeSet<_> = reads.iter().map(|(tree, path)| (tree.clone(), vec![path[0].clone()])).collect();
+    reads.extend(dirs);
+    for (tree, path) in reads {
+        for latest_only in [false, true] {
+            let mut answers: Vec<(ReplicaId, Response)> = Vec::new();
+            for replica in workload.replicas_of(&tree.cid) {
+                let request = read_request(tree.clone(), path.clone(), latest_only);
+                let answer = world
+                    .on_node(replica, |service| async move { service.handle(request).await })
+                    .await
+                    .ok_or_else(|| Failure::new("liveness", format!("replica-{replica} down during reads")))?;
+                answers.push((replica, answer));
+            }
+            if let Some((other, answer)) = answers.iter().find(|(_, a)| *a != answers[0].1) {
+                return Err(Failure::new(
+                    "divergent read",
+                    format!(
+                        "{when}: GetNodeByPath {:?}/{} {path:?} latest_only={latest_only}: replica-{} says {:?}, replica-{other} says {answer:?}",
+                        tree.cid, tree.tree, answers[0].0, answers[0].1
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+

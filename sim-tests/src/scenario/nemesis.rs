@@ -1,0 +1,249 @@
+//! The nemesis: injects the seed's faults while the workload runs, and
+//! sweeps the tree invariant over every live replica between faults.
+
+use super::swarm::Swarm;
+use super::workload::Workload;
+use super::Failure;
+use crate::disk::{DiskFaults, SimDisk};
+use crate::world::clock::global_now;
+use crate::world::transport::RequestKind;
+use crate::world::World;
+use arbor::ReplicaId;
+use madsim::net::NetSim;
+use madsim::rand::{seq::SliceRandom, thread_rng, Rng};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest fault window and longest crash downtime.
+const WINDOW_MAX: Duration = Duration::from_secs(6);
+const DOWNTIME_MAX: Duration = Duration::from_secs(4);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    Partition,
+    OneWay,
+    PacketLoss,
+    LatencySpike,
+    Crash,
+    DiskErrors,
+    PushBlackout,
+}
+
+pub struct Nemesis {
+    pub world: Arc<World>,
+    pub workload: Arc<Workload>,
+    pub swarm: Swarm,
+    pub disks: Vec<SimDisk>,
+    pub faults_injected: Arc<AtomicU64>,
+}
+
+fn window() -> Duration {
+    Duration::from_millis(thread_rng().gen_range(100..=WINDOW_MAX.as_millis() as u64))
+}
+
+impl Nemesis {
+    /// Strikes until `deadline`; every fault heals itself after its window.
+    pub async fn run(self: Arc<Self>, deadline: Duration) {
+        let gap_mean_ms = self.swarm.fault_gap_mean.as_millis() as u64;
+        while global_now() < deadline && !self.workload.failed() {
+            let gap = Duration::from_millis(thread_rng().gen_range(1..=2 * gap_mean_ms));
+            madsim::time::sleep(gap).await;
+            self.sweep_invariants();
+            if let Some(fault) = self.choose() {
+                self.faults_injected.fetch_add(1, Ordering::Relaxed);
+                self.clone().strike(fault);
+            }
+        }
+    }
+
+    fn choose(&self) -> Option<Fault> {
+        let f = &self.swarm.faults;
+        let weighted = [
+            (Fault::Partition, f.partition),
+            (Fault::OneWay, f.one_way),
+            (Fault::PacketLoss, f.packet_loss),
+            (Fault::LatencySpike, f.latency_spike),
+            (Fault::Crash, f.crash),
+            (Fault::DiskErrors, f.disk_errors),
+            (Fault::PushBlackout, f.push_blackout),
+        ];
+        let total: f64 = weighted.iter().map(|(_, w)| w).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut roll = thread_rng().gen_range(0.0..total);
+        for (fault, w) in weighted {
+            if roll < w {
+                return Some(fault);
+            }
+            roll -= w;
+        }
+        None
+    }
+
+    fn random_pair(&self) -> (ReplicaId, ReplicaId) {
+        let mut ids = self.world.replica_ids();
+        ids.shuffle(&mut thread_rng());
+        (ids[0], ids[1])
+    }
+
+    fn note(&self, what: String) {
+        self.world.trace.record("nemesis", what);
+    }
+
+    /// Starts one fault and a task that heals it after its window.
+    fn strike(self: Arc<Self>, fault: Fault) {
+        let window = window();
+        match fault {
+            Fault::Partition => self.partition(window),
+            Fault::OneWay => {
+                let (from, to) = self.random_pair();
+                self.note(format!("clog replica-{from} -> replica-{to} for {window:?}"));
+                self.world.clog_one_way(from, to);
+                self.later(window, move |n| {
+                    n.note(format!("unclog replica-{from} -> replica-{to}"));
+                    n.world.unclog_one_way(from, to);
+                });
+            }
+            Fault::PacketLoss => {
+                let rate = self.swarm.packet_loss_rate;
+                self.note(format!("packet loss {rate} for {window:?}"));
+                NetSim::current().update_config(|c| c.packet_loss_rate = rate);
+                self.later(window, |n| {
+                    n.note("packet loss off".into());
+                    NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
+                });
+            }
+            Fault::LatencySpike => {
+                let high_ms = thread_rng().gen_range(50..=1_500);
+                self.note(format!("latency 1..{high_ms}ms for {window:?}"));
+                NetSim::current().update_config(|c| {
+                    c.send_latency = Duration::from_millis(1)..Duration::from_millis(high_ms)
+                });
+                self.later(window, |n| {
+                    n.note("latency normal".into());
+                    reset_latency();
+                });
+            }
+            Fault::Crash => self.crash(),
+            Fault::DiskErrors => {
+                let index = thread_rng().gen_range(0..self.disks.len());
+                let faults = DiskFaults {
+                    torn_write_probability: self.swarm.torn_write_probability,
+                    ..self.swarm.disk_faults
+                };
+                self.note(format!("disk errors on replica-{} for {window:?}", index + 1));
+                self.disks[index].set_faults(faults);
+                self.later(window, move |n| {
+                    n.note(format!("disk errors off on replica-{}", index + 1));
+                    n.disks[index].set_faults(n.base_disk_faults());
+                });
+            }
+            Fault::PushBlackout => {
+                let (from, to) = self.random_pair();
+                self.note(format!("drop pushes replica-{from} -> replica-{to} for {window:?}"));
+                self.world.filter.block(from, to, RequestKind::Push);
+                self.later(window, move |n| {
+                    n.note(format!("pushes replica-{from} -> replica-{to} flow again"));
+                    n.world.filter.unblock(from, to, RequestKind::Push);
+                });
+            }
+        }
+    }
+
+    pub fn base_disk_faults(&self) -> DiskFaults {
+        DiskFaults {
+            torn_write_probability: self.swarm.torn_write_probability,
+            ..DiskFaults::default()
+        }
+    }
+
+    /// A symmetric partition of one pair, or one replica cut off from all
+    /// others; healed link by link in shuffled order.
+    fn partition(self: Arc<Self>, window: Duration) {
+        let ids = self.world.replica_ids();
+        let mut links = Vec::new();
+        if thread_rng().gen_bool(0.5) {
+            let (a, b) = self.random_pair();
+            links.push((a, b));
+            links.push((b, a));
+        } else {
+            let lonely = ids[thread_rng().gen_range(0..ids.len())];
+            for &other in ids.iter().filter(|&&o| o != lonely) {
+                links.push((lonely, other));
+                links.push((other, lonely));
+            }
+        }
+        self.note(format!("partition {links:?} for {window:?}"));
+        for &(from, to) in &links {
+            self.world.clog_one_way(from, to);
+        }
+        let nemesis = self.clone();
+        drop(madsim::task::spawn(async move {
+            madsim::time::sleep(window).await;
+            links.shuffle(&mut thread_rng());
+            for (from, to) in links {
+                nemesis.note(format!("unclog replica-{from} -> replica-{to}"));
+                nemesis.world.unclog_one_way(from, to);
+                let gap = thread_rng().gen_range(0..200);
+                madsim::time::sleep(Duration::from_millis(gap)).await;
+            }
+        }));
+    }
+
+    fn crash(self: Arc<Self>) {
+        let up: Vec<ReplicaId> = self
+            .world
+            .replica_ids()
+            .into_iter()
+            .filter(|&r| self.world.is_up(r))
+            .collect();
+        let Some(&victim) = up.choose(&mut thread_rng()) else {
+            return;
+        };
+        let downtime = Duration::from_millis(thread_rng().gen_range(10..=DOWNTIME_MAX.as_millis() as u64));
+        self.note(format!("crash replica-{victim} for {downtime:?}"));
+        self.world.crash(victim);
+        self.later(downtime, move |n| {
+            if !n.world.is_up(victim) {
+                n.world.restart(victim);
+            }
+        });
+    }
+
+    fn later(self: Arc<Self>, delay: Duration, heal: impl FnOnce(&Nemesis) + Send + 'static) {
+        drop(madsim::task::spawn(async move {
+            madsim::time::sleep(delay).await;
+            heal(&self);
+        }));
+    }
+
+    /// The tree invariant on every tree of every live replica.
+    pub fn sweep_invariants(&self) {
+        for node in &self.world.nodes {
+            let Some(service) = node.service() else { continue };
+            let trees = match service.forest().all_trees() {
+                Ok(trees) => trees,
+                Err(e) => {
+                    // A storage error while listing is an operating error
+                    // (injected disk faults), not a broken invariant.
+                    self.note(format!("{}: cannot list trees: {e}", node.name));
+                    continue;
+                }
+            };
+            for tree in trees {
+                if let Err(broken) = service.forest().check_invariants(&tree) {
+                    self.workload.fail(Failure::new(
+                        "tree invariant",
+                        format!("{} {:?}/{}: {broken}", node.name, tree.cid, tree.tree),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+pub fn reset_latency() {
+    NetSim::current().update_config(|c| c.send_latency = Duration::from_millis(1)..Duration::from_millis(10));
+}

@@ -1,0 +1,245 @@
+//! Swarm testing: every seed draws its own configuration and its own fault
+//! mix, so one sweep covers many corners instead of one average.
+
+use crate::disk::{DiskFaults, DiskLatency, SplitMix64};
+use crate::world::clock::{ClockSkew, DRIFT_PPM_MAX};
+use crate::world::Knobs;
+use arbor::canary::Canary;
+use std::fmt;
+use std::time::Duration;
+
+/// How much work one run does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size {
+    /// Client operations issued over the whole run (writes and reads).
+    pub ops_total: u64,
+    /// Simulated time of the workload and fault phase.
+    pub workload_duration: Duration,
+    pub clients: usize,
+}
+
+impl Size {
+    /// The benchmark scenario: 3-4 nodes, 2,000 ops, 60 simulated seconds.
+    pub const STANDARD: Size = Size {
+        ops_total: 2_000,
+        workload_duration: Duration::from_secs(60),
+        clients: 6,
+    };
+
+    /// The `cargo test` scenario: same shape, fewer ops, so that the fixed
+    /// seed set fits the test budget with debug builds of our crates.
+    pub const TEST: Size = Size {
+        ops_total: 400,
+        workload_duration: Duration::from_secs(20),
+        clients: 4,
+    };
+}
+
+/// A scenario variant: which faults are allowed and which config corners
+/// are forced. The canaries each need one corner to be reachable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Profile {
+    /// Everything drawn from the seed.
+    Standard,
+    /// Background sync off and a small replication queue: every op must
+    /// reach the peers by push alone.
+    PushOnly,
+    /// Pushes between replicas are dropped for long windows, so sync has to
+    /// carry the data; sync runs often.
+    SyncHeavy,
+    /// The disk fails writes and syncs often.
+    StorageErrors,
+}
+
+impl Profile {
+    /// The profile under which a canary is expected to be caught.
+    pub fn for_canary(canary: Canary) -> Profile {
+        match canary {
+            Canary::ReplicationDropsOnFullQueue => Profile::PushOnly,
+            Canary::SharedSyncCursor | Canary::SyncDropsTreeOnPeerError => Profile::SyncHeavy,
+            Canary::FailedBatchHangs => Profile::StorageErrors,
+            Canary::StaleUndoOnRedo | Canary::OldOpWrongPosition | Canary::PathByArrivalOrder => {
+                Profile::Standard
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Standard => "standard",
+            Profile::PushOnly => "push-only",
+            Profile::SyncHeavy => "sync-heavy",
+            Profile::StorageErrors => "storage-errors",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Profile> {
+        [Profile::Standard, Profile::PushOnly, Profile::SyncHeavy, Profile::StorageErrors]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
+/// Probabilities that the nemesis picks each fault when it strikes; a zero
+/// switches that fault off for the whole run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FaultMix {
+    pub partition: f64,
+    pub one_way: f64,
+    pub packet_loss: f64,
+    pub latency_spike: f64,
+    pub crash: f64,
+    pub disk_errors: f64,
+    pub push_blackout: f64,
+}
+
+/// Everything one seed drew.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Swarm {
+    pub seed: u64,
+    pub profile: Profile,
+    pub size: Size,
+    pub replicas: usize,
+    pub knobs: Knobs,
+    pub skews: Vec<ClockSkew>,
+    pub faults: FaultMix,
+    /// Mean simulated time between two faults.
+    pub fault_gap_mean: Duration,
+    /// Packet loss during a loss window.
+    pub packet_loss_rate: f64,
+    /// Disk fault rates during a disk-error window.
+    pub disk_faults: DiskFaults,
+    /// Torn writes at power failure, all run long.
+    pub torn_write_probability: f64,
+    pub disk_latency: DiskLatency,
+}
+
+fn pick<T: Copy>(rng: &mut SplitMix64, options: &[T]) -> T {
+    options[(rng.next_u64() % options.len() as u64) as usize]
+}
+
+fn unit(rng: &mut SplitMix64) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A fault weight: off with some probability, else uniform in (0, 1].
+fn weight(rng: &mut SplitMix64, on_probability: f64) -> f64 {
+    if rng.chance(on_probability) {
+        0.05 + 0.95 * unit(rng)
+    } else {
+        0.0
+    }
+}
+
+impl Swarm {
+    /// Draws the configuration of `seed`. Pure: the same seed and profile
+    /// always give the same swarm, before any simulation runs.
+    pub fn draw(seed: u64, profile: Profile, size: Size, faults_on: bool) -> Swarm {
+        let mut rng = SplitMix64::new(seed ^ 0x5157_4152_4d00_0000);
+        let replicas = pick(&mut rng, &[3, 3, 4]);
+        let knobs = Knobs {
+            max_batch_size: pick(&mut rng, &[1, 4, 16, 100]),
+            max_batch_delay: Duration::from_millis(pick(&mut rng, &[0, 1, 5, 20])),
+            replication_channel_capacity: pick(&mut rng, &[2, 8, 64, 1000]),
+            replication_worker_count: pick(&mut rng, &[1, 4, 32]),
+            replication_timeout: Duration::from_millis(pick(&mut rng, &[200, 1000, 5000])),
+            sync_interval: pick(&mut rng, &[None, Some(500), Some(2_000), Some(10_000)]).map(Duration::from_millis),
+            max_pending_writes: pick(&mut rng, &[64, 1000, 10_000]),
+            sync_page_size: pick(&mut rng, &[3, 32, 256]),
+        };
+        let skews = (0..replicas)
+            .map(|_| ClockSkew {
+                offset: Duration::from_millis(rng.next_u64() % 10_000),
+                drift_ppm: (rng.next_u64() % (2 * DRIFT_PPM_MAX as u64 + 1)) as i64 - DRIFT_PPM_MAX,
+            })
+            .collect();
+        let on = if faults_on { 0.7 } else { 0.0 };
+        let faults = FaultMix {
+            partition: weight(&mut rng, on),
+            one_way: weight(&mut rng, on),
+            packet_loss: weight(&mut rng, on),
+            latency_spike: weight(&mut rng, on),
+            crash: weight(&mut rng, on),
+            disk_errors: weight(&mut rng, on * 0.6),
+            push_blackout: weight(&mut rng, on * 0.6),
+        };
+        let mut swarm = Swarm {
+            seed,
+            profile,
+            size,
+            replicas,
+            knobs,
+            skews,
+            faults,
+            fault_gap_mean: Duration::from_millis(pick(&mut rng, &[500, 1_500, 4_000])),
+            packet_loss_rate: pick(&mut rng, &[0.01, 0.05, 0.2]),
+            disk_faults: DiskFaults {
+                write_error_probability: pick(&mut rng, &[0.001, 0.01, 0.05]),
+                sync_error_probability: pick(&mut rng, &[0.001, 0.01, 0.05]),
+                torn_write_probability: 0.0,
+            },
+            torn_write_probability: if faults_on { pick(&mut rng, &[0.0, 0.5, 1.0]) } else { 0.0 },
+            disk_latency: DiskLatency {
+                per_write: Duration::from_micros(pick(&mut rng, &[0, 20, 200])),
+                per_sync: Duration::from_micros(pick(&mut rng, &[0, 100, 2_000])),
+                per_byte_nanos: pick(&mut rng, &[0, 1]),
+            },
+        };
+        swarm.apply_profile(faults_on);
+        swarm
+    }
+
+    fn apply_profile(&mut self, faults_on: bool) {
+        match self.profile {
+            Profile::Standard => {}
+            Profile::PushOnly => {
+                self.knobs.sync_interval = None;
+                self.knobs.replication_channel_capacity = self.knobs.replication_channel_capacity.min(4);
+                self.knobs.replication_worker_count = 1;
+                self.faults.push_blackout = 0.0;
+                if faults_on {
+                    self.faults.latency_spike = self.faults.latency_spike.max(0.5);
+                }
+            }
+            Profile::SyncHeavy => {
+                self.knobs.sync_interval = Some(Duration::from_millis(300));
+                if faults_on {
+                    self.faults.push_blackout = 1.0;
+                    self.faults.packet_loss = self.faults.packet_loss.max(0.5);
+                    self.fault_gap_mean = Duration::from_millis(500);
+                }
+            }
+            Profile::StorageErrors => {
+                if faults_on {
+                    self.faults.disk_errors = 1.0;
+                    self.disk_faults.write_error_probability = 0.05;
+                    self.disk_faults.sync_error_probability = 0.05;
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for Swarm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let k = &self.knobs;
+        writeln!(f, "seed {} profile {} ({} ops, {:?}, {} clients)", self.seed, self.profile.name(), self.size.ops_total, self.size.workload_duration, self.size.clients)?;
+        writeln!(
+            f,
+            "  replicas {}; max_batch_size {}, max_batch_delay {:?}, replication_channel_capacity {}, workers {}, replication_timeout {:?}, sync_interval {:?}, max_pending_writes {}, sync_page_size {}",
+            self.replicas, k.max_batch_size, k.max_batch_delay, k.replication_channel_capacity, k.replication_worker_count, k.replication_timeout, k.sync_interval, k.max_pending_writes, k.sync_page_size
+        )?;
+        let fm = &self.faults;
+        writeln!(
+            f,
+            "  faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}; gap {:?}; torn writes {}",
+            fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, self.fault_gap_mean, self.torn_write_probability
+        )?;
+        let skews: Vec<String> = self
+            .skews
+            .iter()
+            .map(|s| format!("+{}ms {:+}ppm", s.offset.as_millis(), s.drift_ppm))
+            .collect();
+        write!(f, "  clocks: {}; disk latency {:?}", skews.join(", "), self.disk_latency)
+    }
+}

@@ -1,0 +1,435 @@
+//! The object-gateway workload: S3-style clients adding objects by path into
+//! "version" trees and system records into "system" trees, moving and
+//! removing nodes (cycle-creating moves included), creating same-name
+//! directories concurrently on different replicas, and reading. Every
+//! acknowledged write goes into the ledger the checkers hold the cluster to.
+
+use super::Failure;
+use crate::trace::Trace;
+use crate::world::{Client, World};
+use arbor::proto::{Request, Response};
+use arbor::{ContainerId, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
+use madsim::rand::{thread_rng, Rng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Directory names objects are spread over; few, so that replicas often
+/// create the same one concurrently.
+const DIRECTORIES: u64 = 6;
+/// The directory every client writes to in the opening burst.
+pub const SHARED_DIRECTORY: &str = "dir-shared";
+
+/// The containers and trees of the workload.
+pub fn containers() -> Vec<ContainerId> {
+    (1..=2u8).map(|k| ContainerId([k; 32])).collect()
+}
+
+pub fn version_tree(cid: ContainerId) -> TreeKey {
+    TreeKey::new(cid, "version")
+}
+
+pub fn system_tree(cid: ContainerId) -> TreeKey {
+    TreeKey::new(cid, "system")
+}
+
+/// An acknowledged write: what every replica must eventually hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acked {
+    /// A node created by an op whose timestamp is the node id.
+    Created { tree: TreeKey, node: NodeId, acker: ReplicaId },
+    /// A move tagged with a unique `op` meta value.
+    Moved {
+        tree: TreeKey,
+        node: NodeId,
+        parent: NodeId,
+        tag: String,
+        acker: ReplicaId,
+    },
+    /// A remove: some op of the acker moved `node` under TRASH.
+    Removed { tree: TreeKey, node: NodeId, acker: ReplicaId },
+}
+
+/// What the clients did, shared between them and the checkers.
+#[derive(Default)]
+pub struct Ledger {
+    pub acked: Vec<Acked>,
+    /// Nodes known to exist per tree (acked creations), move/remove targets.
+    pub known: BTreeMap<TreeKey, Vec<NodeId>>,
+    /// Full paths of acked leaves in version trees.
+    pub leaf_paths: BTreeSet<(TreeKey, Vec<String>)>,
+    pub ops_sent: u64,
+    pub ops_acked: u64,
+    pub ops_failed: u64,
+}
+
+/// Everything a client needs.
+pub struct Workload {
+    pub world: Arc<World>,
+    pub trace: Trace,
+    pub ledger: Mutex<Ledger>,
+    /// The first failure seen while the workload runs.
+    pub failure: Mutex<Option<Failure>>,
+    pub call_timeout: Duration,
+    /// Check the tree invariant on the acking replica after each write.
+    pub check_each_write: bool,
+    /// Replica sets of containers; a container not listed is on every replica.
+    pub replica_sets: BTreeMap<ContainerId, Vec<ReplicaId>>,
+    next_op: Mutex<u64>,
+}
+
+impl Workload {
+    pub fn new(world: Arc<World>, trace: Trace, call_timeout: Duration) -> Self {
+        Self {
+            world,
+            trace,
+            ledger: Mutex::default(),
+            failure: Mutex::default(),
+            call_timeout,
+            check_each_write: true,
+            replica_sets: BTreeMap::new(),
+            next_op: Mutex::new(0),
+        }
+    }
+
+    pub fn fail(&self, failure: Failure) {
+        let mut slot = self.failure.lock().unwrap();
+        if slot.is_none() {
+            self.trace.record("world", format!("FAILURE {failure}"));
+            *slot = Some(failure);
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failure.lock().unwrap().is_some()
+    }
+
+    fn op_id(&self) -> u64 {
+        let mut next = self.next_op.lock().unwrap();
+        *next += 1;
+        *next
+    }
+
+    /// The replicas holding a container.
+    pub fn replicas_of(&self, cid: &ContainerId) -> Vec<ReplicaId> {
+        self.replica_sets
+            .get(cid)
+            .cloned()
+            .unwrap_or_else(|| self.world.replica_ids())
+    }
+
+    fn random_replica(&self, cid: &ContainerId) -> ReplicaId {
+        let ids = self.replicas_of(cid);
+        ids[thread_rng().gen_range(0..ids.len())]
+    }
+
+    fn random_known(&self, tree: &TreeKey) -> Option<NodeId> {
+        let ledger = self.ledger.lock().unwrap();
+        let known = ledger.known.get(tree)?;
+        if known.is_empty() {
+            return None;
+        }
+        Some(known[thread_rng().gen_range(0..known.len())])
+    }
+}
+
+/// Seven meta fields of an object version, the leaf's name first.
+fn object_meta(name: &str, op: u64) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new(ATTR_FILE_NAME, name.as_bytes()),
+        KeyValue::new("OID", format!("oid-{op:08x}").into_bytes()),
+        KeyValue::new("Size", (op * 37 % 100_000).to_string().into_bytes()),
+        KeyValue::new("Created", (1_700_000_000 + op).to_string().into_bytes()),
+        KeyValue::new("Owner", b"sim-owner".to_vec()),
+        KeyValue::new("ETag", format!("{:032x}", u128::from(op) * 0x9e37_79b9).into_bytes()),
+        KeyValue::new("IsUnversioned", b"false".to_vec()),
+    ]
+}
+
+/// One client: a closed loop of random operations until `ops` are issued
+/// or the workload deadline passes.
+pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think_mean: Duration, deadline: Duration) {
+    opening_burst(&workload, &client).await;
+    for _ in 0..ops {
+        if crate::world::clock::global_now() >= deadline || workload.failed() {
+            break;
+        }
+        let think_ms = thread_rng().gen_range(0..=2 * think_mean.as_millis() as u64);
+        madsim::time::sleep(Duration::from_millis(think_ms)).await;
+        random_op(&workload, &client).await;
+    }
+}
+
+/// Every client creates an object in the same new directory at once, each
+/// on a different replica: concurrent same-name directories.
+async fn opening_burst(workload: &Workload, client: &Client) {
+    let cid = containers()[0];
+    let ids = workload.replicas_of(&cid);
+    let index: usize = client.name.trim_start_matches("client-").parse().unwrap_or(0);
+    let replica = ids[index % ids.len()];
+    let op = workload.op_id();
+    let name = format!("obj-{op}");
+    add_by_path(workload, client, replica, version_tree(cid), SHARED_DIRECTORY.into(), name, op).await;
+}
+
+async fn random_op(workload: &Workload, client: &Client) {
+    let cids = containers();
+    let cid = cids[thread_rng().gen_range(0..cids.len())];
+    let replica = workload.random_replica(&cid);
+    let op = workload.op_id();
+    let roll = thread_rng().gen_range(0..100);
+    match roll {
+        0..=34 => {
+            let dir = format!("dir-{}", thread_rng().gen_range(0..DIRECTORIES));
+            add_by_path(workload, client, replica, version_tree(cid), dir, format!("obj-{op}"), op).await;
+        }
+        35..=54 => add_system(workload, client, replica, system_tree(cid), op).await,
+        55..=69 => {
+            let tree = pick_tree(cid);
+            move_random(workload, client, replica, tree, op).await;
+        }
+        70..=74 => cycle_race(workload, client, pick_tree(cid), op).await,
+        75..=81 => remove_random(workload, client, replica, pick_tree(cid), op).await,
+        _ => read_random(workload, client, replica, op).await,
+    }
+}
+
+fn pick_tree(cid: ContainerId) -> TreeKey {
+    if thread_rng().gen_bool(0.5) {
+        version_tree(cid)
+    } else {
+        system_tree(cid)
+    }
+}
+
+/// Sends one request and records it; `Some(response)` when the replica
+/// answered with anything but an error.
+async fn call(workload: &Workload, client: &Client, replica: ReplicaId, op: u64, request: Request) -> Option<Response> {
+    let summary = summarize(&request);
+    workload
+        .trace
+        .record(&client.name, format!("op#{op} {summary} -> replica-{replica}"));
+    workload.ledger.lock().unwrap().ops_sent += 1;
+    let result = client.call(replica, request, workload.call_timeout).await;
+    let outcome = match &result {
+        Ok(Response::Error(e)) => Err(e.clone()),
+        Ok(response) => Ok(response.clone()),
+        Err(e) => Err(e.clone()),
+    };
+    match &outcome {
+        Ok(response) => workload
+            .trace
+            .record(&client.name, format!("op#{op} ok {}", summarize_response(response))),
+        Err(e) => workload.trace.record(&client.name, format!("op#{op} failed: {e}")),
+    }
+    let mut ledger = workload.ledger.lock().unwrap();
+    match outcome {
+        Ok(response) => {
+            ledger.ops_acked += 1;
+            Some(response)
+        }
+        Err(_) => {
+            ledger.ops_failed += 1;
+            None
+        }
+    }
+}
+
+fn summarize(request: &Request) -> String {
+    match request {
+        Request::Add { tree, parent, .. } => format!("Add {:?}/{} under {parent}", tree.cid, tree.tree),
+        Request::AddByPath { tree, path, items, .. } => {
+            let leaf = items.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+            format!("AddByPath {:?}/{} {path:?} {leaf:?}", tree.cid, tree.tree)
+        }
+        Request::Move { tree, parent, node, .. } => format!("Move {:?}/{} {node} under {parent}", tree.cid, tree.tree),
+        Request::Remove { tree, node } => format!("Remove {:?}/{} {node}", tree.cid, tree.tree),
+        Request::GetNodeByPath { tree, path, .. } => format!("GetNodeByPath {:?}/{} {path:?}", tree.cid, tree.tree),
+        Request::GetSubTree { tree, root, depth } => format!("GetSubTree {:?}/{} {root} depth {depth}", tree.cid, tree.tree),
+        other => format!("{other:?}"),
+    }
+}
+
+fn summarize_response(response: &Response) -> String {
+    match response {
+        Response::Nodes(nodes) => {
+            let ids: Vec<String> = nodes.iter().map(|n| format!("{}@{}", n.id, n.parent)).collect();
+            format!("Nodes[{}]", ids.join(","))
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// Checks the tree invariant of `tree` on the replica that acked a write.
+fn check_after_write(workload: &Workload, replica: ReplicaId, tree: &TreeKey) {
+    if !workload.check_each_write {
+        return;
+    }
+    let Some(service) = workload.world.node(replica).service() else {
+        return;
+    };
+    if let Err(broken) = service.forest().check_invariants(tree) {
+        workload.fail(Failure::new(
+            "tree invariant",
+            format!("replica-{replica} {:?}/{} after a write: {broken}", tree.cid, tree.tree),
+        ));
+    }
+}
+
+async fn add_by_path(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, dir: String, name: String, op: u64) {
+    let request = Request::AddByPath {
+        tree: tree.clone(),
+        attr: ATTR_FILE_NAME.into(),
+        path: vec![dir.clone()],
+        items: object_meta(&name, op),
+    };
+    let Some(Response::AddedByPath { leaf, created }) = call(workload, client, replica, op, request).await else {
+        return;
+    };
+    check_after_write(workload, replica, &tree);
+    let mut ledger = workload.ledger.lock().unwrap();
+    for &node in created.iter().chain([&leaf]) {
+        ledger.acked.push(Acked::Created {
+            tree: tree.clone(),
+            node,
+            acker: replica,
+        });
+    }
+    let known = ledger.known.entry(tree.clone()).or_default();
+    known.extend(created.iter().copied());
+    known.push(leaf);
+    ledger.leaf_paths.insert((tree, vec![dir, name]));
+}
+
+async fn add_system(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, op: u64) {
+    let parent = match workload.random_known(&tree) {
+        Some(node) if thread_rng().gen_bool(0.5) => node,
+        _ => ROOT,
+    };
+    let request = Request::Add {
+        tree: tree.clone(),
+        parent,
+        items: vec![
+            KeyValue::new(ATTR_FILE_NAME, format!("sys-{op}").into_bytes()),
+            KeyValue::new("Lock", format!("owner-{}", op % 7).into_bytes()),
+        ],
+    };
+    let Some(Response::Added { node }) = call(workload, client, replica, op, request).await else {
+        return;
+    };
+    check_after_write(workload, replica, &tree);
+    let mut ledger = workload.ledger.lock().unwrap();
+    ledger.acked.push(Acked::Created {
+        tree: tree.clone(),
+        node,
+        acker: replica,
+    });
+    ledger.known.entry(tree).or_default().push(node);
+}
+
+fn move_items(op: u64) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new(ATTR_FILE_NAME, format!("moved-{op}").into_bytes()),
+        KeyValue::new("op", op.to_string().into_bytes()),
+    ]
+}
+
+async fn move_node(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, node: NodeId, parent: NodeId, op: u64) {
+    let request = Request::Move {
+        tree: tree.clone(),
+        parent,
+        node,
+        items: move_items(op),
+    };
+    if call(workload, client, replica, op, request).await.is_none() {
+        return;
+    }
+    check_after_write(workload, replica, &tree);
+    workload.ledger.lock().unwrap().acked.push(Acked::Moved {
+        tree,
+        node,
+        parent,
+        tag: op.to_string(),
+        acker: replica,
+    });
+}
+
+async fn move_random(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, op: u64) {
+    let Some(node) = workload.random_known(&tree) else {
+        return;
+    };
+    let parent = match workload.random_known(&tree) {
+        Some(parent) if thread_rng().gen_bool(0.9) => parent,
+        _ => ROOT,
+    };
+    move_node(workload, client, replica, tree, node, parent, op).await;
+}
+
+/// Moves a under b on one replica while moving b under a on another: the
+/// classic concurrent cycle that the CRDT must resolve the same everywhere.
+async fn cycle_race(workload: &Workload, client: &Client, tree: TreeKey, op: u64) {
+    let (Some(a), Some(b)) = (workload.random_known(&tree), workload.random_known(&tree)) else {
+        return;
+    };
+    let ids = workload.replicas_of(&tree.cid);
+    let first = ids[thread_rng().gen_range(0..ids.len())];
+    let second = ids[(ids.iter().position(|&r| r == first).unwrap() + 1) % ids.len()];
+    let op2 = workload.op_id();
+    futures::join!(
+        move_node(workload, client, first, tree.clone(), a, b, op),
+        move_node(workload, client, second, tree.clone(), b, a, op2),
+    );
+}
+
+async fn remove_random(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, op: u64) {
+    let Some(node) = workload.random_known(&tree) else {
+        return;
+    };
+    let request = Request::Remove { tree: tree.clone(), node };
+    if call(workload, client, replica, op, request).await.is_none() {
+        return;
+    }
+    check_after_write(workload, replica, &tree);
+    workload
+        .ledger
+        .lock()
+        .unwrap()
+        .acked
+        .push(Acked::Removed { tree, node, acker: replica });
+}
+
+async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, op: u64) {
+    let path = {
+        let ledger = workload.ledger.lock().unwrap();
+        let count = ledger.leaf_paths.len();
+        if count == 0 {
+            None
+        } else {
+            ledger.leaf_paths.iter().nth(thread_rng().gen_range(0..count)).cloned()
+        }
+    };
+    let request = match path {
+        Some((tree, path)) if workload.replicas_of(&tree.cid).contains(&replica) => {
+            read_request(tree, path, thread_rng().gen_bool(0.5))
+        }
+        Some(_) => return,
+        None => Request::GetSubTree {
+            tree: version_tree(containers()[0]),
+            root: ROOT,
+            depth: 2,
+        },
+    };
+    let _ = call(workload, client, replica, op, request).await;
+}
+
+/// The read the checkers compare across replicas.
+pub fn read_request(tree: TreeKey, path: Vec<String>, latest_only: bool) -> Request {
+    Request::GetNodeByPath {
+        tree,
+        attr: ATTR_FILE_NAME.into(),
+        path,
+        attributes: vec![ATTR_FILE_NAME.into(), "OID".into()],
+        latest_only,
+        all_attributes: false,
+    }
+}

@@ -1,0 +1,98 @@
+//! Each planted bug (engine/src/canary.rs) must be caught within 20 seeds
+//! of its scenario profile, and the seeds run must pass with it off.
+//! Canaries are switched process-wide, so these tests take turns.
+
+use arbor::canary::Canary;
+use arbor_sim::cli::run_sweep;
+use arbor_sim::scenario::swarm::{Profile, Size};
+use arbor_sim::scenario::{run_seed, Options, Report};
+use std::sync::Mutex;
+
+/// At least one of seeds 1..=SEEDS_MAX must fail with the canary on.
+const SEEDS_MAX: u64 = 20;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn options(canary: Option<Canary>, profile: Profile) -> Options {
+    Options {
+        profile,
+        size: Size::TEST,
+        faults: true,
+        canary,
+        echo_trace: false,
+    }
+}
+
+fn jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
+}
+
+/// Runs seeds in chunks of `jobs()` until one fails; the failing report.
+fn first_catch(on: &Options) -> Option<Report> {
+    let mut start = 1;
+    while start <= SEEDS_MAX {
+        let count = (jobs() as u64).min(SEEDS_MAX - start + 1);
+        let summary = run_sweep(start, count, jobs(), on, |_| {});
+        if let Some(report) = summary.failures.into_iter().next() {
+            return Some(report);
+        }
+        start += count;
+    }
+    None
+}
+
+fn caught(canary: Canary) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let profile = Profile::for_canary(canary);
+    if let Some(seed) = std::env::var("MADSIM_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
+        let report = run_seed(seed, &options(Some(canary), profile));
+        println!("{report}");
+        assert!(!report.passed(), "{canary:?} not caught by seed {seed}");
+        return;
+    }
+    let Some(report) = first_catch(&options(Some(canary), profile)) else {
+        panic!("{canary:?} was not caught by seeds 1..={SEEDS_MAX} of profile {}", profile.name());
+    };
+    let needed = report.seed;
+    println!("{canary:?} caught by seed {needed} (profile {}): {}", profile.name(), report.failure.as_ref().unwrap());
+    let off = run_sweep(1, needed, jobs(), &options(None, profile), |_| {});
+    for report in &off.failures {
+        println!("{report}");
+    }
+    assert!(off.failures.is_empty(), "seeds 1..={needed} must pass with {canary:?} off");
+}
+
+#[test]
+fn replication_drops_on_full_queue() {
+    caught(Canary::ReplicationDropsOnFullQueue);
+}
+
+#[test]
+fn shared_sync_cursor() {
+    caught(Canary::SharedSyncCursor);
+}
+
+#[test]
+fn stale_undo_on_redo() {
+    caught(Canary::StaleUndoOnRedo);
+}
+
+#[test]
+fn old_op_wrong_position() {
+    caught(Canary::OldOpWrongPosition);
+}
+
+#[test]
+fn failed_batch_hangs() {
+    caught(Canary::FailedBatchHangs);
+}
+
+#[test]
+fn sync_drops_tree_on_peer_error() {
+    caught(Canary::SyncDropsTreeOnPeerError);
+}
+
+#[test]
+fn path_by_arrival_order() {
+    caught(Canary::PathByArrivalOrder);
+}

@@ -1,0 +1,59 @@
+//! The standard scenario over a fixed set of seeds (swarm testing: each
+//! seed draws its own config and faults). `MADSIM_TEST_SEED=<seed>` runs
+//! that one seed instead, with its full report.
+
+use arbor_sim::cli::run_sweep;
+use arbor_sim::scenario::{run_seed, Options};
+
+/// Seeds 1..=SEEDS of the test-sized standard scenario.
+const SEEDS: u64 = 50;
+
+fn jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
+}
+
+fn seed_from_env() -> Option<u64> {
+    std::env::var("MADSIM_TEST_SEED").ok()?.parse().ok()
+}
+
+#[test]
+fn standard_seeds() {
+    let options = Options::test();
+    if let Some(seed) = seed_from_env() {
+        let report = run_seed(seed, &options);
+        println!("{report}");
+        assert!(report.passed(), "seed {seed} failed");
+        return;
+    }
+    let summary = run_sweep(1, SEEDS, jobs(), &options, |_| {});
+    println!(
+        "{} seeds, {} ops acked, {} faults injected, {:.1} seeds/min (debug build)",
+        summary.runs,
+        summary.ops_acked,
+        summary.faults_injected,
+        summary.seeds_per_minute()
+    );
+    for report in &summary.failures {
+        println!("{report}");
+    }
+    assert_eq!(summary.runs, SEEDS);
+    let failing: Vec<u64> = summary.failures.iter().map(|r| r.seed).collect();
+    assert!(failing.is_empty(), "failing seeds: {failing:?} (replay commands above)");
+    // The scenario must actually exercise the system, or passing means nothing.
+    assert!(summary.ops_acked > SEEDS * 100, "too few ops acked: {}", summary.ops_acked);
+    assert!(summary.faults_injected > SEEDS, "too few faults: {}", summary.faults_injected);
+}
+
+#[test]
+fn fault_free_run_acks_almost_everything() {
+    let options = Options {
+        faults: false,
+        ..Options::test()
+    };
+    let report = run_seed(4242, &options);
+    println!("{report}");
+    assert!(report.passed());
+    assert_eq!(report.faults_injected, 0);
+    // Without faults only overload could refuse a write.
+    assert!(report.ops_acked * 10 >= report.ops_sent * 9, "{} of {}", report.ops_acked, report.ops_sent);
+}
