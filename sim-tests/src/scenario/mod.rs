@@ -338,6 +338,7 @@ async fn heal_and_check(swarm: &Swarm, world: &Arc<World>, workload: &Arc<Worklo
     for disk in &nemesis.disks {
         disk.set_faults(nemesis.base_disk_faults());
     }
+    world.wait_restarts_done().await;
     for replica in world.replica_ids() {
         if !world.is_up(replica) {
             world.restart(replica);

@@ -138,6 +138,13 @@ impl Nemesis {
                 self.later(window, move |n| {
                     n.note(format!("disk errors off on replica-{}", index + 1));
                     n.disks[index].set_faults(n.base_disk_faults());
+                    // redb refuses every write after an I/O error until the
+                    // database is reopened: the supervisor restarts it.
+                    let replica = n.world.nodes[index].replica_id;
+                    if n.world.is_up(replica) {
+                        let world = n.world.clone();
+                        drop(madsim::task::spawn(async move { world.restart_process(replica).await }));
+                    }
                 });
             }
             Fault::PushBlackout => {
@@ -233,7 +240,7 @@ impl Nemesis {
                 }
             };
             for tree in trees {
-                if let Err(broken) = service.forest().check_invariants(&tree) {
+                if let Some(broken) = super::workload::broken_invariant(service.forest(), &tree) {
                     self.workload.fail(Failure::new(
                         "tree invariant",
                         format!("{} {:?}/{}: {broken}", node.name, tree.cid, tree.tree),

@@ -36,6 +36,9 @@ pub const SERVICE_PORT: u16 = 7000;
 /// waits between tries, before it gives up and stays down.
 const OPEN_ATTEMPTS_MAX: u32 = 50;
 const OPEN_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// How long (in 1 ms steps) a killed incarnation may take to drop its
+/// database before a process restart.
+const OLD_INCARNATION_POLLS_MAX: u32 = 1_000;
 
 /// The address of the `index`-th replica (0-based).
 pub fn replica_addr(index: usize) -> SocketAddr {
@@ -174,6 +177,8 @@ pub struct World {
     pub filter: Arc<MessageFilter>,
     pub trace: Trace,
     clients: usize,
+    /// Process restarts still waiting for their old incarnation to go.
+    restarts_in_flight: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl World {
@@ -189,6 +194,7 @@ impl World {
             filter,
             trace,
             clients: 0,
+            restarts_in_flight: Arc::default(),
         }
     }
 
@@ -252,6 +258,52 @@ impl World {
         Handle::current().kill(node.node.id());
     }
 
+    /// Process restart without a power failure (the OS keeps what was
+    /// written): what a supervisor does to a process whose database hit an
+    /// I/O error, since redb refuses further writes until it is reopened.
+    /// The new process opens the disk only once the old one's database is
+    /// gone, as the OS guarantees: two live databases on one file corrupt it.
+    pub async fn restart_process(&self, replica: ReplicaId) {
+        let node = self.node(replica);
+        self.trace.record(&node.name, "process restart");
+        let _in_flight = InFlight::enter(&self.restarts_in_flight);
+        let old_forest = node
+            .service
+            .lock()
+            .unwrap()
+            .take()
+            .map(|service| Arc::downgrade(service.forest()));
+        // kill first: madsim's restart alone keeps the old sockets bound.
+        Handle::current().kill(node.node.id());
+        if let Some(old_forest) = old_forest {
+            for _ in 0..OLD_INCARNATION_POLLS_MAX {
+                if old_forest.strong_count() == 0 {
+                    break;
+                }
+                madsim::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert_eq!(
+                old_forest.strong_count(),
+                0,
+                "{}: the killed incarnation still holds its forest",
+                node.name
+            );
+        }
+        Handle::current().restart(node.node.id());
+    }
+
+    /// Waits (bounded) until no process restart is under way, so that a
+    /// caller restarting nodes does not race one.
+    pub async fn wait_restarts_done(&self) {
+        for _ in 0..OLD_INCARNATION_POLLS_MAX {
+            if self.restarts_in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            madsim::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("a process restart never finished");
+    }
+
     /// Starts a crashed node again; it reopens its forest from its disk.
     pub fn restart(&self, replica: ReplicaId) {
         let node = self.node(replica);
@@ -289,7 +341,10 @@ impl World {
     {
         let node = self.node(replica);
         let service = node.service()?;
-        node.node.spawn(work(service)).await.ok()
+        // Fetched anew: a handle taken before a restart still points at the
+        // killed incarnation, whose tasks never run.
+        let current = Handle::current().get_node(node.node.id())?;
+        current.spawn(work(service)).await.ok()
     }
 
     /// Clogs the link between two replicas in both directions.
@@ -321,6 +376,22 @@ impl World {
             }
             net.unclog_node(a.node.id());
         }
+    }
+}
+
+/// Counts an operation in flight for as long as it lives.
+struct InFlight(Arc<std::sync::atomic::AtomicU64>);
+
+impl InFlight {
+    fn enter(counter: &Arc<std::sync::atomic::AtomicU64>) -> Self {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

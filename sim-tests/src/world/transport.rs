@@ -191,8 +191,12 @@ pub async fn serve(
     };
     let inflight = Arc::new(tokio::sync::Semaphore::new(max_inflight));
     loop {
-        let Ok((payload, from)) = endpoint.recv_from_raw(TAG_REQUEST).await else {
-            return;
+        let (payload, from) = match endpoint.recv_from_raw(TAG_REQUEST).await {
+            Ok(received) => received,
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "server endpoint closed");
+                return;
+            }
         };
         let Ok(bytes) = payload.downcast::<Vec<u8>>() else {
             tracing::warn!(%from, "dropping a non-byte frame");
