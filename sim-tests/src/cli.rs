@@ -32,7 +32,11 @@ impl ScenarioArgs {
     fn options(&self, echo_trace: bool) -> Options {
         Options {
             profile: self.profile,
-            size: if self.small { Size::TEST } else { Size::STANDARD },
+            size: if self.small {
+                Size::TEST
+            } else {
+                Size::STANDARD
+            },
             faults: !self.no_faults,
             canary: self.canary,
             echo_trace,
@@ -110,7 +114,13 @@ impl SweepSummary {
 
 /// Runs seeds `start..start+count` on `jobs` threads; `on_done` sees each
 /// report as it arrives (progress).
-pub fn run_sweep(start: u64, count: u64, jobs: usize, options: &Options, mut on_done: impl FnMut(&Report)) -> SweepSummary {
+pub fn run_sweep(
+    start: u64,
+    count: u64,
+    jobs: usize,
+    options: &Options,
+    mut on_done: impl FnMut(&Report),
+) -> SweepSummary {
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(start));
     let end = start + count;
@@ -156,8 +166,10 @@ fn sweep(start: u64, count: u64, jobs: usize, options: &Options) -> ExitCode {
     std::panic::set_hook(Box::new(|_| {}));
     let bar = indicatif::ProgressBar::new(count);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut failed = 0;
     let summary = run_sweep(start, count, jobs, options, |report| {
@@ -190,8 +202,12 @@ fn print_summary(summary: &SweepSummary, start: u64, count: u64, jobs: usize, op
         options.canary
     );
     println!("seeds {start}..{} on {jobs} thread(s)", start + count);
-    println!("| runs | failures | seeds/min | ops sent | ops acked (applied) | faults injected | wall |");
-    println!("|-----:|---------:|----------:|---------:|--------------------:|----------------:|-----:|");
+    println!(
+        "| runs | failures | seeds/min | ops sent | ops acked (applied) | faults injected | wall |"
+    );
+    println!(
+        "|-----:|---------:|----------:|---------:|--------------------:|----------------:|-----:|"
+    );
     println!(
         "| {} | {} | {:.1} | {} | {} | {} | {:.1}s |",
         summary.runs,

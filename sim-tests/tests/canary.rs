@@ -24,7 +24,9 @@ fn options(canary: Option<Canary>, profile: Profile) -> Options {
 }
 
 fn jobs() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4)
 }
 
 /// Runs seeds in chunks of `jobs()` until one fails; the failing report.
@@ -44,22 +46,35 @@ fn first_catch(on: &Options) -> Option<Report> {
 fn caught(canary: Canary) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let profile = Profile::for_canary(canary);
-    if let Some(seed) = std::env::var("MADSIM_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
+    if let Some(seed) = std::env::var("MADSIM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         let report = run_seed(seed, &options(Some(canary), profile));
         println!("{report}");
         assert!(!report.passed(), "{canary:?} not caught by seed {seed}");
         return;
     }
     let Some(report) = first_catch(&options(Some(canary), profile)) else {
-        panic!("{canary:?} was not caught by seeds 1..={SEEDS_MAX} of profile {}", profile.name());
+        panic!(
+            "{canary:?} was not caught by seeds 1..={SEEDS_MAX} of profile {}",
+            profile.name()
+        );
     };
     let needed = report.seed;
-    println!("{canary:?} caught by seed {needed} (profile {}): {}", profile.name(), report.failure.as_ref().unwrap());
+    println!(
+        "{canary:?} caught by seed {needed} (profile {}): {}",
+        profile.name(),
+        report.failure.as_ref().unwrap()
+    );
     let off = run_sweep(1, needed, jobs(), &options(None, profile), |_| {});
     for report in &off.failures {
         println!("{report}");
     }
-    assert!(off.failures.is_empty(), "seeds 1..={needed} must pass with {canary:?} off");
+    assert!(
+        off.failures.is_empty(),
+        "seeds 1..={needed} must pass with {canary:?} off"
+    );
 }
 
 #[test]

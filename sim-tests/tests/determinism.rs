@@ -12,7 +12,8 @@ fn same_seed_same_trace() {
         let first = run_seed(seed, &options);
         let second = run_seed(seed, &options);
         if first.trace_hash != second.trace_hash {
-            let (index, a, b) = first_difference(&first.events, &second.events).expect("hashes differ, so events do");
+            let (index, a, b) = first_difference(&first.events, &second.events)
+                .expect("hashes differ, so events do");
             panic!(
                 "seed {seed} is not deterministic: first difference at event {index}:\n  run 1: {}\n  run 2: {}",
                 a.map_or("<end>".into(), |e| e.to_string()),
@@ -21,7 +22,10 @@ fn same_seed_same_trace() {
         }
         assert_eq!(first.events, second.events);
         assert_eq!(first.failure, second.failure);
-        assert!(first.events.len() > 100, "seed {seed}: trace too short to prove anything");
+        assert!(
+            first.events.len() > 100,
+            "seed {seed}: trace too short to prove anything"
+        );
     }
 }
 

@@ -9,7 +9,9 @@ use arbor_sim::scenario::{run_seed, Options};
 const SEEDS: u64 = 50;
 
 fn jobs() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4)
 }
 
 fn seed_from_env() -> Option<u64> {
@@ -38,10 +40,21 @@ fn standard_seeds() {
     }
     assert_eq!(summary.runs, SEEDS);
     let failing: Vec<u64> = summary.failures.iter().map(|r| r.seed).collect();
-    assert!(failing.is_empty(), "failing seeds: {failing:?} (replay commands above)");
+    assert!(
+        failing.is_empty(),
+        "failing seeds: {failing:?} (replay commands above)"
+    );
     // The scenario must actually exercise the system, or passing means nothing.
-    assert!(summary.ops_acked > SEEDS * 100, "too few ops acked: {}", summary.ops_acked);
-    assert!(summary.faults_injected > SEEDS, "too few faults: {}", summary.faults_injected);
+    assert!(
+        summary.ops_acked > SEEDS * 100,
+        "too few ops acked: {}",
+        summary.ops_acked
+    );
+    assert!(
+        summary.faults_injected > SEEDS,
+        "too few faults: {}",
+        summary.faults_injected
+    );
 }
 
 #[test]
@@ -55,5 +68,10 @@ fn fault_free_run_acks_almost_everything() {
     assert!(report.passed());
     assert_eq!(report.faults_injected, 0);
     // Without faults only overload could refuse a write.
-    assert!(report.ops_acked * 10 >= report.ops_sent * 9, "{} of {}", report.ops_acked, report.ops_sent);
+    assert!(
+        report.ops_acked * 10 >= report.ops_sent * 9,
+        "{} of {}",
+        report.ops_acked,
+        report.ops_sent
+    );
 }

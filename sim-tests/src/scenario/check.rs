@@ -10,7 +10,7 @@ use crate::world::transport::RequestKind;
 use crate::world::World;
 use arbor::forest::TreeDump;
 use arbor::proto::Response;
-use arbor::{ReplicaId, TreeKey, TRASH, timestamp_replica};
+use arbor::{timestamp_replica, ReplicaId, TreeKey, TRASH};
 use std::collections::{BTreeMap, BTreeSet};
 
 use std::time::Duration;
@@ -42,7 +42,9 @@ fn set_pushes_blocked(world: &World, blocked: bool) {
 
 /// Drops every push between replicas from now on, until the sync check ends.
 pub fn block_pushes(world: &World) {
-    world.trace.record("world", "pushes between replicas blocked");
+    world
+        .trace
+        .record("world", "pushes between replicas blocked");
     set_pushes_blocked(world, true);
 }
 
@@ -50,15 +52,24 @@ pub fn block_pushes(world: &World) {
 /// replica must hold everything any replica held before the round.
 pub async fn sync_round(world: &World) -> Result {
     for replica in world.replica_ids() {
-        world.trace.record(&format!("replica-{replica}"), "sync_now");
+        world
+            .trace
+            .record(&format!("replica-{replica}"), "sync_now");
         let round = world.on_node(replica, |service| async move { service.sync_now().await });
         match madsim::time::timeout(SYNC_ROUND_DEADLINE, round).await {
             Ok(Some(())) => {}
-            Ok(None) => return Err(Failure::new("liveness", format!("replica-{replica} died during sync_now"))),
+            Ok(None) => {
+                return Err(Failure::new(
+                    "liveness",
+                    format!("replica-{replica} died during sync_now"),
+                ))
+            }
             Err(_) => {
                 return Err(Failure::new(
                     "liveness",
-                    format!("replica-{replica}: sync_now did not finish within {SYNC_ROUND_DEADLINE:?}"),
+                    format!(
+                        "replica-{replica}: sync_now did not finish within {SYNC_ROUND_DEADLINE:?}"
+                    ),
                 ))
             }
         }
@@ -69,7 +80,10 @@ pub async fn sync_round(world: &World) -> Result {
 /// Sync-only convergence: pushes stay blocked, so whatever converges was
 /// carried by background sync alone.
 pub async fn check_sync_converges(world: &World, workload: &Workload) -> Result {
-    world.trace.record("world", "check: one sync round on every replica, pushes blocked");
+    world.trace.record(
+        "world",
+        "check: one sync round on every replica, pushes blocked",
+    );
     let result = async {
         sync_round(world).await?;
         check_converged(world, workload, "after a sync round with pushes blocked").await
@@ -82,7 +96,9 @@ pub async fn check_sync_converges(world: &World, workload: &Workload) -> Result 
 
 /// Waits until every replica has pushed everything, then checks.
 pub async fn check_push_converges(world: &World, workload: &Workload) -> Result {
-    world.trace.record("world", "check: waiting for replication to go idle");
+    world
+        .trace
+        .record("world", "check: waiting for replication to go idle");
     let deadline = global_now() + CONVERGENCE_DEADLINE;
     loop {
         let busy: Vec<ReplicaId> = world
@@ -110,12 +126,17 @@ pub async fn check_push_converges(world: &World, workload: &Workload) -> Result 
 /// No caller of any replica is still waiting for a batch.
 pub fn check_nobody_waits(world: &World) -> Result {
     for node in &world.nodes {
-        let Some(service) = node.service() else { continue };
+        let Some(service) = node.service() else {
+            continue;
+        };
         let pending = service.stats().pending_writes;
         if pending != 0 {
             return Err(Failure::new(
                 "hung callers",
-                format!("{} still has {pending} writes pending on an idle cluster", node.name),
+                format!(
+                    "{} still has {pending} writes pending on an idle cluster",
+                    node.name
+                ),
             ));
         }
     }
@@ -125,9 +146,9 @@ pub fn check_nobody_waits(world: &World) -> Result {
 fn dumps(world: &World) -> Result<BTreeMap<ReplicaId, BTreeMap<TreeKey, TreeDump>>> {
     let mut all = BTreeMap::new();
     for node in &world.nodes {
-        let service = node
-            .service()
-            .ok_or_else(|| Failure::new("liveness", format!("{} is down at check time", node.name)))?;
+        let service = node.service().ok_or_else(|| {
+            Failure::new("liveness", format!("{} is down at check time", node.name))
+        })?;
         let forest = service.forest();
         let trees = forest
             .all_trees()
@@ -135,7 +156,10 @@ fn dumps(world: &World) -> Result<BTreeMap<ReplicaId, BTreeMap<TreeKey, TreeDump
         let mut per_tree = BTreeMap::new();
         for tree in trees {
             if let Err(broken) = forest.check_invariants(&tree) {
-                return Err(Failure::new("tree invariant", format!("{} {:?}/{}: {broken}", node.name, tree.cid, tree.tree)));
+                return Err(Failure::new(
+                    "tree invariant",
+                    format!("{} {:?}/{}: {broken}", node.name, tree.cid, tree.tree),
+                ));
             }
             let dump = forest
                 .dump(&tree)
@@ -155,8 +179,13 @@ pub async fn check_converged(world: &World, workload: &Workload, when: &str) -> 
     let mut reference: BTreeMap<TreeKey, TreeDump> = BTreeMap::new();
     for tree in trees {
         let holders = workload.replicas_of(&tree.cid);
-        let Some(&first) = holders.first() else { continue };
-        let empty = TreeDump { nodes: Vec::new(), log: Vec::new() };
+        let Some(&first) = holders.first() else {
+            continue;
+        };
+        let empty = TreeDump {
+            nodes: Vec::new(),
+            log: Vec::new(),
+        };
         let base = all[&first].get(tree).unwrap_or(&empty);
         for &other in &holders[1..] {
             let dump = all[&other].get(tree).unwrap_or(&empty);
@@ -199,28 +228,47 @@ fn describe_difference(a: &TreeDump, b: &TreeDump) -> Option<String> {
 }
 
 /// Every acknowledged write is in the (common) log.
-fn check_acked_present(dumps: &BTreeMap<TreeKey, TreeDump>, workload: &Workload, when: &str) -> Result {
+fn check_acked_present(
+    dumps: &BTreeMap<TreeKey, TreeDump>,
+    workload: &Workload,
+    when: &str,
+) -> Result {
     let ledger = workload.ledger.lock().unwrap();
     let timestamps: BTreeMap<&TreeKey, BTreeSet<u64>> = dumps
         .iter()
         .map(|(tree, dump)| (tree, dump.log.iter().map(|op| op.ts()).collect()))
         .collect();
-    let empty = TreeDump { nodes: Vec::new(), log: Vec::new() };
+    let empty = TreeDump {
+        nodes: Vec::new(),
+        log: Vec::new(),
+    };
     for acked in &ledger.acked {
         let present = match acked {
-            Acked::Created { tree, node, .. } => timestamps.get(tree).is_some_and(|ts| ts.contains(node)),
-            Acked::Moved { tree, node, parent, tag, .. } => dumps.get(tree).unwrap_or(&empty).log.iter().any(|op| {
-                op.child == *node && op.parent == *parent && op.meta.get("op") == Some(tag.as_bytes())
+            Acked::Created { tree, node, .. } => {
+                timestamps.get(tree).is_some_and(|ts| ts.contains(node))
+            }
+            Acked::Moved {
+                tree,
+                node,
+                parent,
+                tag,
+                ..
+            } => dumps.get(tree).unwrap_or(&empty).log.iter().any(|op| {
+                op.child == *node
+                    && op.parent == *parent
+                    && op.meta.get("op") == Some(tag.as_bytes())
             }),
-            Acked::Removed { tree, node, acker } => dumps
-                .get(tree)
-                .unwrap_or(&empty)
-                .log
-                .iter()
-                .any(|op| op.child == *node && op.parent == TRASH && timestamp_replica(op.ts()) == *acker),
+            Acked::Removed { tree, node, acker } => {
+                dumps.get(tree).unwrap_or(&empty).log.iter().any(|op| {
+                    op.child == *node && op.parent == TRASH && timestamp_replica(op.ts()) == *acker
+                })
+            }
         };
         if !present {
-            return Err(Failure::new("lost write", format!("{when}: acknowledged {acked:?} is missing")));
+            return Err(Failure::new(
+                "lost write",
+                format!("{when}: acknowledged {acked:?} is missing"),
+            ));
         }
     }
     Ok(())
@@ -230,9 +278,17 @@ fn check_acked_present(dumps: &BTreeMap<TreeKey, TreeDump>, workload: &Workload,
 async fn check_reads_agree(world: &World, workload: &Workload, when: &str) -> Result {
     let mut reads: Vec<_> = {
         let ledger = workload.ledger.lock().unwrap();
-        ledger.leaf_paths.iter().take(READS_COMPARED_MAX).cloned().collect()
+        ledger
+            .leaf_paths
+            .iter()
+            .take(READS_COMPARED_MAX)
+            .cloned()
+            .collect()
     };
-    let dirs: BTreeSet<_> = reads.iter().map(|(tree, path)| (tree.clone(), vec![path[0].clone()])).collect();
+    let dirs: BTreeSet<_> = reads
+        .iter()
+        .map(|(tree, path)| (tree.clone(), vec![path[0].clone()]))
+        .collect();
     reads.extend(dirs);
     for (tree, path) in reads {
         for latest_only in [false, true] {
@@ -240,9 +296,14 @@ async fn check_reads_agree(world: &World, workload: &Workload, when: &str) -> Re
             for replica in workload.replicas_of(&tree.cid) {
                 let request = read_request(tree.clone(), path.clone(), latest_only);
                 let answer = world
-                    .on_node(replica, |service| async move { service.handle(request).await })
+                    .on_node(
+                        replica,
+                        |service| async move { service.handle(request).await },
+                    )
                     .await
-                    .ok_or_else(|| Failure::new("liveness", format!("replica-{replica} down during reads")))?;
+                    .ok_or_else(|| {
+                        Failure::new("liveness", format!("replica-{replica} down during reads"))
+                    })?;
                 answers.push((replica, answer));
             }
             if let Some((other, answer)) = answers.iter().find(|(_, a)| *a != answers[0].1) {
@@ -258,4 +319,3 @@ async fn check_reads_agree(world: &World, workload: &Workload, when: &str) -> Re
     }
     Ok(())
 }
-

@@ -121,12 +121,19 @@ impl Report {
 
     /// The CLI command that replays this run with a readable trace.
     pub fn replay_commands(&self) -> String {
-        let canary = self.canary.map(|c| format!(" --canary {c:?}")).unwrap_or_default();
+        let canary = self
+            .canary
+            .map(|c| format!(" --canary {c:?}"))
+            .unwrap_or_default();
         let profile = match self.swarm.profile {
             Profile::Standard => String::new(),
             other => format!(" --profile {}", other.name()),
         };
-        let size = if self.swarm.size == Size::TEST { " --small" } else { "" };
+        let size = if self.swarm.size == Size::TEST {
+            " --small"
+        } else {
+            ""
+        };
         format!(
             "cargo run --release -p arbor-sim -- replay --seed {}{profile}{canary}{size}",
             self.seed
@@ -185,7 +192,11 @@ fn replica_sets(replicas: usize) -> Vec<(ContainerId, Vec<ReplicaId>)> {
         .into_iter()
         .enumerate()
         .map(|(i, cid)| {
-            let set = if i == 1 && replicas > 3 { all[..3].to_vec() } else { all.clone() };
+            let set = if i == 1 && replicas > 3 {
+                all[..3].to_vec()
+            } else {
+                all.clone()
+            };
             (cid, set)
         })
         .collect()
@@ -209,10 +220,16 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
     // runs agree; runs with different canaries must not overlap.
     arbor::canary::set(options.canary);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let mut runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+        let mut runtime =
+            madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         runtime.set_time_limit(swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA);
-        let (swarm, trace, tally, faults, simulated) =
-            (swarm.clone(), trace.clone(), tally.clone(), faults.clone(), simulated.clone());
+        let (swarm, trace, tally, faults, simulated) = (
+            swarm.clone(),
+            trace.clone(),
+            tally.clone(),
+            faults.clone(),
+            simulated.clone(),
+        );
         runtime.block_on(async move {
             let verdict = simulate(&swarm, &trace, &tally, &faults).await;
             *simulated.lock().unwrap() = crate::world::clock::global_now();
@@ -258,7 +275,8 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
     let configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
     let disks: Vec<SimDisk> = (0..swarm.replicas)
         .map(|i| {
-            let mut config = DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
+            let mut config =
+                DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
             config.latency = swarm.disk_latency;
             config.faults.torn_write_probability = swarm.torn_write_probability;
             SimDisk::new(config)
@@ -277,13 +295,21 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
     (World::build(specs, trace.clone()), disks)
 }
 
-async fn simulate(swarm: &Swarm, trace: &Trace, tally: &Mutex<Tally>, faults: &Arc<AtomicU64>) -> Result<(), Failure> {
+async fn simulate(
+    swarm: &Swarm,
+    trace: &Trace,
+    tally: &Mutex<Tally>,
+    faults: &Arc<AtomicU64>,
+) -> Result<(), Failure> {
     let (mut world, disks) = build_world(swarm, trace);
     let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
     let world = Arc::new(world);
     for replica in world.replica_ids() {
         if !world.wait_up(replica, BOOT_DEADLINE).await {
-            return Err(Failure::new("liveness", format!("replica-{replica} did not boot")));
+            return Err(Failure::new(
+                "liveness",
+                format!("replica-{replica} did not boot"),
+            ));
         }
     }
     let mut workload = Workload::new(world.clone(), trace.clone(), CALL_TIMEOUT);
@@ -295,6 +321,7 @@ async fn simulate(swarm: &Swarm, trace: &Trace, tally: &Mutex<Tally>, faults: &A
         swarm: swarm.clone(),
         disks: disks.clone(),
         faults_injected: faults.clone(),
+        supervised: Mutex::default(),
     });
     run_workload(swarm, &workload, &nemesis, clients).await;
     let result = heal_and_check(swarm, &world, &workload, &nemesis).await;
@@ -305,12 +332,17 @@ async fn simulate(swarm: &Swarm, trace: &Trace, tally: &Mutex<Tally>, faults: &A
     result
 }
 
-async fn run_workload(swarm: &Swarm, workload: &Arc<Workload>, nemesis: &Arc<Nemesis>, clients: Vec<crate::world::Client>) {
+async fn run_workload(
+    swarm: &Swarm,
+    workload: &Arc<Workload>,
+    nemesis: &Arc<Nemesis>,
+    clients: Vec<crate::world::Client>,
+) {
     let deadline = crate::world::clock::global_now() + swarm.size.workload_duration;
     let ops_per_client = swarm.size.ops_total / swarm.size.clients as u64;
     // Closed-loop clients: think time spreads each client's ops over the
     // run, leaving room for the calls themselves.
-    let think_mean = swarm.size.workload_duration.mul_f64(0.8) / ops_per_client.max(1) as u32;
+    let think_mean = swarm.size.workload_duration.mul_f64(0.6) / ops_per_client.max(1) as u32;
     let mut tasks = Vec::new();
     for client in clients {
         let workload = workload.clone();
@@ -319,7 +351,6 @@ async fn run_workload(swarm: &Swarm, workload: &Arc<Workload>, nemesis: &Arc<Nem
             client,
             ops_per_client,
             think_mean,
-            deadline,
         )));
     }
     let strikes = madsim::task::spawn(nemesis.clone().run(deadline));
@@ -329,7 +360,12 @@ async fn run_workload(swarm: &Swarm, workload: &Arc<Workload>, nemesis: &Arc<Nem
     let _ = strikes.await;
 }
 
-async fn heal_and_check(swarm: &Swarm, world: &Arc<World>, workload: &Arc<Workload>, nemesis: &Arc<Nemesis>) -> Result<(), Failure> {
+async fn heal_and_check(
+    swarm: &Swarm,
+    world: &Arc<World>,
+    workload: &Arc<Workload>,
+    nemesis: &Arc<Nemesis>,
+) -> Result<(), Failure> {
     world.trace.record("world", "heal everything");
     world.heal_network();
     madsim::net::NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
@@ -346,7 +382,10 @@ async fn heal_and_check(swarm: &Swarm, world: &Arc<World>, workload: &Arc<Worklo
     }
     for replica in world.replica_ids() {
         if !world.wait_up(replica, BOOT_DEADLINE).await {
-            return Err(Failure::new("liveness", format!("replica-{replica} did not come back after healing")));
+            return Err(Failure::new(
+                "liveness",
+                format!("replica-{replica} did not come back after healing"),
+            ));
         }
     }
     if let Some(failure) = workload.failure.lock().unwrap().clone() {

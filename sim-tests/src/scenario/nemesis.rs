@@ -11,13 +11,16 @@ use crate::world::World;
 use arbor::ReplicaId;
 use madsim::net::NetSim;
 use madsim::rand::{seq::SliceRandom, thread_rng, Rng};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Longest fault window and longest crash downtime.
 const WINDOW_MAX: Duration = Duration::from_secs(6);
 const DOWNTIME_MAX: Duration = Duration::from_secs(4);
+/// Simulated time between two invariant sweeps over every replica.
+const INVARIANT_SWEEP_INTERVAL: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -36,6 +39,9 @@ pub struct Nemesis {
     pub swarm: Swarm,
     pub disks: Vec<SimDisk>,
     pub faults_injected: Arc<AtomicU64>,
+    /// Replicas the supervisor is draining and restarting; no other fault
+    /// touches them meanwhile.
+    pub supervised: Mutex<BTreeSet<ReplicaId>>,
 }
 
 fn window() -> Duration {
@@ -46,10 +52,16 @@ impl Nemesis {
     /// Strikes until `deadline`; every fault heals itself after its window.
     pub async fn run(self: Arc<Self>, deadline: Duration) {
         let gap_mean_ms = self.swarm.fault_gap_mean.as_millis() as u64;
+        let mut next_sweep = global_now();
         while global_now() < deadline && !self.workload.failed() {
             let gap = Duration::from_millis(thread_rng().gen_range(1..=2 * gap_mean_ms));
             madsim::time::sleep(gap).await;
-            self.sweep_invariants();
+            // Full sweeps cost a pass over every tree; the acking replica is
+            // checked after every write anyway.
+            if global_now() >= next_sweep {
+                self.sweep_invariants();
+                next_sweep = global_now() + INVARIANT_SWEEP_INTERVAL;
+            }
             if let Some(fault) = self.choose() {
                 self.faults_injected.fetch_add(1, Ordering::Relaxed);
                 self.clone().strike(fault);
@@ -99,7 +111,9 @@ impl Nemesis {
             Fault::Partition => self.partition(window),
             Fault::OneWay => {
                 let (from, to) = self.random_pair();
-                self.note(format!("clog replica-{from} -> replica-{to} for {window:?}"));
+                self.note(format!(
+                    "clog replica-{from} -> replica-{to} for {window:?}"
+                ));
                 self.world.clog_one_way(from, to);
                 self.later(window, move |n| {
                     n.note(format!("unclog replica-{from} -> replica-{to}"));
@@ -133,7 +147,10 @@ impl Nemesis {
                     torn_write_probability: self.swarm.torn_write_probability,
                     ..self.swarm.disk_faults
                 };
-                self.note(format!("disk errors on replica-{} for {window:?}", index + 1));
+                self.note(format!(
+                    "disk errors on replica-{} for {window:?}",
+                    index + 1
+                ));
                 self.disks[index].set_faults(faults);
                 self.later(window, move |n| {
                     n.note(format!("disk errors off on replica-{}", index + 1));
@@ -141,15 +158,30 @@ impl Nemesis {
                     // redb refuses every write after an I/O error until the
                     // database is reopened: the supervisor restarts it.
                     let replica = n.world.nodes[index].replica_id;
-                    if n.world.is_up(replica) {
-                        let world = n.world.clone();
-                        drop(madsim::task::spawn(async move { world.restart_process(replica).await }));
+                    let fresh = n.supervised.lock().unwrap().insert(replica);
+                    if fresh && n.world.is_up(replica) {
+                        let nemesis = n.clone();
+                        let guard = n.world.maintenance();
+                        drop(madsim::task::spawn(async move {
+                            let _guard = guard;
+                            let (world, workload) = (&nemesis.world, &nemesis.workload);
+                            check_drained(world, workload, replica).await;
+                            let before = world.stored_heights(replica);
+                            world.restart_process(replica).await;
+                            check_nothing_lost(world, workload, replica, before, "process restart")
+                                .await;
+                            nemesis.supervised.lock().unwrap().remove(&replica);
+                        }));
+                    } else if fresh {
+                        n.supervised.lock().unwrap().remove(&replica);
                     }
                 });
             }
             Fault::PushBlackout => {
                 let (from, to) = self.random_pair();
-                self.note(format!("drop pushes replica-{from} -> replica-{to} for {window:?}"));
+                self.note(format!(
+                    "drop pushes replica-{from} -> replica-{to} for {window:?}"
+                ));
                 self.world.filter.block(from, to, RequestKind::Push);
                 self.later(window, move |n| {
                     n.note(format!("pushes replica-{from} -> replica-{to} flow again"));
@@ -204,22 +236,27 @@ impl Nemesis {
             .world
             .replica_ids()
             .into_iter()
-            .filter(|&r| self.world.is_up(r))
+            .filter(|&r| self.world.is_up(r) && !self.supervised.lock().unwrap().contains(&r))
             .collect();
         let Some(&victim) = up.choose(&mut thread_rng()) else {
             return;
         };
-        let downtime = Duration::from_millis(thread_rng().gen_range(10..=DOWNTIME_MAX.as_millis() as u64));
+        let downtime =
+            Duration::from_millis(thread_rng().gen_range(10..=DOWNTIME_MAX.as_millis() as u64));
         self.note(format!("crash replica-{victim} for {downtime:?}"));
+        let before = self.world.stored_heights(victim);
         self.world.crash(victim);
-        self.later(downtime, move |n| {
-            if !n.world.is_up(victim) {
-                n.world.restart(victim);
+        drop(madsim::task::spawn(async move {
+            madsim::time::sleep(downtime).await;
+            if !self.world.is_up(victim) {
+                self.world.restart(victim);
+                check_nothing_lost(&self.world, &self.workload, victim, before, "power failure")
+                    .await;
             }
-        });
+        }));
     }
 
-    fn later(self: Arc<Self>, delay: Duration, heal: impl FnOnce(&Nemesis) + Send + 'static) {
+    fn later(self: Arc<Self>, delay: Duration, heal: impl FnOnce(&Arc<Nemesis>) + Send + 'static) {
         drop(madsim::task::spawn(async move {
             madsim::time::sleep(delay).await;
             heal(&self);
@@ -229,7 +266,9 @@ impl Nemesis {
     /// The tree invariant on every tree of every live replica.
     pub fn sweep_invariants(&self) {
         for node in &self.world.nodes {
-            let Some(service) = node.service() else { continue };
+            let Some(service) = node.service() else {
+                continue;
+            };
             let trees = match service.forest().all_trees() {
                 Ok(trees) => trees,
                 Err(e) => {
@@ -251,6 +290,63 @@ impl Nemesis {
     }
 }
 
+/// How long a replica cut off from new requests may take to answer every
+/// caller it has: a batch waits at most `max_batch_delay` and a commit on a
+/// failed database fails fast.
+const DRAIN_WINDOW: Duration = Duration::from_secs(1);
+
+/// Before the supervisor restarts a replica whose disk failed (which would
+/// drop any caller it left hanging), its inbound traffic stops for a moment
+/// and every caller must have had its answer by then.
+async fn check_drained(world: &World, workload: &Workload, replica: ReplicaId) {
+    let net = NetSim::current();
+    let id = world.node(replica).madsim_id();
+    net.clog_node_in(id);
+    madsim::time::sleep(DRAIN_WINDOW).await;
+    net.unclog_node_in(id);
+    let Some(service) = world.node(replica).service() else {
+        return;
+    };
+    let pending = service.stats().pending_writes;
+    if pending != 0 {
+        workload.fail(Failure::new(
+            "hung callers",
+            format!("replica-{replica} still has {pending} writes pending {DRAIN_WINDOW:?} after its inbound traffic stopped (disk errors before)"),
+        ));
+    }
+}
+
+/// Every commit is durable (`Durability::Immediate`), so what a replica
+/// had stored before a crash or restart must still be there after it.
+async fn check_nothing_lost(
+    world: &World,
+    workload: &Workload,
+    replica: ReplicaId,
+    before: Option<std::collections::BTreeMap<arbor::TreeKey, u64>>,
+    what: &str,
+) {
+    let Some(before) = before else { return };
+    if !world.wait_up(replica, Duration::from_secs(10)).await {
+        return;
+    }
+    let Some(after) = world.stored_heights(replica) else {
+        return;
+    };
+    for (tree, height) in before {
+        let now = after.get(&tree).copied().unwrap_or(0);
+        if now < height {
+            workload.fail(Failure::new(
+                "lost write",
+                format!(
+                    "replica-{replica} {:?}/{} stored {height} ops before a {what}, {now} after",
+                    tree.cid, tree.tree
+                ),
+            ));
+        }
+    }
+}
+
 pub fn reset_latency() {
-    NetSim::current().update_config(|c| c.send_latency = Duration::from_millis(1)..Duration::from_millis(10));
+    NetSim::current()
+        .update_config(|c| c.send_latency = Duration::from_millis(1)..Duration::from_millis(10));
 }

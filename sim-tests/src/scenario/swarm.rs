@@ -29,8 +29,8 @@ impl Size {
     /// The `cargo test` scenario: same shape, fewer ops, so that the fixed
     /// seed set fits the test budget with debug builds of our crates.
     pub const TEST: Size = Size {
-        ops_total: 400,
-        workload_duration: Duration::from_secs(20),
+        ops_total: 300,
+        workload_duration: Duration::from_secs(15),
         clients: 4,
     };
 }
@@ -74,9 +74,14 @@ impl Profile {
     }
 
     pub fn parse(name: &str) -> Option<Profile> {
-        [Profile::Standard, Profile::PushOnly, Profile::SyncHeavy, Profile::StorageErrors]
-            .into_iter()
-            .find(|p| p.name() == name)
+        [
+            Profile::Standard,
+            Profile::PushOnly,
+            Profile::SyncHeavy,
+            Profile::StorageErrors,
+        ]
+        .into_iter()
+        .find(|p| p.name() == name)
     }
 }
 
@@ -143,7 +148,8 @@ impl Swarm {
             replication_channel_capacity: pick(&mut rng, &[2, 8, 64, 1000]),
             replication_worker_count: pick(&mut rng, &[1, 4, 32]),
             replication_timeout: Duration::from_millis(pick(&mut rng, &[200, 1000, 5000])),
-            sync_interval: pick(&mut rng, &[None, Some(500), Some(2_000), Some(10_000)]).map(Duration::from_millis),
+            sync_interval: pick(&mut rng, &[None, Some(500), Some(2_000), Some(10_000)])
+                .map(Duration::from_millis),
             max_pending_writes: pick(&mut rng, &[64, 1000, 10_000]),
             sync_page_size: pick(&mut rng, &[3, 32, 256]),
         };
@@ -178,7 +184,11 @@ impl Swarm {
                 sync_error_probability: pick(&mut rng, &[0.001, 0.01, 0.05]),
                 torn_write_probability: 0.0,
             },
-            torn_write_probability: if faults_on { pick(&mut rng, &[0.0, 0.5, 1.0]) } else { 0.0 },
+            torn_write_probability: if faults_on {
+                pick(&mut rng, &[0.0, 0.5, 1.0])
+            } else {
+                0.0
+            },
             disk_latency: DiskLatency {
                 per_write: Duration::from_micros(pick(&mut rng, &[0, 20, 200])),
                 per_sync: Duration::from_micros(pick(&mut rng, &[0, 100, 2_000])),
@@ -193,9 +203,13 @@ impl Swarm {
         match self.profile {
             Profile::Standard => {}
             Profile::PushOnly => {
+                // Long batches gather writes to several trees, each a
+                // replication hint, against a one-slot hint queue.
                 self.knobs.sync_interval = None;
-                self.knobs.replication_channel_capacity = self.knobs.replication_channel_capacity.min(4);
+                self.knobs.replication_channel_capacity = 1;
                 self.knobs.replication_worker_count = 1;
+                self.knobs.max_batch_size = 100;
+                self.knobs.max_batch_delay = Duration::from_millis(20);
                 self.faults.push_blackout = 0.0;
                 if faults_on {
                     self.faults.latency_spike = self.faults.latency_spike.max(0.5);
@@ -223,7 +237,15 @@ impl Swarm {
 impl fmt::Display for Swarm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let k = &self.knobs;
-        writeln!(f, "seed {} profile {} ({} ops, {:?}, {} clients)", self.seed, self.profile.name(), self.size.ops_total, self.size.workload_duration, self.size.clients)?;
+        writeln!(
+            f,
+            "seed {} profile {} ({} ops, {:?}, {} clients)",
+            self.seed,
+            self.profile.name(),
+            self.size.ops_total,
+            self.size.workload_duration,
+            self.size.clients
+        )?;
         writeln!(
             f,
             "  replicas {}; max_batch_size {}, max_batch_delay {:?}, replication_channel_capacity {}, workers {}, replication_timeout {:?}, sync_interval {:?}, max_pending_writes {}, sync_page_size {}",
@@ -240,6 +262,11 @@ impl fmt::Display for Swarm {
             .iter()
             .map(|s| format!("+{}ms {:+}ppm", s.offset.as_millis(), s.drift_ppm))
             .collect();
-        write!(f, "  clocks: {}; disk latency {:?}", skews.join(", "), self.disk_latency)
+        write!(
+            f,
+            "  clocks: {}; disk latency {:?}",
+            skews.join(", "),
+            self.disk_latency
+        )
     }
 }

@@ -37,7 +37,11 @@ pub fn system_tree(cid: ContainerId) -> TreeKey {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acked {
     /// A node created by an op whose timestamp is the node id.
-    Created { tree: TreeKey, node: NodeId, acker: ReplicaId },
+    Created {
+        tree: TreeKey,
+        node: NodeId,
+        acker: ReplicaId,
+    },
     /// A move tagged with a unique `op` meta value.
     Moved {
         tree: TreeKey,
@@ -47,7 +51,11 @@ pub enum Acked {
         acker: ReplicaId,
     },
     /// A remove: some op of the acker moved `node` under TRASH.
-    Removed { tree: TreeKey, node: NodeId, acker: ReplicaId },
+    Removed {
+        tree: TreeKey,
+        node: NodeId,
+        acker: ReplicaId,
+    },
 }
 
 /// What the clients did, shared between them and the checkers.
@@ -141,17 +149,21 @@ fn object_meta(name: &str, op: u64) -> Vec<KeyValue> {
         KeyValue::new("Size", (op * 37 % 100_000).to_string().into_bytes()),
         KeyValue::new("Created", (1_700_000_000 + op).to_string().into_bytes()),
         KeyValue::new("Owner", b"sim-owner".to_vec()),
-        KeyValue::new("ETag", format!("{:032x}", u128::from(op) * 0x9e37_79b9).into_bytes()),
+        KeyValue::new(
+            "ETag",
+            format!("{:032x}", u128::from(op) * 0x9e37_79b9).into_bytes(),
+        ),
         KeyValue::new("IsUnversioned", b"false".to_vec()),
     ]
 }
 
-/// One client: a closed loop of random operations until `ops` are issued
-/// or the workload deadline passes.
-pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think_mean: Duration, deadline: Duration) {
+/// One client: a closed loop of `ops` random operations (the run may
+/// outlast the fault phase when calls time out a lot; the op count is the
+/// scenario's size, so it is kept).
+pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think_mean: Duration) {
     opening_burst(&workload, &client).await;
     for _ in 0..ops {
-        if crate::world::clock::global_now() >= deadline || workload.failed() {
+        if workload.failed() {
             break;
         }
         let think_ms = thread_rng().gen_range(0..=2 * think_mean.as_millis() as u64);
@@ -165,11 +177,24 @@ pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think
 async fn opening_burst(workload: &Workload, client: &Client) {
     let cid = containers()[0];
     let ids = workload.replicas_of(&cid);
-    let index: usize = client.name.trim_start_matches("client-").parse().unwrap_or(0);
+    let index: usize = client
+        .name
+        .trim_start_matches("client-")
+        .parse()
+        .unwrap_or(0);
     let replica = ids[index % ids.len()];
     let op = workload.op_id();
     let name = format!("obj-{op}");
-    add_by_path(workload, client, replica, version_tree(cid), SHARED_DIRECTORY.into(), name, op).await;
+    add_by_path(
+        workload,
+        client,
+        replica,
+        version_tree(cid),
+        SHARED_DIRECTORY.into(),
+        name,
+        op,
+    )
+    .await;
 }
 
 async fn random_op(workload: &Workload, client: &Client) {
@@ -181,7 +206,16 @@ async fn random_op(workload: &Workload, client: &Client) {
     match roll {
         0..=34 => {
             let dir = format!("dir-{}", thread_rng().gen_range(0..DIRECTORIES));
-            add_by_path(workload, client, replica, version_tree(cid), dir, format!("obj-{op}"), op).await;
+            add_by_path(
+                workload,
+                client,
+                replica,
+                version_tree(cid),
+                dir,
+                format!("obj-{op}"),
+                op,
+            )
+            .await;
         }
         35..=54 => add_system(workload, client, replica, system_tree(cid), op).await,
         55..=69 => {
@@ -204,11 +238,18 @@ fn pick_tree(cid: ContainerId) -> TreeKey {
 
 /// Sends one request and records it; `Some(response)` when the replica
 /// answered with anything but an error.
-async fn call(workload: &Workload, client: &Client, replica: ReplicaId, op: u64, request: Request) -> Option<Response> {
+async fn call(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    op: u64,
+    request: Request,
+) -> Option<Response> {
     let summary = summarize(&request);
-    workload
-        .trace
-        .record(&client.name, format!("op#{op} {summary} -> replica-{replica}"));
+    workload.trace.record(
+        &client.name,
+        format!("op#{op} {summary} -> replica-{replica}"),
+    );
     workload.ledger.lock().unwrap().ops_sent += 1;
     let result = client.call(replica, request, workload.call_timeout).await;
     let outcome = match &result {
@@ -217,10 +258,13 @@ async fn call(workload: &Workload, client: &Client, replica: ReplicaId, op: u64,
         Err(e) => Err(e.clone()),
     };
     match &outcome {
-        Ok(response) => workload
+        Ok(response) => workload.trace.record(
+            &client.name,
+            format!("op#{op} ok {}", summarize_response(response)),
+        ),
+        Err(e) => workload
             .trace
-            .record(&client.name, format!("op#{op} ok {}", summarize_response(response))),
-        Err(e) => workload.trace.record(&client.name, format!("op#{op} failed: {e}")),
+            .record(&client.name, format!("op#{op} failed: {e}")),
     }
     let mut ledger = workload.ledger.lock().unwrap();
     match outcome {
@@ -237,15 +281,28 @@ async fn call(workload: &Workload, client: &Client, replica: ReplicaId, op: u64,
 
 fn summarize(request: &Request) -> String {
     match request {
-        Request::Add { tree, parent, .. } => format!("Add {:?}/{} under {parent}", tree.cid, tree.tree),
-        Request::AddByPath { tree, path, items, .. } => {
-            let leaf = items.first().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        Request::Add { tree, parent, .. } => {
+            format!("Add {:?}/{} under {parent}", tree.cid, tree.tree)
+        }
+        Request::AddByPath {
+            tree, path, items, ..
+        } => {
+            let leaf = items
+                .first()
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
             format!("AddByPath {:?}/{} {path:?} {leaf:?}", tree.cid, tree.tree)
         }
-        Request::Move { tree, parent, node, .. } => format!("Move {:?}/{} {node} under {parent}", tree.cid, tree.tree),
+        Request::Move {
+            tree, parent, node, ..
+        } => format!("Move {:?}/{} {node} under {parent}", tree.cid, tree.tree),
         Request::Remove { tree, node } => format!("Remove {:?}/{} {node}", tree.cid, tree.tree),
-        Request::GetNodeByPath { tree, path, .. } => format!("GetNodeByPath {:?}/{} {path:?}", tree.cid, tree.tree),
-        Request::GetSubTree { tree, root, depth } => format!("GetSubTree {:?}/{} {root} depth {depth}", tree.cid, tree.tree),
+        Request::GetNodeByPath { tree, path, .. } => {
+            format!("GetNodeByPath {:?}/{} {path:?}", tree.cid, tree.tree)
+        }
+        Request::GetSubTree { tree, root, depth } => format!(
+            "GetSubTree {:?}/{} {root} depth {depth}",
+            tree.cid, tree.tree
+        ),
         other => format!("{other:?}"),
     }
 }
@@ -253,7 +310,10 @@ fn summarize(request: &Request) -> String {
 fn summarize_response(response: &Response) -> String {
     match response {
         Response::Nodes(nodes) => {
-            let ids: Vec<String> = nodes.iter().map(|n| format!("{}@{}", n.id, n.parent)).collect();
+            let ids: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("{}@{}", n.id, n.parent))
+                .collect();
             format!("Nodes[{}]", ids.join(","))
         }
         other => format!("{other:?}"),
@@ -282,19 +342,32 @@ fn check_after_write(workload: &Workload, replica: ReplicaId, tree: &TreeKey) {
     if let Some(broken) = broken_invariant(service.forest(), tree) {
         workload.fail(Failure::new(
             "tree invariant",
-            format!("replica-{replica} {:?}/{} after a write: {broken}", tree.cid, tree.tree),
+            format!(
+                "replica-{replica} {:?}/{} after a write: {broken}",
+                tree.cid, tree.tree
+            ),
         ));
     }
 }
 
-async fn add_by_path(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, dir: String, name: String, op: u64) {
+async fn add_by_path(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    tree: TreeKey,
+    dir: String,
+    name: String,
+    op: u64,
+) {
     let request = Request::AddByPath {
         tree: tree.clone(),
         attr: ATTR_FILE_NAME.into(),
         path: vec![dir.clone()],
         items: object_meta(&name, op),
     };
-    let Some(Response::AddedByPath { leaf, created }) = call(workload, client, replica, op, request).await else {
+    let Some(Response::AddedByPath { leaf, created }) =
+        call(workload, client, replica, op, request).await
+    else {
         return;
     };
     check_after_write(workload, replica, &tree);
@@ -312,7 +385,13 @@ async fn add_by_path(workload: &Workload, client: &Client, replica: ReplicaId, t
     ledger.leaf_paths.insert((tree, vec![dir, name]));
 }
 
-async fn add_system(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, op: u64) {
+async fn add_system(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    tree: TreeKey,
+    op: u64,
+) {
     let parent = match workload.random_known(&tree) {
         Some(node) if thread_rng().gen_bool(0.5) => node,
         _ => ROOT,
@@ -345,7 +424,15 @@ fn move_items(op: u64) -> Vec<KeyValue> {
     ]
 }
 
-async fn move_node(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, node: NodeId, parent: NodeId, op: u64) {
+async fn move_node(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    tree: TreeKey,
+    node: NodeId,
+    parent: NodeId,
+    op: u64,
+) {
     let request = Request::Move {
         tree: tree.clone(),
         parent,
@@ -365,7 +452,13 @@ async fn move_node(workload: &Workload, client: &Client, replica: ReplicaId, tre
     });
 }
 
-async fn move_random(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, op: u64) {
+async fn move_random(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    tree: TreeKey,
+    op: u64,
+) {
     let Some(node) = workload.random_known(&tree) else {
         return;
     };
@@ -392,21 +485,29 @@ async fn cycle_race(workload: &Workload, client: &Client, tree: TreeKey, op: u64
     );
 }
 
-async fn remove_random(workload: &Workload, client: &Client, replica: ReplicaId, tree: TreeKey, op: u64) {
+async fn remove_random(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    tree: TreeKey,
+    op: u64,
+) {
     let Some(node) = workload.random_known(&tree) else {
         return;
     };
-    let request = Request::Remove { tree: tree.clone(), node };
+    let request = Request::Remove {
+        tree: tree.clone(),
+        node,
+    };
     if call(workload, client, replica, op, request).await.is_none() {
         return;
     }
     check_after_write(workload, replica, &tree);
-    workload
-        .ledger
-        .lock()
-        .unwrap()
-        .acked
-        .push(Acked::Removed { tree, node, acker: replica });
+    workload.ledger.lock().unwrap().acked.push(Acked::Removed {
+        tree,
+        node,
+        acker: replica,
+    });
 }
 
 async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, op: u64) {
@@ -416,7 +517,11 @@ async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, o
         if count == 0 {
             None
         } else {
-            ledger.leaf_paths.iter().nth(thread_rng().gen_range(0..count)).cloned()
+            ledger
+                .leaf_paths
+                .iter()
+                .nth(thread_rng().gen_range(0..count))
+                .cloned()
         }
     };
     let request = match path {

@@ -84,7 +84,11 @@ pub fn cluster_configs(count: usize, knobs: &Knobs) -> Vec<Config> {
 
 /// Like `cluster_configs`, with explicit replica sets for some containers
 /// (every node learns every container's set, as from a network map).
-pub fn cluster_configs_with(count: usize, knobs: &Knobs, containers: &[ContainerConfig]) -> Vec<Config> {
+pub fn cluster_configs_with(
+    count: usize,
+    knobs: &Knobs,
+    containers: &[ContainerConfig],
+) -> Vec<Config> {
     let ids: Vec<ReplicaId> = (1..=count as ReplicaId).collect();
     ids.iter()
         .map(|&id| node_config(id, &ids, knobs, containers.to_vec()))
@@ -292,11 +296,34 @@ impl World {
         Handle::current().restart(node.node.id());
     }
 
+    /// Ops stored per tree on a live replica, `None` when down or its
+    /// database cannot be read (poisoned by an I/O error).
+    pub fn stored_heights(&self, replica: ReplicaId) -> Option<BTreeMap<arbor::TreeKey, u64>> {
+        let service = self.node(replica).service()?;
+        let forest = service.forest();
+        let mut heights = BTreeMap::new();
+        for tree in forest.all_trees().ok()? {
+            let height = forest.next_height(&tree).ok()?;
+            heights.insert(tree, height);
+        }
+        Some(heights)
+    }
+
+    /// Marks a supervisor action under way until the guard is dropped;
+    /// `wait_restarts_done` waits for it.
+    pub fn maintenance(&self) -> InFlight {
+        InFlight::enter(&self.restarts_in_flight)
+    }
+
     /// Waits (bounded) until no process restart is under way, so that a
     /// caller restarting nodes does not race one.
     pub async fn wait_restarts_done(&self) {
         for _ in 0..OLD_INCARNATION_POLLS_MAX {
-            if self.restarts_in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            if self
+                .restarts_in_flight
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 0
+            {
                 return;
             }
             madsim::time::sleep(Duration::from_millis(1)).await;
@@ -309,6 +336,8 @@ impl World {
         let node = self.node(replica);
         self.trace.record(&node.name, "restart");
         node.service.lock().unwrap().take();
+        // A no-op on a dead node; on a live one it frees its sockets.
+        Handle::current().kill(node.node.id());
         Handle::current().restart(node.node.id());
     }
 
@@ -380,7 +409,7 @@ impl World {
 }
 
 /// Counts an operation in flight for as long as it lives.
-struct InFlight(Arc<std::sync::atomic::AtomicU64>);
+pub struct InFlight(Arc<std::sync::atomic::AtomicU64>);
 
 impl InFlight {
     fn enter(counter: &Arc<std::sync::atomic::AtomicU64>) -> Self {
