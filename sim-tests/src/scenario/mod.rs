@@ -322,6 +322,7 @@ async fn simulate(
         disks: disks.clone(),
         faults_injected: faults.clone(),
         supervised: Mutex::default(),
+        stopped: Default::default(),
     });
     run_workload(swarm, &workload, &nemesis, clients).await;
     let result = heal_and_check(swarm, &world, &workload, &nemesis).await;
@@ -353,6 +354,9 @@ async fn run_workload(
             think_mean,
         )));
     }
+    if let Some(window) = swarm.opening_partition {
+        nemesis.clone().opening_partition(window);
+    }
     let strikes = madsim::task::spawn(nemesis.clone().run(deadline));
     for task in tasks {
         let _ = task.await;
@@ -367,6 +371,7 @@ async fn heal_and_check(
     nemesis: &Arc<Nemesis>,
 ) -> Result<(), Failure> {
     world.trace.record("world", "heal everything");
+    nemesis.stopped.store(true, Ordering::SeqCst);
     world.heal_network();
     madsim::net::NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
     nemesis::reset_latency();

@@ -42,6 +42,9 @@ pub struct Nemesis {
     /// Replicas the supervisor is draining and restarting; no other fault
     /// touches them meanwhile.
     pub supervised: Mutex<BTreeSet<ReplicaId>>,
+    /// Set when the cluster is healed for the final checks: faults still
+    /// scheduled to end by then do nothing (healing already ended them).
+    pub stopped: std::sync::atomic::AtomicBool,
 }
 
 fn window() -> Duration {
@@ -198,6 +201,18 @@ impl Nemesis {
         }
     }
 
+    /// Cuts every replica off from every other for `window` (clients still
+    /// reach them), healed link by link in shuffled order.
+    pub fn opening_partition(self: Arc<Self>, window: Duration) {
+        let ids = self.world.replica_ids();
+        let links: Vec<(ReplicaId, ReplicaId)> = ids
+            .iter()
+            .flat_map(|&a| ids.iter().filter(move |&&b| b != a).map(move |&b| (a, b)))
+            .collect();
+        self.faults_injected.fetch_add(1, Ordering::Relaxed);
+        self.cut(links, window);
+    }
+
     /// A symmetric partition of one pair, or one replica cut off from all
     /// others; healed link by link in shuffled order.
     fn partition(self: Arc<Self>, window: Duration) {
@@ -214,6 +229,10 @@ impl Nemesis {
                 links.push((other, lonely));
             }
         }
+        self.cut(links, window);
+    }
+
+    fn cut(self: Arc<Self>, mut links: Vec<(ReplicaId, ReplicaId)>, window: Duration) {
         self.note(format!("partition {links:?} for {window:?}"));
         for &(from, to) in &links {
             self.world.clog_one_way(from, to);
@@ -248,7 +267,7 @@ impl Nemesis {
         self.world.crash(victim);
         drop(madsim::task::spawn(async move {
             madsim::time::sleep(downtime).await;
-            if !self.world.is_up(victim) {
+            if !self.world.is_up(victim) && !self.stopped.load(Ordering::SeqCst) {
                 self.world.restart(victim);
                 check_nothing_lost(&self.world, &self.workload, victim, before, "power failure")
                     .await;
@@ -259,7 +278,9 @@ impl Nemesis {
     fn later(self: Arc<Self>, delay: Duration, heal: impl FnOnce(&Arc<Nemesis>) + Send + 'static) {
         drop(madsim::task::spawn(async move {
             madsim::time::sleep(delay).await;
-            heal(&self);
+            if !self.stopped.load(Ordering::SeqCst) {
+                heal(&self);
+            }
         }));
     }
 

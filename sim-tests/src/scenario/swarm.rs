@@ -110,6 +110,9 @@ pub struct Swarm {
     pub faults: FaultMix,
     /// Mean simulated time between two faults.
     pub fault_gap_mean: Duration,
+    /// Replicas start cut off from each other (clients reach them) for this
+    /// long: every first write races its replicas.
+    pub opening_partition: Option<Duration>,
     /// Packet loss during a loss window.
     pub packet_loss_rate: f64,
     /// Disk fault rates during a disk-error window.
@@ -178,6 +181,9 @@ impl Swarm {
             skews,
             faults,
             fault_gap_mean: Duration::from_millis(pick(&mut rng, &[500, 1_500, 4_000])),
+            opening_partition: pick(&mut rng, &[None, Some(300), Some(1_500)])
+                .filter(|_| faults_on)
+                .map(Duration::from_millis),
             packet_loss_rate: pick(&mut rng, &[0.01, 0.05, 0.2]),
             disk_faults: DiskFaults {
                 write_error_probability: pick(&mut rng, &[0.001, 0.01, 0.05]),
@@ -254,8 +260,8 @@ impl fmt::Display for Swarm {
         let fm = &self.faults;
         writeln!(
             f,
-            "  faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}; gap {:?}; torn writes {}",
-            fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, self.fault_gap_mean, self.torn_write_probability
+            "  opening partition {:?}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}; gap {:?}; torn writes {}",
+            self.opening_partition, fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, self.fault_gap_mean, self.torn_write_probability
         )?;
         let skews: Vec<String> = self
             .skews

@@ -33,6 +33,14 @@ pub fn system_tree(cid: ContainerId) -> TreeKey {
     TreeKey::new(cid, "system")
 }
 
+/// Written only by one client's opening burst: a multipart upload record
+/// created through one gateway and completed through another. No other op
+/// ever lands in this tree, so whatever the opening race leaves (an op
+/// older than the whole log of the replica it reaches) stays visible.
+pub fn multipart_tree(cid: ContainerId, client: usize) -> TreeKey {
+    TreeKey::new(cid, format!("multipart-{client}"))
+}
+
 /// An acknowledged write: what every replica must eventually hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acked {
@@ -173,7 +181,10 @@ pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think
 }
 
 /// Every client creates an object in the same new directory at once, each
-/// on a different replica: concurrent same-name directories.
+/// on a different replica: concurrent same-name directories. Then it starts
+/// a multipart upload on its replica and at once completes it through the
+/// next one, which may not have the record yet: the create reaches that
+/// replica older than anything in its log.
 async fn opening_burst(workload: &Workload, client: &Client) {
     let cid = containers()[0];
     let ids = workload.replicas_of(&cid);
@@ -182,19 +193,30 @@ async fn opening_burst(workload: &Workload, client: &Client) {
         .trim_start_matches("client-")
         .parse()
         .unwrap_or(0);
-    let replica = ids[index % ids.len()];
+    let home = ids[index % ids.len()];
     let op = workload.op_id();
     let name = format!("obj-{op}");
     add_by_path(
         workload,
         client,
-        replica,
+        home,
         version_tree(cid),
         SHARED_DIRECTORY.into(),
         name,
         op,
     )
     .await;
+
+    let cid = containers()[1];
+    let ids = workload.replicas_of(&cid);
+    let home = ids[index % ids.len()];
+    let next = ids[(index + 1) % ids.len()];
+    let tree = multipart_tree(cid, index);
+    let op = workload.op_id();
+    if let Some(node) = add_system(workload, client, home, tree.clone(), op, ROOT).await {
+        let op = workload.op_id();
+        move_node(workload, client, next, tree, node, ROOT, op).await;
+    }
 }
 
 async fn random_op(workload: &Workload, client: &Client) {
@@ -217,7 +239,14 @@ async fn random_op(workload: &Workload, client: &Client) {
             )
             .await;
         }
-        35..=54 => add_system(workload, client, replica, system_tree(cid), op).await,
+        35..=54 => {
+            let tree = system_tree(cid);
+            let parent = match workload.random_known(&tree) {
+                Some(node) if thread_rng().gen_bool(0.5) => node,
+                _ => ROOT,
+            };
+            add_system(workload, client, replica, tree, op, parent).await;
+        }
         55..=69 => {
             let tree = pick_tree(cid);
             move_random(workload, client, replica, tree, op).await;
@@ -391,11 +420,8 @@ async fn add_system(
     replica: ReplicaId,
     tree: TreeKey,
     op: u64,
-) {
-    let parent = match workload.random_known(&tree) {
-        Some(node) if thread_rng().gen_bool(0.5) => node,
-        _ => ROOT,
-    };
+    parent: NodeId,
+) -> Option<NodeId> {
     let request = Request::Add {
         tree: tree.clone(),
         parent,
@@ -405,7 +431,7 @@ async fn add_system(
         ],
     };
     let Some(Response::Added { node }) = call(workload, client, replica, op, request).await else {
-        return;
+        return None;
     };
     check_after_write(workload, replica, &tree);
     let mut ledger = workload.ledger.lock().unwrap();
@@ -415,6 +441,7 @@ async fn add_system(
         acker: replica,
     });
     ledger.known.entry(tree).or_default().push(node);
+    Some(node)
 }
 
 fn move_items(op: u64) -> Vec<KeyValue> {
