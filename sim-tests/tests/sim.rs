@@ -1,6 +1,7 @@
 //! The standard scenario over a fixed set of seeds (swarm testing: each
 //! seed draws its own config and faults). `MADSIM_TEST_SEED=<seed>` runs
-//! that one seed instead, with its full report.
+//! that one seed instead, with its full report (`ARBOR_SIM_SIZE=standard`
+//! for a seed found by a full-size `arbor-sim sweep`).
 
 use arbor_sim::cli::run_sweep;
 use arbor_sim::scenario::{run_seed, Options};
@@ -22,6 +23,11 @@ fn seed_from_env() -> Option<u64> {
 fn standard_seeds() {
     let options = Options::test();
     if let Some(seed) = seed_from_env() {
+        // Seeds found by `arbor-sim sweep` ran the full-size scenario.
+        let options = match std::env::var("ARBOR_SIM_SIZE").as_deref() {
+            Ok("standard") => Options::standard(),
+            _ => options,
+        };
         let report = run_seed(seed, &options);
         println!("{report}");
         assert!(report.passed(), "seed {seed} failed");

@@ -112,9 +112,16 @@ impl Report {
                 self.seed,
                 canary_test_name(canary)
             ),
+            // The test runs the test-sized scenario unless told otherwise,
+            // so a seed found by a full-size sweep names its size.
             None => format!(
-                "MADSIM_TEST_SEED={} cargo test -p arbor-sim --test sim -- standard_seeds --nocapture",
-                self.seed
+                "MADSIM_TEST_SEED={}{} cargo test -p arbor-sim --test sim -- standard_seeds --nocapture",
+                self.seed,
+                if self.swarm.size == Size::TEST {
+                    ""
+                } else {
+                    " ARBOR_SIM_SIZE=standard"
+                }
             ),
         }
     }
