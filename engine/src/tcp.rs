@@ -23,9 +23,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-/// Idle connections kept per peer for reuse.
-pub const POOL_CONNECTIONS_PER_PEER: usize = 8;
-
 /// Answers requests; the service in production, anything in tests.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Request) -> BoxFuture<'_, Response>;
@@ -295,6 +292,9 @@ pub struct TcpTransport {
     /// than its share of a peer's `max_connections`.
     slots: BTreeMap<ReplicaId, Arc<Semaphore>>,
     pool: Arc<Mutex<BTreeMap<ReplicaId, Vec<Connection>>>>,
+    /// Idle connections kept per peer for reuse (`tree.cache_size`, the
+    /// modelled system's client connection cache); 0 disables reuse.
+    idle_per_peer: usize,
     limits: Limits,
     calls: AtomicU64,
 }
@@ -318,6 +318,7 @@ impl TcpTransport {
             addresses,
             slots,
             pool: Arc::default(),
+            idle_per_peer: config.tree.cache_size,
             limits: config.limits.clone(),
             calls: AtomicU64::new(0),
         }
@@ -326,6 +327,12 @@ impl TcpTransport {
     /// Calls made so far (for diagnostics).
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Idle pooled connections to `peer` right now.
+    pub fn idle_connections(&self, peer: ReplicaId) -> usize {
+        let pool = self.pool.lock().expect("pool lock");
+        pool.get(&peer).map_or(0, Vec::len)
     }
 }
 
@@ -341,12 +348,17 @@ impl Transport for TcpTransport {
             return Box::pin(async move { Err(Error::Network(format!("unknown peer {peer}"))) });
         };
         let pool = self.pool.clone();
+        let idle_per_peer = self.idle_per_peer;
         let limits = self.limits.clone();
         let slots = self.slots[&peer].clone();
         Box::pin(async move {
             let call = async {
                 let _slot = slots.acquire().await.map_err(|_| Error::ShuttingDown)?;
-                call_pooled(&pool, peer, &address, &request, &limits).await
+                let pool = Pool {
+                    idle: &pool,
+                    idle_per_peer,
+                };
+                call_pooled(pool, peer, &address, &request, &limits).await
             };
             tokio::time::timeout(timeout, call)
                 .await
@@ -363,14 +375,22 @@ pub fn outbound_share(config: &Config) -> usize {
     (config.limits.max_connections / 2 / callers).max(1)
 }
 
+/// The idle connections of a transport and their per-peer bound.
+#[derive(Clone, Copy)]
+struct Pool<'a> {
+    idle: &'a Mutex<BTreeMap<ReplicaId, Vec<Connection>>>,
+    idle_per_peer: usize,
+}
+
 async fn call_pooled(
-    pool: &Mutex<BTreeMap<ReplicaId, Vec<Connection>>>,
+    pool: Pool<'_>,
     peer: ReplicaId,
     address: &str,
     request: &Request,
     limits: &Limits,
 ) -> Result<Response> {
     let pooled = pool
+        .idle
         .lock()
         .expect("pool lock")
         .get_mut(&peer)
@@ -388,14 +408,10 @@ async fn call_pooled(
     Ok(response)
 }
 
-fn give_back(
-    pool: &Mutex<BTreeMap<ReplicaId, Vec<Connection>>>,
-    peer: ReplicaId,
-    connection: Connection,
-) {
-    let mut pool = pool.lock().expect("pool lock");
-    let idle = pool.entry(peer).or_default();
-    if idle.len() < POOL_CONNECTIONS_PER_PEER {
+fn give_back(pool: Pool<'_>, peer: ReplicaId, connection: Connection) {
+    let mut idle = pool.idle.lock().expect("pool lock");
+    let idle = idle.entry(peer).or_default();
+    if idle.len() < pool.idle_per_peer {
         idle.push(connection);
     }
 }

@@ -249,3 +249,26 @@ async fn three_processes_converge_across_a_kill_and_restart() {
         }
     }
 }
+
+#[test]
+fn a_node_with_the_tree_disabled_exits_without_serving_or_creating_its_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("data/tree.db");
+    let config_path = dir.path().join("node.yaml");
+    let yaml = format!(
+        "tree:\n  enabled: false\npilorama:\n  path: {}\nnode:\n  replica_id: 1\n  listen: \"127.0.0.1:{}\"\n",
+        db.display(),
+        free_port()
+    );
+    std::fs::write(&config_path, yaml).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .arg("node")
+        .arg("--config")
+        .arg(&config_path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("tree.enabled is false"), "{stderr}");
+    assert!(!db.exists());
+}

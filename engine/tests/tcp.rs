@@ -367,3 +367,54 @@ async fn transport_caps_calls_in_flight_per_peer() {
         Ok(Response::Done)
     );
 }
+
+/// Starts `calls` concurrent calls through a transport whose connection
+/// cache holds `cache_size`, lets all of them finish, and returns how many
+/// idle connections the transport kept.
+async fn idle_after_concurrent_calls(cache_size: usize, calls: usize) -> usize {
+    use std::sync::atomic::Ordering::SeqCst;
+    let gate = Arc::new(Gate {
+        arrived: Default::default(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let options = ServerOptions {
+        max_message_bytes: MAX,
+        max_connections: 64,
+        frame_timeout: Duration::from_secs(5),
+    };
+    tokio::spawn(tcp::serve(listener, gate.clone(), options));
+    let mut config = Config::default_for_test(1);
+    config.node.peers.push(arbor::config::PeerConfig {
+        replica_id: 2,
+        address: address.to_string(),
+    });
+    config.tree.cache_size = cache_size;
+    config.limits.max_connections = 64;
+    let transport = Arc::new(TcpTransport::new(&config));
+    let held: Vec<_> = (0..calls)
+        .map(|_| {
+            let t = transport.clone();
+            tokio::spawn(async move { t.call(2, Request::Healthcheck, PATIENCE).await })
+        })
+        .collect();
+    // Every call holds its own connection until the gate opens.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while gate.arrived.load(SeqCst) < calls {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gate.release.add_permits(calls);
+    for h in held {
+        assert_eq!(h.await.unwrap(), Ok(Response::Done));
+    }
+    transport.idle_connections(2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_keeps_at_most_cache_size_idle_connections() {
+    assert_eq!(idle_after_concurrent_calls(2, 5).await, 2);
+    assert_eq!(idle_after_concurrent_calls(15, 5).await, 5);
+    assert_eq!(idle_after_concurrent_calls(0, 3).await, 0);
+}

@@ -122,6 +122,15 @@ async fn run_node(path: &std::path::Path) -> Result<(), String> {
         .with_writer(std::io::stderr)
         .init();
     let config = Config::load(path).map_err(|e| e.to_string())?;
+    if !config.tree.enabled {
+        // The modelled system runs other services beside the tree; this
+        // node has only the tree, so a disabled tree leaves nothing to run.
+        eprintln!(
+            "arbor: tree.enabled is false in {}: not serving",
+            path.display()
+        );
+        return Ok(());
+    }
     let db = &config.pilorama.path;
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
