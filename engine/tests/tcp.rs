@@ -317,9 +317,9 @@ impl Handler for Gate {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transport_caps_calls_in_flight_per_peer() {
-    use std::sync::atomic::Ordering::SeqCst;
+/// A gated server on 127.0.0.1 and a transport from replica 1 to it (as
+/// peer 2), with the transport's config adjusted by `adjust`.
+async fn gated_transport(adjust: impl FnOnce(&mut Config)) -> (Arc<Gate>, Arc<TcpTransport>) {
     let gate = Arc::new(Gate {
         arrived: Default::default(),
         release: tokio::sync::Semaphore::new(0),
@@ -337,9 +337,18 @@ async fn transport_caps_calls_in_flight_per_peer() {
         replica_id: 2,
         address: address.to_string(),
     });
-    config.limits.max_connections = 4;
-    assert_eq!(tcp::outbound_share(&config), 2);
-    let transport = Arc::new(TcpTransport::new(&config));
+    adjust(&mut config);
+    (gate, Arc::new(TcpTransport::new(&config)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_caps_calls_in_flight_per_peer() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (gate, transport) = gated_transport(|config| {
+        config.limits.max_connections = 4;
+        assert_eq!(tcp::outbound_share(config), 2);
+    })
+    .await;
     let held: Vec<_> = (0..2)
         .map(|_| {
             let t = transport.clone();
@@ -373,26 +382,11 @@ async fn transport_caps_calls_in_flight_per_peer() {
 /// idle connections the transport kept.
 async fn idle_after_concurrent_calls(cache_size: usize, calls: usize) -> usize {
     use std::sync::atomic::Ordering::SeqCst;
-    let gate = Arc::new(Gate {
-        arrived: Default::default(),
-        release: tokio::sync::Semaphore::new(0),
-    });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let options = ServerOptions {
-        max_message_bytes: MAX,
-        max_connections: 64,
-        frame_timeout: Duration::from_secs(5),
-    };
-    tokio::spawn(tcp::serve(listener, gate.clone(), options));
-    let mut config = Config::default_for_test(1);
-    config.node.peers.push(arbor::config::PeerConfig {
-        replica_id: 2,
-        address: address.to_string(),
-    });
-    config.tree.cache_size = cache_size;
-    config.limits.max_connections = 64;
-    let transport = Arc::new(TcpTransport::new(&config));
+    let (gate, transport) = gated_transport(|config| {
+        config.tree.cache_size = cache_size;
+        config.limits.max_connections = 64;
+    })
+    .await;
     let held: Vec<_> = (0..calls)
         .map(|_| {
             let t = transport.clone();
