@@ -42,6 +42,12 @@ pub struct PiloramaConfig {
     pub path: PathBuf,
     /// Acknowledge before the batch is durable (operator's choice).
     pub no_sync: bool,
+    /// Tries to reopen the database after a storage error poisoned it,
+    /// before the node gives up (until the next storage error).
+    pub reopen_attempts_max: u32,
+    /// Longest wait between two reopen tries (the wait doubles from 1/32
+    /// of it).
+    pub reopen_backoff_max: Duration,
 }
 
 /// `node:` section: who this node is and who its peers are.
@@ -113,6 +119,8 @@ impl Default for PiloramaConfig {
             max_batch_size: 100,
             path: PathBuf::from("./data/tree.db"),
             no_sync: false,
+            reopen_attempts_max: 20,
+            reopen_backoff_max: Duration::from_secs(2),
         }
     }
 }
@@ -206,6 +214,11 @@ impl Config {
                 return Err(Error::Config(format!("{key}: must be at least 1")));
             }
         }
+        if self.pilorama.reopen_attempts_max == 0 || self.pilorama.reopen_backoff_max.is_zero() {
+            return Err(Error::Config(
+                "pilorama.reopen_attempts_max, reopen_backoff_max: must not be 0".into(),
+            ));
+        }
         if self.tree.replication_timeout.is_zero() {
             return Err(Error::Config(
                 "tree.replication_timeout: must not be 0".into(),
@@ -291,6 +304,13 @@ fn parse_pilorama(mut s: Section) -> Result<PiloramaConfig> {
         max_batch_size: s.usize("max_batch_size")?.unwrap_or(d.max_batch_size),
         path: s.string("path")?.map(PathBuf::from).unwrap_or(d.path),
         no_sync: s.bool("no_sync")?.unwrap_or(d.no_sync),
+        reopen_attempts_max: s
+            .usize("reopen_attempts_max")?
+            .map_or(Ok(d.reopen_attempts_max), u32::try_from)
+            .map_err(|_| Error::Config("pilorama.reopen_attempts_max: too large".into()))?,
+        reopen_backoff_max: s
+            .duration("reopen_backoff_max")?
+            .unwrap_or(d.reopen_backoff_max),
     };
     s.finish()?;
     Ok(config)

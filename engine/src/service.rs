@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 /// Longest tree id, in bytes.
 pub const MAX_TREE_ID_BYTES: usize = 1024;
@@ -57,6 +57,8 @@ pub struct ServiceStats {
     pub sync_peer_errors: u64,
     /// Replication hints dropped because their queue was full.
     pub hints_dropped: u64,
+    /// Times the database was reopened after a storage error.
+    pub reopens: u64,
 }
 
 #[derive(Default)]
@@ -67,6 +69,7 @@ struct Counters {
     push_failures: AtomicU64,
     sync_peer_errors: AtomicU64,
     hints_dropped: AtomicU64,
+    reopens: AtomicU64,
 }
 
 /// Scheduling state of the pusher of one (tree, peer).
@@ -107,6 +110,9 @@ struct Inner {
     push_skips: Arc<Mutex<BTreeMap<TreeKey, u64>>>,
     closed: AtomicBool,
     shutdown: watch::Sender<bool>,
+    /// Signalled on every storage error; the recovery task reopens the
+    /// database (redb refuses all writes after an I/O error until then).
+    storage_failed: Arc<Notify>,
 }
 
 /// One running node of the tree service.
@@ -131,10 +137,18 @@ impl Service {
                 forest.options().replica_id
             )));
         }
+        let storage_failed = Arc::new(Notify::new());
         let batcher = Batcher::start_with_commit(
             {
                 let forest = forest.clone();
-                Arc::new(move |requests| forest.write_batch(requests))
+                let storage_failed = storage_failed.clone();
+                Arc::new(move |requests| {
+                    let result = forest.write_batch(requests);
+                    if let Err(Error::Storage(_)) = &result {
+                        storage_failed.notify_one();
+                    }
+                    result
+                })
             },
             env.clone(),
             BatcherOptions {
@@ -158,6 +172,7 @@ impl Service {
             push_skips: Arc::default(),
             closed: AtomicBool::new(false),
             shutdown,
+            storage_failed,
         });
         inner.batcher.set_commit_hook(hint_hook(&inner, hints));
         spawn(
@@ -173,6 +188,13 @@ impl Service {
         if let Some(interval) = inner.config.tree.sync_interval {
             spawn(&inner, "sync", Inner::run_sync(inner.clone(), interval));
         }
+        if inner.forest.reopenable() {
+            spawn(
+                &inner,
+                "storage-recovery",
+                Inner::run_recovery(inner.clone()),
+            );
+        }
         Ok(Arc::new(Service { inner }))
     }
 
@@ -183,7 +205,10 @@ impl Service {
         }
         match self.inner.dispatch(request).await {
             Ok(response) => response,
-            Err(error) => Response::Error(error),
+            Err(error) => {
+                self.inner.note_error(&error);
+                Response::Error(error)
+            }
         }
     }
 
@@ -214,6 +239,7 @@ impl Service {
             push_failures: c.push_failures.load(Ordering::Relaxed),
             sync_peer_errors: c.sync_peer_errors.load(Ordering::Relaxed),
             hints_dropped: c.hints_dropped.load(Ordering::Relaxed),
+            reopens: c.reopens.load(Ordering::Relaxed),
         }
     }
 
@@ -781,7 +807,8 @@ impl Inner {
             blocking(&*self.env.runtime, move || {
                 forest.set_cursor(&tree, CursorKind::Push, peer, cursor)
             })
-            .await?;
+            .await
+            .inspect_err(|error| self.note_error(error))?;
         }
         result
     }
@@ -1029,7 +1056,8 @@ impl Inner {
                 blocking(&*self.env.runtime, move || {
                     forest.set_cursor(&tree, CursorKind::Pull, cursor_peer, cursor)
                 })
-                .await?;
+                .await
+                .inspect_err(|error| self.note_error(error))?;
             }
             self.counters.ops_pulled.fetch_add(fresh, Ordering::Relaxed);
             if let Some(error) = stop {
@@ -1125,5 +1153,71 @@ impl Inner {
             applied_to = height + 1;
         }
         Ok((applied_to, fresh, None))
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Storage recovery.
+
+impl Inner {
+    /// A local storage error may have poisoned the database: wake the
+    /// recovery. Only local failures are reported here (a peer's storage
+    /// error says nothing about this database).
+    fn note_error(&self, error: &Error) {
+        if matches!(error, Error::Storage(_)) {
+            self.storage_failed.notify_one();
+        }
+    }
+
+    /// Reopens the database after each storage error. The callers of the
+    /// failed batch already got the error; ops committed before it are kept
+    /// by the reopen (redb's recovery), and writes fail with a storage
+    /// error meanwhile.
+    async fn run_recovery(self: Arc<Self>) {
+        let mut shutdown = self.shutdown.subscribe();
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => return,
+                () = self.storage_failed.notified() => {}
+            }
+            if !self.reopen_with_retries().await {
+                return;
+            }
+        }
+    }
+
+    /// Up to `reopen_attempts_max` tries with doubling waits; false when the
+    /// node stopped meanwhile.
+    async fn reopen_with_retries(&self) -> bool {
+        let attempts = self.config.pilorama.reopen_attempts_max;
+        for attempt in 1..=attempts {
+            let forest = self.forest.clone();
+            match blocking(&*self.env.runtime, move || forest.reopen()).await {
+                Ok(()) => {
+                    self.counters.reopens.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(attempt, "database reopened after a storage error");
+                    return true;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, attempt, "reopening the database failed");
+                }
+            }
+            if attempt < attempts && self.sleep_or_stop(self.reopen_backoff(attempt)).await {
+                return false;
+            }
+        }
+        tracing::error!(
+            attempts,
+            "database still failing; waiting for the next error"
+        );
+        true
+    }
+
+    fn reopen_backoff(&self, attempt: u32) -> Duration {
+        let cap = self.config.pilorama.reopen_backoff_max;
+        let base = (cap / 32).max(Duration::from_millis(1));
+        base.saturating_mul(1u32 << attempt.min(16).saturating_sub(1))
+            .min(cap)
     }
 }

@@ -221,6 +221,22 @@ impl SimDisk {
         }
     }
 
+    /// Fresh backends over this disk, all bound to the current power cycle:
+    /// what a process that reopens its database after an I/O error gets (a
+    /// reopen never outlives a power cut).
+    pub fn backend_factory(
+        &self,
+    ) -> impl Fn() -> arbor::Result<SimBackend> + Send + Sync + 'static {
+        let first = self.backend();
+        let (disk, generation) = (first.disk, first.generation);
+        move || {
+            Ok(SimBackend {
+                disk: disk.clone(),
+                generation,
+            })
+        }
+    }
+
     /// The power goes out: every unsynced write is lost or torn (per the
     /// seed), the disk keeps only its durable image, and every backend made
     /// so far stops working.

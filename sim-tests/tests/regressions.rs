@@ -16,3 +16,18 @@ fn standard_seed_6_invariant_sweep_on_failed_disk() {
     assert!(report.passed(), "seed 6 failed");
     assert!(report.faults_injected > 0);
 }
+
+/// Sweep seed 1000 of the standard scenario diverged: replica 1's disk
+/// failed a write near the end of an I/O-error window, after which redb
+/// refused every write ("Previous I/O error occurred") until the database
+/// was reopened. The window outlasted the workload, so the final healing
+/// ended it without the supervisor's process restart, and replica 1 could
+/// not store what the check's sync round pulled. The service now reopens
+/// the database itself after a storage error (bounded retries, backoff).
+#[test]
+fn standard_seed_1000_database_poisoned_by_io_error() {
+    let report = run_seed(1000, &Options::standard());
+    println!("{report}");
+    assert!(report.passed(), "seed 1000 failed");
+    assert!(report.faults_injected > 0);
+}

@@ -106,17 +106,114 @@ pub struct TreeDump {
     pub log: Vec<Move>,
 }
 
+/// Opens the forest's database anew, over the same bytes each time.
+pub type DatabaseOpener = Box<dyn Fn() -> Result<Database> + Send + Sync>;
+
 /// The forest of one node.
 pub struct Forest {
-    db: Database,
+    /// `None` between closing a failed database and opening it again.
+    /// Write transactions hold the read side for their whole life, so a
+    /// reopen (the write side) never runs beside a live writer: two live
+    /// databases on one file would corrupt it.
+    db: std::sync::RwLock<Option<Database>>,
+    /// How to open the database again after a storage error poisoned it
+    /// (redb refuses every write after an I/O error until reopened).
+    opener: Option<DatabaseOpener>,
     options: ForestOptions,
 }
 
+/// A write transaction and the read side of the database lock, which it
+/// keeps until it ends (fields drop in order: the transaction first).
+pub(crate) struct WriteTxn<'a> {
+    txn: redb::WriteTransaction,
+    _db: std::sync::RwLockReadGuard<'a, Option<Database>>,
+}
+
+impl std::ops::Deref for WriteTxn<'_> {
+    type Target = redb::WriteTransaction;
+    fn deref(&self) -> &redb::WriteTransaction {
+        &self.txn
+    }
+}
+
+impl std::ops::DerefMut for WriteTxn<'_> {
+    fn deref_mut(&mut self) -> &mut redb::WriteTransaction {
+        &mut self.txn
+    }
+}
+
+impl WriteTxn<'_> {
+    pub(crate) fn commit(self) -> Result<()> {
+        Ok(self.txn.commit()?)
+    }
+
+    pub(crate) fn abort(self) -> Result<()> {
+        Ok(self.txn.abort()?)
+    }
+}
+
+fn closed_database() -> Error {
+    Error::Storage("database closed after a storage error; reopening".into())
+}
+
 impl Forest {
-    /// Opens (or creates) a forest in a file.
+    /// Opens (or creates) a forest in a file; `reopen` opens the file again.
     pub fn open(path: &std::path::Path, options: ForestOptions) -> Result<Self> {
-        let db = redb::Builder::new().create(path)?;
-        Self::init(db, options)
+        let path = path.to_path_buf();
+        Self::open_reopenable(
+            Box::new(move || Ok(redb::Builder::new().create(&path)?)),
+            options,
+        )
+    }
+
+    /// Opens (or creates) a forest with `opener`, which `reopen` calls again
+    /// after a storage error. Each call must open the same bytes (for
+    /// example a fresh backend over the same disk).
+    pub fn open_reopenable(opener: DatabaseOpener, options: ForestOptions) -> Result<Self> {
+        let db = opener()?;
+        let mut forest = Self::init(db, options)?;
+        forest.opener = Some(opener);
+        Ok(forest)
+    }
+
+    /// Like `open_reopenable` with a backend factory: every (re)open gets a
+    /// fresh backend from `backend`.
+    pub fn open_with_backend_factory<B: redb::StorageBackend>(
+        backend: impl Fn() -> Result<B> + Send + Sync + 'static,
+        options: ForestOptions,
+    ) -> Result<Self> {
+        Self::open_reopenable(
+            Box::new(move || Ok(redb::Builder::new().create_with_backend(backend()?)?)),
+            options,
+        )
+    }
+
+    /// True when `reopen` can open the database again.
+    pub fn reopenable(&self) -> bool {
+        self.opener.is_some()
+    }
+
+    /// Closes the database and opens it again from its opener, which runs
+    /// redb's recovery: every committed transaction is back, and a database
+    /// poisoned by an I/O error accepts writes again. Waits for live write
+    /// transactions to end first. On error the forest stays closed (every
+    /// call fails with a storage error) until a later `reopen` succeeds.
+    pub fn reopen(&self) -> Result<()> {
+        let opener = self
+            .opener
+            .as_ref()
+            .ok_or_else(|| Error::Storage("this forest cannot be reopened".into()))?;
+        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = slot.take() {
+            // A poisoned database cannot flush; its close error is expected.
+            if let Err(error) = old.close() {
+                tracing::debug!(%error, "closing the failed database");
+            }
+        }
+        let db = opener()?;
+        create_tables(&db)?;
+        *slot = Some(db);
+        Ok(())
     }
 
     /// Opens (or creates) a forest on any redb storage backend (the
@@ -134,26 +231,27 @@ impl Forest {
         Self::open_with_backend(redb::backends::InMemoryBackend::new(), options)
     }
 
-    /// Creates every table up front so that reads never meet a missing one.
     fn init(db: Database, options: ForestOptions) -> Result<Self> {
-        let txn = db.begin_write()?;
-        txn.open_table(TREES)?;
-        txn.open_table(META)?;
-        txn.open_table(LOG)?;
-        txn.open_table(HEIGHTS)?;
-        txn.open_table(NODES)?;
-        txn.open_table(CHILDREN)?;
-        txn.open_table(CURSORS)?;
-        txn.commit()?;
-        Ok(Self { db, options })
+        create_tables(&db)?;
+        Ok(Self {
+            db: std::sync::RwLock::new(Some(db)),
+            opener: None,
+            options,
+        })
+    }
+
+    fn begin_read(&self) -> Result<redb::ReadTransaction> {
+        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
+        Ok(db.as_ref().ok_or_else(closed_database)?.begin_read()?)
     }
 
     pub fn options(&self) -> &ForestOptions {
         &self.options
     }
 
-    fn begin_write(&self) -> Result<redb::WriteTransaction> {
-        let mut txn = self.db.begin_write()?;
+    fn begin_write(&self) -> Result<WriteTxn<'_>> {
+        let db = self.db.read().unwrap_or_else(|e| e.into_inner());
+        let mut txn = db.as_ref().ok_or_else(closed_database)?.begin_write()?;
         let durability = if self.options.durable {
             redb::Durability::Immediate
         } else {
@@ -161,7 +259,7 @@ impl Forest {
         };
         txn.set_durability(durability)
             .map_err(|e| Error::Storage(e.to_string()))?;
-        Ok(txn)
+        Ok(WriteTxn { txn, _db: db })
     }
 
     /// Applies a batch in one write transaction. The outer error means the
@@ -259,7 +357,7 @@ impl Forest {
     }
 
     fn read_tree(&self, tree: &TreeKey) -> Result<(redb::ReadTransaction, TreeRecord)> {
-        let txn = self.db.begin_read()?;
+        let txn = self.begin_read()?;
         let record = self.tree_record(&txn.open_table(TREES)?, tree)?;
         Ok((txn, record))
     }
@@ -427,7 +525,7 @@ impl Forest {
 
     /// Every tree whose key is at least `from`, ascending.
     fn trees_from(&self, from: &[u8]) -> Result<Vec<(TreeKey, TreeRecord)>> {
-        let txn = self.db.begin_read()?;
+        let txn = self.begin_read()?;
         let trees = txn.open_table(TREES)?;
         let mut out = Vec::new();
         for row in trees.range(from..)? {
@@ -549,7 +647,7 @@ impl Forest {
 
     /// Number of rows in the log table over all trees (bench, tests).
     pub fn log_rows(&self) -> Result<u64> {
-        let txn = self.db.begin_read()?;
+        let txn = self.begin_read()?;
         Ok(txn.open_table(LOG)?.len()?)
     }
 }
@@ -572,6 +670,20 @@ fn check_replicated(op: &Move) -> Result<()> {
     if op.child == ROOT || op.child == TRASH {
         return Err(Error::InvalidOp(format!("child {} is reserved", op.child)));
     }
+    Ok(())
+}
+
+/// Creates every table up front so that reads never meet a missing one.
+fn create_tables(db: &Database) -> Result<()> {
+    let txn = db.begin_write()?;
+    txn.open_table(TREES)?;
+    txn.open_table(META)?;
+    txn.open_table(LOG)?;
+    txn.open_table(HEIGHTS)?;
+    txn.open_table(NODES)?;
+    txn.open_table(CHILDREN)?;
+    txn.open_table(CURSORS)?;
+    txn.commit()?;
     Ok(())
 }
 

@@ -124,6 +124,8 @@ pub fn node_config(
             max_batch_size: knobs.max_batch_size,
             path: format!("sim://replica-{id}").into(),
             no_sync: false,
+            reopen_attempts_max: 20,
+            reopen_backoff_max: Duration::from_secs(2),
         },
         node: NodeConfig {
             replica_id: id,

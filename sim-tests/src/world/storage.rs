@@ -95,12 +95,17 @@ impl StorageBackend for MemHandle {
 
 impl NodeDisk for MemDisk {
     fn open(&self, options: ForestOptions) -> arbor::Result<Forest> {
-        let handle = MemHandle {
-            bytes: self.bytes.clone(),
-            generation: self.generation.clone(),
-            opened_in: self.generation.load(Ordering::SeqCst),
+        let (bytes, generation) = (self.bytes.clone(), self.generation.clone());
+        let opened_in = generation.load(Ordering::SeqCst);
+        // Reopens stay in this power cycle, like the process that does them.
+        let handle = move || {
+            Ok(MemHandle {
+                bytes: bytes.clone(),
+                generation: generation.clone(),
+                opened_in,
+            })
         };
-        Forest::open_with_backend(handle, options)
+        Forest::open_with_backend_factory(handle, options)
     }
 
     fn power_fail(&self) {
@@ -118,7 +123,7 @@ impl NodeDisk for MemDisk {
 
 impl NodeDisk for crate::disk::SimDisk {
     fn open(&self, options: ForestOptions) -> arbor::Result<Forest> {
-        Forest::open_with_backend(self.backend(), options)
+        Forest::open_with_backend_factory(self.backend_factory(), options)
     }
 
     fn power_fail(&self) {
