@@ -2,6 +2,16 @@
 //! `max_batch_size` ops or `max_batch_delay` have passed and committed in one
 //! write transaction; each caller gets its own result.
 //!
+//! Adaptive under load, because one commit costs a sync whatever its size:
+//! - the delay window is measured from the arrival of the oldest write in the
+//!   batch, so writes that queued while the previous commit ran are committed
+//!   at once instead of waiting a second window;
+//! - once the batch is due (full or out of time) it also takes everything
+//!   else already queued, up to `max_commit_size` writes, so one sync serves
+//!   a whole backlog;
+//! - while a commit is in flight the next batch accumulates in the queue
+//!   (at most `max_pending` writes), ready the moment the commit returns.
+//!
 //! Guarantees, each relied on by the service and checked by the simulator:
 //! - the queue is bounded (`max_pending` ops); a full queue refuses at once
 //!   with `Overloaded` instead of making the caller wait out its deadline;
@@ -58,9 +68,20 @@ pub struct BatcherStats {
 /// Bounds of one batcher.
 #[derive(Clone, Copy, Debug)]
 pub struct BatcherOptions {
+    /// A batch with this many writes is committed without waiting further.
     pub max_batch_size: usize,
     pub max_batch_delay: Duration,
     pub max_pending: usize,
+    /// The most writes one commit takes from a backlog; values below
+    /// `max_batch_size` mean `max_batch_size` (no growth under load).
+    pub max_commit_size: usize,
+}
+
+impl BatcherOptions {
+    /// The effective per-commit bound.
+    pub fn commit_cap(&self) -> usize {
+        self.max_commit_size.max(self.max_batch_size)
+    }
 }
 
 type JobReply = Result<Vec<Result<WriteOutcome>>>;
@@ -69,6 +90,9 @@ type JobReply = Result<Vec<Result<WriteOutcome>>>;
 struct Job {
     requests: Vec<WriteRequest>,
     reply: Reply,
+    /// When the job was queued, on the node's clock: the batch's delay
+    /// window starts at its oldest job.
+    queued_at: Duration,
 }
 
 /// The answer channel of a job and its share of the pending count, which
@@ -106,6 +130,7 @@ pub struct Batcher {
     queue: mpsc::Sender<Job>,
     shutdown: watch::Sender<bool>,
     options: BatcherOptions,
+    env: Env,
 }
 
 impl Batcher {
@@ -122,6 +147,7 @@ impl Batcher {
             max_batch_size,
             max_batch_delay,
             max_pending,
+            max_commit_size: max_batch_size,
         };
         Self::start_with_commit(commit, env, options)
     }
@@ -152,6 +178,7 @@ impl Batcher {
             queue,
             shutdown,
             options,
+            env,
         }
     }
 
@@ -190,7 +217,12 @@ impl Batcher {
             sender,
             _pending: pending,
         };
-        match self.queue.try_send(Job { requests, reply }) {
+        let job = Job {
+            requests,
+            reply,
+            queued_at: self.env.clock.now(),
+        };
+        match self.queue.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => return Err(self.reject(count)),
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(Error::ShuttingDown),
@@ -317,16 +349,22 @@ impl Worker {
         }
     }
 
-    /// Adds jobs to `first` until the batch is full or the delay ran out on
-    /// the node's clock. `Err` (with the jobs collected) on shutdown.
+    /// Adds jobs to `first` until the batch is due, then whatever else is
+    /// already queued, up to the commit cap. A batch is due when it holds
+    /// `max_batch_size` writes or `max_batch_delay` has passed since its
+    /// oldest job was queued (on the node's clock). `Err` (with the jobs
+    /// collected) on shutdown.
     async fn collect(&mut self, first: Job) -> Result<Vec<Job>, Vec<Job>> {
-        let deadline = self.env.clock.now() + self.options.max_batch_delay;
+        let deadline = first.queued_at + self.options.max_batch_delay;
+        let cap = self.options.commit_cap();
         let mut size = first.requests.len();
         let mut batch = vec![first];
-        while size < self.options.max_batch_size {
+        let mut due = size >= self.options.max_batch_size;
+        while size < cap {
             let job = match self.receiver.try_recv() {
                 Ok(job) => job,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) if due => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
                     let now = self.env.clock.now();
                     if now >= deadline {
@@ -345,12 +383,13 @@ impl Worker {
                     }
                 }
             };
-            if size + job.requests.len() > self.options.max_batch_size {
+            if size + job.requests.len() > cap {
                 self.carry = Some(job);
                 break;
             }
             size += job.requests.len();
             batch.push(job);
+            due = due || size >= self.options.max_batch_size;
         }
         Ok(batch)
     }

@@ -85,6 +85,10 @@ pub struct Limits {
     /// Writes waiting for the batcher; beyond it requests fail fast with
     /// `Overloaded`.
     pub max_pending_writes: usize,
+    /// The most writes one group commit takes when a backlog is queued (one
+    /// sync then serves all of them); below `pilorama.max_batch_size` it
+    /// means `max_batch_size`. Bounds the length of one write transaction.
+    pub max_commit_size: usize,
     /// Ops per GetOpLog page (sync) and per Apply push (replication).
     pub sync_page_size: usize,
     /// Largest GetSubTree answer, in nodes.
@@ -132,6 +136,7 @@ impl Default for Limits {
             max_meta_bytes: 64 << 10,
             max_path_len: 256,
             max_pending_writes: 10_000,
+            max_commit_size: 1000,
             sync_page_size: 1000,
             max_subtree_nodes: 100_000,
             max_connections: 256,
@@ -204,6 +209,7 @@ impl Config {
             ),
             ("pilorama.max_batch_size", self.pilorama.max_batch_size),
             ("limits.max_pending_writes", self.limits.max_pending_writes),
+            ("limits.max_commit_size", self.limits.max_commit_size),
             ("limits.sync_page_size", self.limits.sync_page_size),
             ("limits.max_subtree_nodes", self.limits.max_subtree_nodes),
             ("limits.max_connections", self.limits.max_connections),
@@ -325,6 +331,7 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
         max_pending_writes: s
             .usize("max_pending_writes")?
             .unwrap_or(d.max_pending_writes),
+        max_commit_size: s.usize("max_commit_size")?.unwrap_or(d.max_commit_size),
         sync_page_size: s.usize("sync_page_size")?.unwrap_or(d.sync_page_size),
         max_subtree_nodes: s.usize("max_subtree_nodes")?.unwrap_or(d.max_subtree_nodes),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
@@ -530,6 +537,7 @@ node:
       replicas: [1, 2]
 limits:
   max_pending_writes: 7
+  max_commit_size: 300
   connect_timeout: 1s
 "#;
 
@@ -548,6 +556,7 @@ limits:
         assert_eq!(c.node.containers[0].cid, ContainerId([1; 32]));
         assert_eq!(c.node.containers[0].replicas, vec![1, 2]);
         assert_eq!(c.limits.max_pending_writes, 7);
+        assert_eq!(c.limits.max_commit_size, 300);
         assert_eq!(c.limits.connect_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.sync_page_size, Limits::default().sync_page_size);
     }

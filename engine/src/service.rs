@@ -155,6 +155,7 @@ impl Service {
                 max_batch_size: config.pilorama.max_batch_size,
                 max_batch_delay: config.pilorama.max_batch_delay,
                 max_pending: config.limits.max_pending_writes,
+                max_commit_size: config.limits.max_commit_size,
             },
         );
         let (hints, hint_receiver) = mpsc::channel(config.tree.replication_channel_capacity);

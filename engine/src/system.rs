@@ -35,19 +35,36 @@ impl Clock for SystemClock {
     }
 }
 
-/// Tasks on the ambient tokio runtime; blocking work on its blocking pool.
-/// Must be used from inside a tokio runtime.
+/// Tasks on a tokio runtime, blocking work on its blocking pool: the
+/// ambient runtime (`default()`, must then be used from inside one) or the
+/// one behind a handle (`on`, usable from any thread).
 #[derive(Default)]
-pub struct TokioRuntime;
+pub struct TokioRuntime {
+    handle: Option<tokio::runtime::Handle>,
+}
+
+impl TokioRuntime {
+    pub fn on(handle: tokio::runtime::Handle) -> Self {
+        Self {
+            handle: Some(handle),
+        }
+    }
+}
 
 impl Runtime for TokioRuntime {
     fn spawn(&self, name: &'static str, task: BoxFuture<'static, ()>) {
         tracing::trace!(task = name, "spawn");
-        tokio::spawn(task);
+        match &self.handle {
+            Some(handle) => drop(handle.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
     }
 
     fn run_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>) -> BoxFuture<'static, ()> {
-        let handle = tokio::task::spawn_blocking(work);
+        let handle = match &self.handle {
+            Some(handle) => handle.spawn_blocking(work),
+            None => tokio::task::spawn_blocking(work),
+        };
         Box::pin(async move {
             // A panic in the work is surfaced by `runtime::blocking`, which
             // finds its result channel closed.
@@ -56,10 +73,19 @@ impl Runtime for TokioRuntime {
     }
 }
 
-/// The production environment: system clock and tokio.
+/// The production environment: system clock and the ambient tokio runtime.
 pub fn system_env() -> Env {
     Env {
         clock: Arc::new(SystemClock::new()),
-        runtime: Arc::new(TokioRuntime),
+        runtime: Arc::new(TokioRuntime::default()),
+    }
+}
+
+/// System clock and the tokio runtime behind `handle` (for callers outside
+/// the runtime, such as the load generator's driver thread).
+pub fn system_env_on(handle: tokio::runtime::Handle) -> Env {
+    Env {
+        clock: Arc::new(SystemClock::new()),
+        runtime: Arc::new(TokioRuntime::on(handle)),
     }
 }

@@ -69,6 +69,7 @@ fn options(max_batch_size: usize, max_pending: usize) -> BatcherOptions {
         max_batch_size,
         max_batch_delay: Duration::from_millis(5),
         max_pending,
+        max_commit_size: max_batch_size,
     }
 }
 
@@ -371,4 +372,144 @@ async fn an_abandoned_write_counts_until_it_is_answered() {
         batcher.submit(request("t", 3)).await,
         Ok(WriteOutcome::Applied { fresh: true })
     );
+}
+
+/// A gated commit that also records, per transaction, its size and the
+/// virtual time at which it started.
+struct Recorder {
+    gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    entered: Arc<AtomicUsize>,
+    commits: Arc<Mutex<Vec<(usize, tokio::time::Instant)>>>,
+}
+
+impl Recorder {
+    fn new() -> Self {
+        Self {
+            gate: Arc::new((Mutex::new(false), std::sync::Condvar::new())),
+            entered: Arc::new(AtomicUsize::new(0)),
+            commits: Arc::default(),
+        }
+    }
+
+    fn commit_fn(&self, clock_origin: tokio::time::Instant) -> CommitFn {
+        let gated = gated_commit(self.gate.clone(), self.entered.clone());
+        let commits = self.commits.clone();
+        let env = test_env();
+        Arc::new(move |requests: &[WriteRequest]| {
+            let at = clock_origin + env.clock.now();
+            commits.lock().unwrap().push((requests.len(), at));
+            gated(requests)
+        })
+    }
+
+    fn open(&self) {
+        let (open, cv) = &*self.gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        self.commits.lock().unwrap().iter().map(|c| c.0).collect()
+    }
+}
+
+fn spawn_writes(
+    batcher: &Arc<Batcher>,
+    tags: std::ops::Range<u64>,
+) -> Vec<tokio::task::JoinHandle<arbor::Result<WriteOutcome>>> {
+    tags.map(|tag| {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.submit(request("t", tag)).await })
+    })
+    .collect()
+}
+
+/// One caller's batch of writes (committed together).
+fn spawn_batch(
+    batcher: &Arc<Batcher>,
+    tags: std::ops::Range<u64>,
+) -> tokio::task::JoinHandle<arbor::Result<Vec<arbor::Result<WriteOutcome>>>> {
+    let b = batcher.clone();
+    let requests = tags.map(|tag| request("t", tag)).collect();
+    tokio::spawn(async move { b.submit_all(requests).await })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backlog_is_committed_in_transactions_up_to_the_commit_cap() {
+    let recorder = Recorder::new();
+    let options = BatcherOptions {
+        max_commit_size: 25,
+        ..options(10, 100)
+    };
+    let batcher = Arc::new(Batcher::start_with_commit(
+        recorder.commit_fn(tokio::time::Instant::now()),
+        test_env(),
+        options,
+    ));
+    // A full batch commits at once and gets stuck.
+    let full = spawn_batch(&batcher, 100..110);
+    while recorder.entered.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // 40 writes queue up behind it: more than max_batch_size.
+    let callers = spawn_writes(&batcher, 1..41);
+    while batcher.stats().pending < 50 {
+        tokio::task::yield_now().await;
+    }
+    recorder.open();
+    assert_eq!(full.await.unwrap().unwrap().len(), 10);
+    for caller in callers {
+        assert_eq!(
+            caller.await.unwrap(),
+            Ok(WriteOutcome::Applied { fresh: true })
+        );
+    }
+    // The backlog goes in as few transactions as the cap allows, not in
+    // max_batch_size pieces (that would be 10, 10, 10, 10, 10).
+    assert_eq!(recorder.sizes(), vec![10, 25, 15]);
+    assert_eq!(batcher.stats().batches, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cap_never_goes_below_max_batch_size() {
+    let options = BatcherOptions {
+        max_commit_size: 1,
+        ..options(10, 100)
+    };
+    assert_eq!(options.commit_cap(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_that_waited_out_the_delay_during_a_commit_go_next_at_once() {
+    let recorder = Recorder::new();
+    let start = tokio::time::Instant::now();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        recorder.commit_fn(start),
+        test_env(),
+        BatcherOptions {
+            max_commit_size: 100,
+            ..options(100, 200)
+        },
+    ));
+    let full = spawn_batch(&batcher, 100..200);
+    while recorder.entered.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let callers = spawn_writes(&batcher, 1..4);
+    while batcher.stats().pending < 103 {
+        tokio::task::yield_now().await;
+    }
+    // The stuck commit outlasts the delay window of the queued writes.
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let released = tokio::time::Instant::now();
+    recorder.open();
+    full.await.unwrap().unwrap();
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    let commits = recorder.commits.lock().unwrap().clone();
+    assert_eq!(recorder.sizes(), vec![100, 3]);
+    // Their window started when they were queued, so the second commit
+    // starts as soon as the first returns, not max_batch_delay later.
+    assert_eq!(commits[1].1, released, "{commits:?}");
 }

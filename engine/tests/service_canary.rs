@@ -44,6 +44,7 @@ async fn failed_batch(planted: bool) -> Option<Result<arbor::forest::WriteOutcom
         max_batch_size: 10,
         max_batch_delay: Duration::from_millis(5),
         max_pending: 10,
+        max_commit_size: 10,
     };
     let batcher = Batcher::start_with_commit(commit, test_env(), options);
     let request = WriteRequest {

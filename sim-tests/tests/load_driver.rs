@@ -5,8 +5,8 @@ use arbor::error::Error;
 use arbor::proto::{Request, Response};
 use arbor::runtime::BoxFuture;
 use arbor_sim::load::driver::{self, RunOutput, RunSpec};
-use arbor_sim::load::env::sim_env;
 use arbor_sim::load::scenario::{Scenario, Stage};
+use arbor_sim::load::sim::generator_env;
 use arbor_sim::load::target::Target;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ impl Target for Refusing {
 
 fn run_sim(spec: RunSpec, target: Arc<dyn Target>) -> RunOutput {
     let runtime = madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default());
-    runtime.block_on(async move { driver::run(&spec, &sim_env(), target).await })
+    runtime.block_on(async move { driver::run(&spec, &generator_env(), target).await })
 }
 
 fn spec(scenarios: Vec<Scenario>, deadline: Duration) -> RunSpec {

@@ -33,7 +33,7 @@ pub fn test_env() -> Env {
         clock: Arc::new(TokioClock {
             origin: tokio::time::Instant::now(),
         }),
-        runtime: Arc::new(TokioRuntime),
+        runtime: Arc::new(TokioRuntime::default()),
     }
 }
 

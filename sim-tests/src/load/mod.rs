@@ -10,7 +10,6 @@
 pub mod calibrate;
 pub mod cli;
 pub mod driver;
-pub mod env;
 pub mod html;
 pub mod matrix;
 pub mod metrics;

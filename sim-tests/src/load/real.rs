@@ -3,7 +3,6 @@
 //! over loopback TCP).
 
 use super::driver::{self, RunSpec};
-use super::env::wall_env;
 use super::report::{RunReport, ServiceCounters, Verification};
 use super::scenario::{Scenario, Workload, LOAD_CID};
 use super::target::{NoPeers, ServiceTarget, Target, TransportTarget};
@@ -12,7 +11,7 @@ use arbor::forest::Forest;
 use arbor::net::Transport;
 use arbor::runtime::Env;
 use arbor::service::Service;
-use arbor::system::system_env;
+use arbor::system::{system_env, system_env_on};
 use arbor::tcp::{self, ServerOptions, TcpTransport};
 use arbor::types::{NodeId, ReplicaId, TreeKey};
 use std::path::{Path, PathBuf};
@@ -85,7 +84,7 @@ pub fn run(spec: &RunSpec, options: &RealOptions) -> Result<RunReport, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let env = wall_env(runtime.handle().clone());
+    let env = system_env_on(runtime.handle().clone());
     let mut report = runtime.block_on(run_nodes(spec, options, dir, env))?;
     report.wall_time_s = wall.elapsed().as_secs_f64();
     Ok(report)

@@ -8,19 +8,19 @@
 //! to each other over the simulated network with the configured latency.
 
 use super::driver::{self, RunSpec};
-use super::env::sim_env;
 use super::real::{params, verify};
 use super::report::{RunReport, ServiceCounters};
 use super::target::Target;
 use crate::disk::DiskLatency;
 use crate::trace::Trace;
-use crate::world::clock::{global_now, ClockSkew};
+use crate::world::clock::{global_now, ClockSkew, SimClock};
+use crate::world::runtime::SimRuntime;
 use crate::world::storage::NodeDisk;
 use crate::world::{cluster_configs, Knobs, NodeSpec, World};
 use arbor::config::Config;
 use arbor::forest::{Forest, ForestOptions};
 use arbor::proto::{Request, Response};
-use arbor::runtime::BoxFuture;
+use arbor::runtime::{BoxFuture, Env};
 use arbor::service::Service;
 use arbor::Error;
 use madsim::runtime::NodeHandle;
@@ -36,6 +36,15 @@ pub const CALIBRATED_DISK: DiskLatency = DiskLatency {
     per_sync: Duration::from_micros(3560),
     per_byte_nanos: 35,
 };
+
+/// The load generator's environment inside a simulation: madsim's global
+/// time (no skew) and madsim tasks on the current node, no disk time.
+pub fn generator_env() -> Env {
+    Env {
+        clock: Arc::new(SimClock::new(ClockSkew::default())),
+        runtime: Arc::new(SimRuntime::new(None)),
+    }
+}
 
 /// A simulated disk large enough for long load runs.
 const LOAD_DISK_CAPACITY: u64 = 16 << 30;
@@ -268,7 +277,7 @@ async fn run_in_world(spec: &RunSpec, options: &SimOptions) -> Result<RunReport,
         nodes,
         next: AtomicUsize::new(0),
     });
-    let out = driver::run(spec, &sim_env(), target).await;
+    let out = driver::run(spec, &generator_env(), target).await;
     let acked = out.acked.clone();
     let mut report = RunReport::new(
         "Arbor tree service under gateway load (simulated)".to_string(),

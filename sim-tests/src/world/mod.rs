@@ -138,6 +138,7 @@ pub fn node_config(
             max_meta_bytes: 64 << 10,
             max_path_len: 64,
             max_pending_writes: knobs.max_pending_writes,
+            max_commit_size: Limits::default().max_commit_size,
             sync_page_size: knobs.sync_page_size,
             max_subtree_nodes: 100_000,
             max_connections: 4096,
