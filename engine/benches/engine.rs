@@ -1,7 +1,7 @@
 //! Forest benchmark: a binary printing a table (no timed assertions).
 //!
 //! `cargo bench -p arbor-engine --bench engine -- [--ops N] [--batch B]
-//! [--reapply N] [--only NAME] [--no-sync]`
+//! [--reapply N] [--only NAME] [--no-sync] [--late K,K..]`
 //!
 //! Every scenario runs on a fresh temp-file database with durable commits
 //! (`Durability::Immediate`), as the service runs it by default; `--no-sync`
@@ -20,6 +20,8 @@ struct Args {
     only: Option<String>,
     /// Non-durable commits: separates CPU cost from fsync cost.
     no_sync: bool,
+    /// Lateness of the apply scenarios (0 = in order).
+    late: Vec<usize>,
 }
 
 fn parse_args() -> Args {
@@ -29,6 +31,7 @@ fn parse_args() -> Args {
         reapply_ops: 100_000,
         only: None,
         no_sync: false,
+        late: vec![0, 10, 100],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -39,6 +42,12 @@ fn parse_args() -> Args {
             "--reapply" => args.reapply_ops = value().parse().expect("--reapply N"),
             "--only" => args.only = Some(value()),
             "--no-sync" => args.no_sync = true,
+            "--late" => {
+                args.late = value()
+                    .split(',')
+                    .map(|k| k.parse().expect("--late K[,K..]"))
+                    .collect()
+            }
             // cargo bench passes --bench; anything else is ignored too.
             _ => {}
         }
@@ -203,7 +212,10 @@ fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
 }
 
 /// Runs `requests` in batches; returns the wall time, each commit's
-/// latency (one `write_batch` call) and the CPU time spent.
+/// latency (one `write_batch` call) and the CPU time spent. Never inlined,
+/// so that `valgrind --tool=callgrind --toggle-collect='*run_batches*'`
+/// counts the measured work alone.
+#[inline(never)]
 fn run_batches(
     forest: &Forest,
     requests: &[WriteRequest],
@@ -384,7 +396,7 @@ impl CursorBump for Forest {
 
 fn main() {
     let args = parse_args();
-    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.starts_with(o));
     println!(
         "ops={} batch={} reapply={} durable={} (temp file)",
         args.ops, args.batch, args.reapply_ops, !args.no_sync
@@ -409,7 +421,7 @@ fn main() {
     }
     if wanted("apply") {
         let log = source_log(args.ops);
-        for k in [0, 10, 100] {
+        for &k in &args.late {
             bench_apply(&args, &log, k).print();
         }
     }

@@ -903,3 +903,72 @@ fn failed_commit_stores_nothing_of_the_batch() {
     };
     assert_eq!(created, vec![make_timestamp(3, 1)]);
 }
+
+#[test]
+fn moved_and_removed_directories_are_not_reused_by_later_batches() {
+    let f = forest();
+    let WriteOutcome::AddedByPath { created, .. } = add_by_path(&f, &["d"], name("x")).unwrap()
+    else {
+        panic!()
+    };
+    let first = created[0];
+    write_one(&f, WriteOp::Remove { node: first }).unwrap();
+    let WriteOutcome::AddedByPath { created, leaf, .. } =
+        add_by_path(&f, &["d"], name("y")).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(created.len(), 1, "the removed /d is not a path component");
+    let second = created[0];
+    assert_eq!(f.get_node(&tree(), leaf).unwrap().unwrap().parent, second);
+    // Renaming /d makes the next call create a third /d.
+    write_one(
+        &f,
+        WriteOp::Move {
+            parent: ROOT,
+            child: Some(second),
+            items: name("renamed"),
+        },
+    )
+    .unwrap();
+    let WriteOutcome::AddedByPath { created, .. } = add_by_path(&f, &["d"], name("z")).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(created.len(), 1);
+    assert_ne!(created[0], second);
+    f.check_invariants(&tree()).unwrap();
+}
+
+#[test]
+fn op_log_pages_across_batches_match_the_whole_log() {
+    // Heights are stored in runs, one per batch: any page must cut runs
+    // at the right place.
+    let f = forest();
+    for batch in 0..5usize {
+        let requests: Vec<WriteRequest> = (0..batch + 1)
+            .map(|i| WriteRequest {
+                tree: tree(),
+                op: WriteOp::AddByPath {
+                    attr: ATTR_FILE_NAME.into(),
+                    path: path(&["dir", &format!("sub{}", i % 2)]),
+                    items: name(&format!("leaf-{batch}-{i}")),
+                },
+            })
+            .collect();
+        for outcome in f.write_batch(&requests).unwrap() {
+            outcome.unwrap();
+        }
+    }
+    let whole = f.get_op_log(&tree(), 0, usize::MAX).unwrap();
+    let heights: Vec<u64> = whole.iter().map(|e| e.height).collect();
+    assert_eq!(heights, (0..whole.len() as u64).collect::<Vec<_>>());
+    for from in 0..=whole.len() {
+        for limit in [1, 2, 3, 7, usize::MAX] {
+            let page = f.get_op_log(&tree(), from as u64, limit).unwrap();
+            let end = whole.len().min(from.saturating_add(limit));
+            assert_eq!(page, whole[from..end], "from {from} limit {limit}");
+        }
+    }
+    f.check_invariants(&tree()).unwrap();
+}

@@ -97,20 +97,20 @@ fn check_children_index(
     nodes: &BTreeMap<NodeId, NodeRecord>,
 ) -> Result<Result<(), String>> {
     let children = txn.open_table(CHILDREN)?;
-    let empty: &'static [u8] = &[];
-    let range: std::ops::Range<ChildKey> = (t, 0, empty, 0)..(t + 1, 0, empty, 0);
+    let range: std::ops::Range<ChildKey> = (t, 0, 0, 0)..(t + 1, 0, 0, 0);
     let mut seen = BTreeSet::new();
     for row in children.range(range)? {
         let (key, value) = row?;
-        let (_, parent, name, id) = key.value();
-        let (time, internal) = value.value();
+        let (_, parent, hash, id) = key.value();
+        let entry = decode_child(value.value())?;
         let Some(node) = nodes.get(&id) else {
             return Ok(Err(format!("children index lists absent node {id}")));
         };
         let same = node.parent == parent
-            && node.name_key == name
-            && node.time == time
-            && node.internal == internal;
+            && node.name_key == entry.name_key
+            && name_hash(&node.name_key) == hash
+            && node.time == entry.time
+            && node.internal == entry.internal;
         if !same || !seen.insert(id) {
             return Ok(Err(format!(
                 "children index row of node {id} is wrong or repeated"
@@ -169,21 +169,23 @@ fn check_heights(
     let heights = txn.open_table(HEIGHTS)?;
     let mut expected = 0u64;
     for row in heights.range((t, 0)..=(t, u64::MAX))? {
-        let (key, ts) = row?;
-        let (height, ts) = (key.value().1, ts.value());
-        if height != expected {
+        let (key, stamps) = row?;
+        if key.value().1 != expected {
             return Ok(Err(format!("height {expected} missing")));
         }
-        let Some(guard) = log.get((t, ts))? else {
-            return Ok(Err(format!("height {height} points at absent op {ts}")));
-        };
-        if decode_log(guard.value())?.tail.height != height {
-            return Ok(Err(format!("op {ts} disagrees about its height {height}")));
+        for ts in decode_height_run(stamps.value())? {
+            let height = expected;
+            let Some(guard) = log.get((t, ts))? else {
+                return Ok(Err(format!("height {height} points at absent op {ts}")));
+            };
+            if decode_log(guard.value())?.tail.height != height {
+                return Ok(Err(format!("op {ts} disagrees about its height {height}")));
+            }
+            if timestamp_counter(ts) > rec.max_counter {
+                return Ok(Err(format!("op {ts} is newer than the tree's counter")));
+            }
+            expected += 1;
         }
-        if timestamp_counter(ts) > rec.max_counter {
-            return Ok(Err(format!("op {ts} is newer than the tree's counter")));
-        }
-        expected += 1;
     }
     // Each row is checked: a range over a failed disk yields errors without
     // end, and counting them would never finish.

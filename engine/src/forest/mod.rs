@@ -6,6 +6,7 @@
 //! write path, `check` the full invariant check.
 
 mod check;
+mod dir_cache;
 mod read;
 pub mod records;
 mod write;
@@ -16,6 +17,9 @@ use records::*;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+pub use dir_cache::DIR_CACHE_ENTRIES_MAX;
 
 /// Limits and identity of one forest.
 #[derive(Clone, Debug)]
@@ -120,6 +124,10 @@ pub struct Forest {
     /// (redb refuses every write after an I/O error until reopened).
     opener: Option<DatabaseOpener>,
     options: ForestOptions,
+    /// Directory lookups of the write path. Every writer that can change
+    /// directories holds this lock from before `begin_write` until after
+    /// its commit, which keeps the cache equal to the committed state.
+    dir_cache: Mutex<dir_cache::DirCache>,
 }
 
 /// A write transaction and the read side of the database lock, which it
@@ -203,6 +211,11 @@ impl Forest {
             .opener
             .as_ref()
             .ok_or_else(|| Error::Storage("this forest cannot be reopened".into()))?;
+        // A reopen may come back without commits that were not durable
+        // (no_sync): lookups made after them would be stale. Taken before
+        // `db`, in the order `write_batch` takes them.
+        let mut dirs = self.lock_dir_cache();
+        dirs.clear();
         let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = slot.take() {
             // A poisoned database cannot flush; its close error is expected.
@@ -237,6 +250,7 @@ impl Forest {
             db: std::sync::RwLock::new(Some(db)),
             opener: None,
             options,
+            dir_cache: Mutex::default(),
         })
     }
 
@@ -262,6 +276,19 @@ impl Forest {
         Ok(WriteTxn { txn, _db: db })
     }
 
+    /// The directory cache, locked. After a panic in a batch (poisoned
+    /// lock) its entries may come from an aborted transaction: emptied.
+    fn lock_dir_cache(&self) -> MutexGuard<'_, dir_cache::DirCache> {
+        match self.dir_cache.lock() {
+            Ok(cache) => cache,
+            Err(poisoned) => {
+                let mut cache = poisoned.into_inner();
+                cache.clear();
+                cache
+            }
+        }
+    }
+
     /// Applies a batch in one write transaction. The outer error means the
     /// transaction failed and nothing of the batch is stored; otherwise each
     /// request has its own result, in request order.
@@ -270,13 +297,29 @@ impl Forest {
     /// with one undo back to the oldest new op; local ops follow in request
     /// order, each newer than everything before it.
     pub fn write_batch(&self, requests: &[WriteRequest]) -> Result<Vec<Result<WriteOutcome>>> {
+        let mut dirs = self.lock_dir_cache();
+        dirs.align_with_canary();
+        let outcome = self.write_batch_with(requests, &mut dirs);
+        if outcome.is_err() {
+            // Lookups made inside the failed transaction describe rows that
+            // were never committed.
+            dirs.clear();
+        }
+        outcome
+    }
+
+    fn write_batch_with(
+        &self,
+        requests: &[WriteRequest],
+        dirs: &mut dir_cache::DirCache,
+    ) -> Result<Vec<Result<WriteOutcome>>> {
         let mut results: Vec<Option<Result<WriteOutcome>>> = requests
             .iter()
             .map(|r| self.check_request(&r.op).err().map(Err))
             .collect();
         let txn = self.begin_write()?;
         let changed = {
-            let mut writer = write::Writer::open(&txn, self.options.replica_id)?;
+            let mut writer = write::Writer::open(&txn, self.options.replica_id, dirs)?;
             let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
             for (index, request) in requests.iter().enumerate() {
                 if let (None, WriteOp::Apply { op }) = (&results[index], &request.op) {
@@ -316,7 +359,7 @@ impl Forest {
             WriteOp::AddByPath { attr, path, items } => {
                 read::check_path(attr, path, self.options.max_path_len)?;
                 for component in path {
-                    self.check_meta(&[KeyValue::new(ATTR_FILE_NAME, component.as_bytes())])?;
+                    self.check_meta_size(ATTR_FILE_NAME.len() + component.len() + 8)?;
                 }
                 self.check_meta(items)
             }
@@ -334,6 +377,10 @@ impl Forest {
             .iter()
             .map(|kv| kv.key.len() + kv.value.len() + 8)
             .sum();
+        self.check_meta_size(size)
+    }
+
+    fn check_meta_size(&self, size: usize) -> Result<()> {
         if size > self.options.max_meta_bytes {
             return Err(Error::TooLarge {
                 what: "meta".into(),
@@ -483,17 +530,32 @@ impl Forest {
         let heights = txn.open_table(HEIGHTS)?;
         let log = txn.open_table(LOG)?;
         let mut out = Vec::new();
-        let range = heights.range((rec.number, from_height)..=(rec.number, u64::MAX))?;
-        for row in range.take(limit) {
-            let (key, ts) = row?;
-            let ts = ts.value();
-            let record = read::log_record(&log, rec.number, ts)?;
-            let height = key.value().1;
-            assert_eq!(record.tail.height, height, "height index out of sync");
-            out.push(LogEntry {
-                height,
-                op: record.to_move(ts),
-            });
+        // The run holding `from_height` is the last one starting at or
+        // before it.
+        let start = match heights
+            .range((rec.number, 0)..=(rec.number, from_height))?
+            .next_back()
+        {
+            Some(row) => row?.0.value().1,
+            None => from_height,
+        };
+        for row in heights.range((rec.number, start)..=(rec.number, u64::MAX))? {
+            let (key, stamps) = row?;
+            let first = key.value().1;
+            for (height, ts) in (first..).zip(decode_height_run(stamps.value())?) {
+                if height < from_height {
+                    continue;
+                }
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+                let record = read::log_record(&log, rec.number, ts)?;
+                assert_eq!(record.tail.height, height, "height index out of sync");
+                out.push(LogEntry {
+                    height,
+                    op: record.to_move(ts),
+                });
+            }
         }
         Ok(out)
     }
@@ -561,6 +623,10 @@ impl Forest {
         if victims.is_empty() {
             return Ok(());
         }
+        // Tree numbers are never reused, so the dropped trees' lookups
+        // could not be hit again; emptying the cache keeps it small.
+        let mut dirs = self.lock_dir_cache();
+        dirs.clear();
         let txn = self.begin_write()?;
         for (key, rec) in &victims {
             delete_tree_rows(&txn, key, rec.number)?;
@@ -694,8 +760,7 @@ fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Resu
         .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
     txn.open_table(NODES)?
         .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
-    let empty: &'static [u8] = &[];
-    let children_range: std::ops::Range<ChildKey> = (t, 0, empty, 0)..(t + 1, 0, empty, 0);
+    let children_range: std::ops::Range<ChildKey> = (t, 0, 0, 0)..(t + 1, 0, 0, 0);
     txn.open_table(CHILDREN)?
         .retain_in(children_range, |_, _| false)?;
     txn.open_table(CURSORS)?

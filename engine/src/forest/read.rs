@@ -10,20 +10,19 @@ use redb::ReadableTable;
 
 /// Bounds of every children-index row of `(tree, parent)`.
 pub(crate) fn children_bounds(tree: u64, parent: NodeId) -> (ChildKey, std::ops::Bound<ChildKey>) {
-    let empty: &'static [u8] = &[];
-    let lower = (tree, parent, empty, 0);
+    let lower = (tree, parent, 0, 0);
     // TRASH is u64::MAX: its upper bound is the start of the next tree.
     let upper = match parent.checked_add(1) {
-        Some(next) => std::ops::Bound::Excluded((tree, next, empty, 0)),
-        None => std::ops::Bound::Excluded((tree + 1, 0, empty, 0)),
+        Some(next) => std::ops::Bound::Excluded((tree, next, 0, 0)),
+        None => std::ops::Bound::Excluded((tree + 1, 0, 0, 0)),
     };
     (lower, upper)
 }
 
 /// Children of `parent` as `(id, meta time, internal)`, in index order
-/// (name, then id).
+/// (name hash, then id).
 pub(crate) fn children_of(
-    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    children: &impl ReadableTable<ChildKey, &'static [u8]>,
     tree: u64,
     parent: NodeId,
 ) -> Result<Vec<(NodeId, Timestamp, bool)>> {
@@ -32,8 +31,8 @@ pub(crate) fn children_of(
     let mut out = Vec::new();
     for row in range {
         let (key, value) = row?;
-        let (time, internal) = value.value();
-        out.push((key.value().3, time, internal));
+        let entry = decode_child(value.value())?;
+        out.push((key.value().3, entry.time, entry.internal));
     }
     Ok(out)
 }
@@ -41,32 +40,35 @@ pub(crate) fn children_of(
 /// Children of `parent` whose name key is `name`, as `(id, meta time,
 /// internal)`, ascending by id.
 pub(crate) fn children_named(
-    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    children: &impl ReadableTable<ChildKey, &'static [u8]>,
     tree: u64,
     parent: NodeId,
     name: &[u8],
 ) -> Result<Vec<(NodeId, Timestamp, bool)>> {
-    let range = children.range((tree, parent, name, 0)..=(tree, parent, name, u64::MAX))?;
+    let hash = name_hash(name);
+    let range = children.range((tree, parent, hash, 0)..=(tree, parent, hash, u64::MAX))?;
     let mut out = Vec::new();
     for row in range {
         let (key, value) = row?;
-        let (time, internal) = value.value();
-        out.push((key.value().3, time, internal));
+        let entry = decode_child(value.value())?;
+        if entry.name_key == name {
+            out.push((key.value().3, entry.time, entry.internal));
+        }
     }
     Ok(out)
 }
 
-/// The directory named `component` under `parent`. Concurrent creation of a
+/// The directory with name key `name_key` under `parent`. Concurrent creation of a
 /// same-name directory on two replicas leaves both; every replica must
 /// pick the same one, so the smallest id wins.
 pub(crate) fn find_dir(
-    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    children: &impl ReadableTable<ChildKey, &'static [u8]>,
     log: &impl ReadableTable<(u64, u64), &'static [u8]>,
     tree: u64,
     parent: NodeId,
-    component: &str,
+    name_key: &[u8],
 ) -> Result<Option<NodeId>> {
-    let candidates = children_named(children, tree, parent, &component_key(component))?;
+    let candidates = children_named(children, tree, parent, name_key)?;
     let mut dirs = candidates.into_iter().filter(|c| c.2);
     if canary::active(Canary::PathByArrivalOrder) {
         return first_stored(log, tree, dirs.collect());
@@ -93,14 +95,14 @@ fn first_stored(
 /// Follows `dirs` from ROOT. Returns the deepest directory found and how
 /// many components were resolved.
 pub(crate) fn resolve_dirs(
-    children: &impl ReadableTable<ChildKey, (u64, bool)>,
+    children: &impl ReadableTable<ChildKey, &'static [u8]>,
     log: &impl ReadableTable<(u64, u64), &'static [u8]>,
     tree: u64,
     dirs: &[String],
 ) -> Result<(NodeId, usize)> {
     let mut current = ROOT;
     for (i, component) in dirs.iter().enumerate() {
-        match find_dir(children, log, tree, current, component)? {
+        match find_dir(children, log, tree, current, &component_key(component))? {
             Some(next) => current = next,
             None => return Ok((current, i)),
         }

@@ -23,20 +23,43 @@ pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// `(tree number, timestamp)` -> encoded [`LogRecord`]: the op log in
 /// timestamp order.
 pub const LOG: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("log");
-/// `(tree number, height)` -> timestamp: the log in this replica's storage
-/// order.
-pub const HEIGHTS: TableDefinition<(u64, u64), u64> = TableDefinition::new("heights");
+/// `(tree number, first height)` -> the timestamps (8 bytes each, BE) of
+/// the ops stored at heights `first, first + 1, ..`: the log in this
+/// replica's storage order. One row per run of consecutive heights written
+/// by one batch (at most [`HEIGHT_RUN_MAX`] each) rather than one per op:
+/// the heights of a batch's ops are consecutive, and one insert per batch
+/// costs far less than one per op.
+pub const HEIGHTS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("height_runs");
+
+/// Most timestamps in one [`HEIGHTS`] row (4 KiB of value).
+pub const HEIGHT_RUN_MAX: usize = 512;
+
+/// The timestamps of an encoded [`HEIGHTS`] row.
+pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = Timestamp> + '_> {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(8) || bytes.len() > 8 * HEIGHT_RUN_MAX {
+        return Err(Error::Malformed(format!(
+            "height run of {} bytes",
+            bytes.len()
+        )));
+    }
+    Ok(bytes.chunks_exact(8).map(be_u64))
+}
 /// `(tree number, node)` -> encoded [`NodeRecord`]: current parent of every
 /// node and the timestamp of the op that set its meta.
 pub const NODES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("nodes");
-/// `(tree number, parent, name key, child)` -> `(meta time, internal)`.
-/// The name key is `[0]` for a node without `FileName` and `[1] ++ value`
-/// otherwise, so one table serves both "children of p" (prefix range over
-/// `(tree, parent)`) and path lookup (range over `(tree, parent, name)`).
-pub const CHILDREN: TableDefinition<ChildKey, (u64, bool)> = TableDefinition::new("children");
+/// `(tree number, parent, name hash, child)` -> encoded [`ChildEntry`]
+/// (`meta time (8, BE) ++ internal (1) ++ name key`). The name key is `[0]`
+/// for a node without `FileName` and `[1] ++ value` otherwise; the key holds
+/// only its [`name_hash`], so every key has the same fixed width (cheap to
+/// compare and to place in a page) and the full name in the value settles
+/// the rare hash collision. One table serves both "children of p" (prefix
+/// range over `(tree, parent)`) and path lookup (range over `(tree, parent,
+/// hash)`, filtered by name), and within one name rows are in child order,
+/// so the smallest id of a duplicated directory comes first.
+pub const CHILDREN: TableDefinition<ChildKey, &[u8]> = TableDefinition::new("children");
 
-/// Key of [`CHILDREN`]: `(tree number, parent, name key, child)`.
-pub type ChildKey = (u64, u64, &'static [u8], u64);
+/// Key of [`CHILDREN`]: `(tree number, parent, name hash, child)`.
+pub type ChildKey = (u64, u64, u64, u64);
 /// `(tree number, cursor kind, peer)` -> cursor value.
 pub const CURSORS: TableDefinition<(u64, u8, u16), u64> = TableDefinition::new("cursors");
 
@@ -115,14 +138,6 @@ pub struct OpBody {
     pub items: Vec<KeyValue>,
 }
 
-/// Borrowing twin of [`OpBody`]; encodes to the same bytes.
-#[derive(Serialize)]
-struct OpBodyRef<'a> {
-    parent: NodeId,
-    child: NodeId,
-    items: &'a [KeyValue],
-}
-
 /// The mutable part of a log record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogTail {
@@ -130,9 +145,18 @@ pub struct LogTail {
     pub undo: Undo,
 }
 
-/// One entry of the op log. Encoded as `postcard(body) ++ postcard(tail)`:
-/// the op bytes come first so that an incoming duplicate can be recognised
-/// by comparing its encoded body with the stored prefix, without decoding.
+/// One entry of the op log, encoded by hand as `body ++ tail`:
+///
+/// - body: `parent (8) ++ child (8) ++ item count (4) ++ items`, each item
+///   `key length (4) ++ key ++ value length (4) ++ value` (integers
+///   big-endian);
+/// - tail, fixed [`LOG_TAIL_BYTES`]: `height (8) ++ undo tag (1) ++
+///   old parent (8) ++ old time (8)` (tag 0 no effect, 1 created, 2 moved;
+///   the old fields are zero unless moved).
+///
+/// The op bytes come first and the tail has a fixed size, so a duplicate is
+/// recognised by comparing the stored body with the incoming op without
+/// decoding, and a redo rewrites the tail in place.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogRecord {
     pub body: OpBody,
@@ -152,59 +176,252 @@ impl LogRecord {
     }
 }
 
+/// Size of the fixed tail of an encoded log record.
+pub const LOG_TAIL_BYTES: usize = 25;
+const LOG_BODY_HEADER_BYTES: usize = 20;
+
 /// The encoded op part of a log record.
 pub fn encode_op_body(parent: NodeId, child: NodeId, items: &[KeyValue]) -> Vec<u8> {
-    let body = OpBodyRef {
-        parent,
-        child,
-        items,
-    };
-    postcard::to_stdvec(&body).expect("encoding an op cannot fail")
+    let mut out = Vec::new();
+    append_op_body(&mut out, parent, child, items);
+    out
 }
 
 pub fn encode_log(parent: NodeId, child: NodeId, items: &[KeyValue], tail: LogTail) -> Vec<u8> {
-    let mut bytes = encode_op_body(parent, child, items);
-    append_tail(&mut bytes, tail);
-    bytes
+    let mut out = Vec::new();
+    encode_log_into(&mut out, parent, child, items, tail);
+    out
 }
 
-fn append_tail(bytes: &mut Vec<u8>, tail: LogTail) {
-    let tail = postcard::to_stdvec(&tail).expect("encoding a log tail cannot fail");
-    bytes.extend_from_slice(&tail);
+/// [`encode_log`] into a buffer the caller reuses across ops.
+pub fn encode_log_into(
+    out: &mut Vec<u8>,
+    parent: NodeId,
+    child: NodeId,
+    items: &[KeyValue],
+    tail: LogTail,
+) {
+    out.clear();
+    append_op_body(out, parent, child, items);
+    out.extend_from_slice(&encode_tail(tail));
+}
+
+fn append_op_body(out: &mut Vec<u8>, parent: NodeId, child: NodeId, items: &[KeyValue]) {
+    let items_len: usize = items
+        .iter()
+        .map(|kv| 8 + kv.key.len() + kv.value.len())
+        .sum();
+    out.reserve(LOG_BODY_HEADER_BYTES + items_len + LOG_TAIL_BYTES);
+    out.extend_from_slice(&parent.to_be_bytes());
+    out.extend_from_slice(&child.to_be_bytes());
+    out.extend_from_slice(&length_u32(items.len()).to_be_bytes());
+    for kv in items {
+        out.extend_from_slice(&length_u32(kv.key.len()).to_be_bytes());
+        out.extend_from_slice(kv.key.as_bytes());
+        out.extend_from_slice(&length_u32(kv.value.len()).to_be_bytes());
+        out.extend_from_slice(&kv.value);
+    }
+}
+
+/// Every request is checked against `max_meta_bytes` long before it is
+/// encoded, so lengths stay far below 4 GiB.
+fn length_u32(len: usize) -> u32 {
+    u32::try_from(len).expect("meta lengths are bounded by max_meta_bytes")
+}
+
+fn encode_tail(tail: LogTail) -> [u8; LOG_TAIL_BYTES] {
+    let mut out = [0u8; LOG_TAIL_BYTES];
+    out[..8].copy_from_slice(&tail.height.to_be_bytes());
+    match tail.undo {
+        Undo::NoEffect => out[8] = 0,
+        Undo::Created => out[8] = 1,
+        Undo::Moved { old_parent, old_ts } => {
+            out[8] = 2;
+            out[9..17].copy_from_slice(&old_parent.to_be_bytes());
+            out[17..25].copy_from_slice(&old_ts.to_be_bytes());
+        }
+    }
+    out
+}
+
+fn decode_tail(bytes: &[u8]) -> Result<LogTail> {
+    let height = be_u64(&bytes[..8]);
+    let (old_parent, old_ts) = (be_u64(&bytes[9..17]), be_u64(&bytes[17..25]));
+    // Unused fields must be zero: one record, one encoding.
+    let undo = match bytes[8] {
+        2 => Undo::Moved { old_parent, old_ts },
+        0 if old_parent == 0 && old_ts == 0 => Undo::NoEffect,
+        1 if old_parent == 0 && old_ts == 0 => Undo::Created,
+        tag => return Err(Error::Malformed(format!("log record undo tag {tag}"))),
+    };
+    Ok(LogTail { height, undo })
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    u64::from_be_bytes(bytes.try_into().expect("caller checked the length"))
+}
+
+fn be_u32(bytes: &[u8]) -> usize {
+    u32::from_be_bytes(bytes.try_into().expect("caller checked the length")) as usize
+}
+
+/// A validated, borrowed view of an encoded log record: the write path
+/// reads parents, names and undo information through it without copying
+/// the items.
+#[derive(Clone, Copy, Debug)]
+pub struct LogView<'a> {
+    pub parent: NodeId,
+    pub child: NodeId,
+    pub tail: LogTail,
+    item_count: usize,
+    /// The encoded items (after the count).
+    items: &'a [u8],
+    /// The op bytes (the record without its tail).
+    body: &'a [u8],
+}
+
+impl<'a> LogView<'a> {
+    /// Checks every length and key of the record, so that nothing read
+    /// through the view can fail later.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self> {
+        if bytes.len() < LOG_BODY_HEADER_BYTES + LOG_TAIL_BYTES {
+            return Err(Error::Malformed("log record too short".into()));
+        }
+        let (body, tail) = bytes.split_at(bytes.len() - LOG_TAIL_BYTES);
+        let item_count = be_u32(&body[16..20]);
+        let items = &body[LOG_BODY_HEADER_BYTES..];
+        let mut rest = items;
+        for _ in 0..item_count {
+            let (key, after_key) = take_field(rest)?;
+            std::str::from_utf8(key)
+                .map_err(|_| Error::Malformed("log record key is not UTF-8".into()))?;
+            rest = take_field(after_key)?.1;
+        }
+        if !rest.is_empty() {
+            return Err(Error::Malformed("log record op: trailing bytes".into()));
+        }
+        Ok(Self {
+            parent: be_u64(&body[..8]),
+            child: be_u64(&body[8..16]),
+            tail: decode_tail(tail)?,
+            item_count,
+            items,
+            body,
+        })
+    }
+
+    /// The op bytes (the record without its tail).
+    pub fn body(&self) -> &'a [u8] {
+        self.body
+    }
+
+    /// `(key, value)` pairs in order; keys are UTF-8 (checked by `parse`).
+    pub fn items(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
+        let mut rest = self.items;
+        (0..self.item_count).map(move |_| {
+            let (key, after_key) = take_field(rest).expect("checked by parse");
+            let (value, after_value) = take_field(after_key).expect("checked by parse");
+            rest = after_value;
+            (key, value)
+        })
+    }
+
+    /// True when the items make a directory node (exactly `[FileName = x]`).
+    pub fn is_internal(&self) -> bool {
+        self.item_count == 1 && self.items().all(|(k, _)| k == ATTR_FILE_NAME.as_bytes())
+    }
+
+    /// The children-index name key of the items (see [`name_key`]).
+    pub fn name_key_into(&self, out: &mut Vec<u8>) {
+        let name = self.items().find(|(k, _)| *k == ATTR_FILE_NAME.as_bytes());
+        name_key_into(name.map(|(_, v)| v), out);
+    }
+
+    /// True when the stored op is exactly `(parent, child, items)`.
+    pub fn same_op(&self, parent: NodeId, child: NodeId, items: &[KeyValue]) -> bool {
+        self.parent == parent
+            && self.child == child
+            && self.item_count == items.len()
+            && self
+                .items()
+                .zip(items)
+                .all(|((k, v), kv)| k == kv.key.as_bytes() && v == kv.value.as_slice())
+    }
+
+    pub fn to_record(&self) -> LogRecord {
+        let items = self
+            .items()
+            .map(|(k, v)| KeyValue {
+                key: String::from_utf8(k.to_vec()).expect("checked by parse"),
+                value: v.to_vec(),
+            })
+            .collect();
+        LogRecord {
+            body: OpBody {
+                parent: self.parent,
+                child: self.child,
+                items,
+            },
+            tail: self.tail,
+        }
+    }
+}
+
+/// Splits `length (4) ++ bytes` off the front.
+fn take_field(bytes: &[u8]) -> Result<(&[u8], &[u8])> {
+    if bytes.len() < 4 {
+        return Err(Error::Malformed("log record item cut short".into()));
+    }
+    let (len, rest) = (be_u32(&bytes[..4]), &bytes[4..]);
+    if rest.len() < len {
+        return Err(Error::Malformed("log record item cut short".into()));
+    }
+    Ok(rest.split_at(len))
 }
 
 pub fn decode_log(bytes: &[u8]) -> Result<LogRecord> {
-    let (body, rest): (OpBody, _) = postcard::take_from_bytes(bytes)
-        .map_err(|e| Error::Malformed(format!("log record op: {e}")))?;
-    let tail = decode_exact(rest, "log record tail")?;
-    Ok(LogRecord { body, tail })
+    Ok(LogView::parse(bytes)?.to_record())
 }
 
 /// Length of the op part of an encoded log record.
 pub fn log_body_len(bytes: &[u8]) -> Result<usize> {
-    let (_, rest): (OpBody, _) = postcard::take_from_bytes(bytes)
-        .map_err(|e| Error::Malformed(format!("log record op: {e}")))?;
-    Ok(bytes.len() - rest.len())
+    Ok(LogView::parse(bytes)?.body.len())
 }
 
 /// Replaces the tail of an encoded log record, keeping its op bytes.
 pub fn replace_log_tail(bytes: &[u8], tail: LogTail) -> Result<Vec<u8>> {
-    let body_len = log_body_len(bytes)?;
-    let mut out = bytes[..body_len].to_vec();
-    append_tail(&mut out, tail);
+    let mut out = bytes[..log_body_len(bytes)?].to_vec();
+    out.extend_from_slice(&encode_tail(tail));
     Ok(out)
+}
+
+/// Rewrites in place the tail of a record that `LogView::parse` accepted.
+pub fn set_log_tail(bytes: &mut [u8], tail: LogTail) {
+    let at = bytes.len() - LOG_TAIL_BYTES;
+    bytes[at..].copy_from_slice(&encode_tail(tail));
 }
 
 /// The children-index name of a meta: `[0]` without `FileName`, else
 /// `[1] ++ value` (so an empty name differs from no name).
 pub fn name_key(items: &[KeyValue]) -> Vec<u8> {
-    match items.iter().find(|kv| kv.key == ATTR_FILE_NAME) {
-        None => vec![0],
-        Some(kv) => {
-            let mut key = Vec::with_capacity(1 + kv.value.len());
-            key.push(1);
-            key.extend_from_slice(&kv.value);
-            key
+    let mut key = Vec::new();
+    name_key_from_items(items, &mut key);
+    key
+}
+
+/// [`name_key`] into a buffer the caller reuses.
+pub fn name_key_from_items(items: &[KeyValue], out: &mut Vec<u8>) {
+    let name = items.iter().find(|kv| kv.key == ATTR_FILE_NAME);
+    name_key_into(name.map(|kv| kv.value.as_slice()), out);
+}
+
+fn name_key_into(file_name: Option<&[u8]>, out: &mut Vec<u8>) {
+    out.clear();
+    match file_name {
+        None => out.push(0),
+        Some(value) => {
+            out.push(1);
+            out.extend_from_slice(value);
         }
     }
 }
@@ -215,6 +432,53 @@ pub fn component_key(component: &str) -> Vec<u8> {
     key.push(1);
     key.extend_from_slice(component.as_bytes());
     key
+}
+
+/// The hash of a name key in [`CHILDREN`] keys: 64-bit FNV-1a, spelled out
+/// here because it is part of the stored format and must never change
+/// with a library version. Collisions cost a longer range scan, never a
+/// wrong answer (the value holds the full name).
+pub fn name_hash(name_key: &[u8]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    name_key.iter().fold(OFFSET_BASIS, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    })
+}
+
+/// The value of a [`CHILDREN`] row, borrowed from the stored bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChildEntry<'a> {
+    /// Meta time of the child (see [`NodeRecord::time`]).
+    pub time: Timestamp,
+    pub internal: bool,
+    pub name_key: &'a [u8],
+}
+
+const CHILD_HEADER_BYTES: usize = 9;
+
+/// `time (8, BE) ++ internal (1) ++ name key` into a reused buffer.
+pub fn encode_child_into(out: &mut Vec<u8>, entry: ChildEntry<'_>) {
+    out.clear();
+    out.extend_from_slice(&entry.time.to_be_bytes());
+    out.push(u8::from(entry.internal));
+    out.extend_from_slice(entry.name_key);
+}
+
+pub fn decode_child(bytes: &[u8]) -> Result<ChildEntry<'_>> {
+    if bytes.len() < CHILD_HEADER_BYTES + 1 {
+        return Err(Error::Malformed("children row too short".into()));
+    }
+    let internal = match bytes[8] {
+        0 => false,
+        1 => true,
+        other => return Err(Error::Malformed(format!("children row flag {other}"))),
+    };
+    Ok(ChildEntry {
+        time: be_u64(&bytes[..8]),
+        internal,
+        name_key: &bytes[CHILD_HEADER_BYTES..],
+    })
 }
 
 /// True when `items` make a directory node (exactly `[FileName = x]`).
@@ -237,12 +501,31 @@ pub struct NodeRecord {
 const NODE_HEADER_BYTES: usize = 17;
 
 pub fn encode_node(record: &NodeRecord) -> Vec<u8> {
-    let mut out = Vec::with_capacity(NODE_HEADER_BYTES + record.name_key.len());
-    out.extend_from_slice(&record.parent.to_be_bytes());
-    out.extend_from_slice(&record.time.to_be_bytes());
-    out.push(u8::from(record.internal));
-    out.extend_from_slice(&record.name_key);
+    let mut out = Vec::new();
+    encode_node_into(
+        &mut out,
+        record.parent,
+        record.time,
+        record.internal,
+        &record.name_key,
+    );
     out
+}
+
+/// [`encode_node`] from parts, into a buffer the caller reuses.
+pub fn encode_node_into(
+    out: &mut Vec<u8>,
+    parent: NodeId,
+    time: Timestamp,
+    internal: bool,
+    name_key: &[u8],
+) {
+    out.clear();
+    out.reserve(NODE_HEADER_BYTES + name_key.len());
+    out.extend_from_slice(&parent.to_be_bytes());
+    out.extend_from_slice(&time.to_be_bytes());
+    out.push(u8::from(internal));
+    out.extend_from_slice(name_key);
 }
 
 pub fn decode_node(bytes: &[u8]) -> Result<NodeRecord> {

@@ -1,6 +1,7 @@
 //! The write path: one `Writer` per batch owns the open tables of the
 //! batch's write transaction and runs undo/do/redo on them.
 
+use super::dir_cache::DirCache;
 use super::read;
 use super::records::*;
 use super::{WriteOp, WriteOutcome};
@@ -23,20 +24,39 @@ pub(super) struct Incoming<'a> {
     pub op: &'a Move,
 }
 
-pub(super) struct Writer<'txn> {
+pub(super) struct Writer<'txn, 'c> {
     trees: Table<'txn, &'static [u8], &'static [u8]>,
     meta: Table<'txn, &'static str, u64>,
     log: Table<'txn, (u64, u64), &'static [u8]>,
-    heights: Table<'txn, (u64, u64), u64>,
+    heights: Table<'txn, (u64, u64), &'static [u8]>,
     nodes: Table<'txn, (u64, u64), &'static [u8]>,
-    children: Table<'txn, ChildKey, (u64, bool)>,
+    children: Table<'txn, ChildKey, &'static [u8]>,
     states: BTreeMap<TreeKey, TreeState>,
     replica_id: ReplicaId,
     changed: bool,
-    /// Directory lookups of this batch: `dir_cache_key` -> the directory
-    /// (or its absence). Invalidated whenever an internal row under that
-    /// key changes.
-    dir_cache: BTreeMap<Vec<u8>, Option<NodeId>>,
+    /// The forest's directory lookups; kept exact by forgetting an entry
+    /// whenever an internal row under its `(tree, parent, name)` changes.
+    dirs: &'c mut DirCache,
+    scratch: Scratch,
+    /// Heights given out in this batch, written to `HEIGHTS` by `finish`.
+    height_runs: Vec<HeightRun>,
+}
+
+/// Consecutive heights of one tree given out in this batch.
+struct HeightRun {
+    tree: u64,
+    first: u64,
+    /// Encoded timestamps, one per height (see `HEIGHTS`).
+    stamps: Vec<u8>,
+}
+
+/// Encoding buffers reused by every op of the batch.
+#[derive(Default)]
+struct Scratch {
+    log: Vec<u8>,
+    node: Vec<u8>,
+    child: Vec<u8>,
+    name: Vec<u8>,
 }
 
 /// Consistency assertions on undo hold unless a planted bug that breaks
@@ -45,8 +65,12 @@ fn strict() -> bool {
     !canary::active(Canary::StaleUndoOnRedo) && !canary::active(Canary::OldOpWrongPosition)
 }
 
-impl<'txn> Writer<'txn> {
-    pub fn open(txn: &'txn WriteTransaction, replica_id: ReplicaId) -> Result<Self> {
+impl<'txn, 'c> Writer<'txn, 'c> {
+    pub fn open(
+        txn: &'txn WriteTransaction,
+        replica_id: ReplicaId,
+        dirs: &'c mut DirCache,
+    ) -> Result<Self> {
         Ok(Self {
             trees: txn.open_table(TREES)?,
             meta: txn.open_table(META)?,
@@ -57,13 +81,26 @@ impl<'txn> Writer<'txn> {
             states: BTreeMap::new(),
             replica_id,
             changed: false,
-            dir_cache: BTreeMap::new(),
+            dirs,
+            scratch: Scratch::default(),
+            height_runs: Vec::new(),
         })
     }
 
     /// Writes back the changed tree records; true when the batch changed
     /// anything (otherwise the transaction need not be committed).
     pub fn finish(mut self) -> Result<bool> {
+        for run in std::mem::take(&mut self.height_runs) {
+            let previous = self
+                .heights
+                .insert((run.tree, run.first), run.stamps.as_slice())?;
+            assert!(
+                previous.is_none(),
+                "tree {}: height {} given twice",
+                run.tree,
+                run.first
+            );
+        }
         let states = std::mem::take(&mut self.states);
         for (key, state) in states {
             if state.stored != Some(state.current) {
@@ -123,7 +160,7 @@ impl<'txn> Writer<'txn> {
         results: &mut [Option<Result<WriteOutcome>>],
     ) -> Result<()> {
         let mut rec = self.load_tree(key, true)?.expect("created on demand");
-        let mut fresh = self.filter_known(rec.number, ops, results)?;
+        let mut fresh = self.filter_known(&rec, ops, results)?;
         if fresh.is_empty() {
             return Ok(());
         }
@@ -131,7 +168,13 @@ impl<'txn> Writer<'txn> {
             fresh = self.apply_older_than_log_at_end(&mut rec, fresh, results)?;
         }
         if let Some(first) = fresh.first() {
-            let undone = self.undo_after(&mut rec, first.op.ts())?;
+            // Nothing stored is newer than an op whose counter is above the
+            // tree's: an in-order stream undoes nothing and scans nothing.
+            let undone = if timestamp_counter(first.op.ts()) > rec.max_counter {
+                Vec::new()
+            } else {
+                self.undo_after(&mut rec, first.op.ts())?
+            };
             self.redo_merged(&mut rec, undone, &fresh)?;
         }
         for incoming in &fresh {
@@ -145,16 +188,26 @@ impl<'txn> Writer<'txn> {
     /// the rest sorted by timestamp.
     fn filter_known<'a>(
         &self,
-        tree: u64,
+        rec: &TreeRecord,
         ops: &[Incoming<'a>],
         results: &mut [Option<Result<WriteOutcome>>],
     ) -> Result<Vec<Incoming<'a>>> {
         let mut fresh: Vec<Incoming<'a>> = Vec::with_capacity(ops.len());
         for incoming in ops {
             let op = incoming.op;
-            let body = encode_op_body(op.parent, op.child, &op.meta.items);
-            let stored = self.log.get((tree, op.ts()))?;
-            let known = stored.map(|guard| guard.value().starts_with(&body));
+            // An op newer than every stored one cannot be stored: no lookup.
+            let known = if timestamp_counter(op.ts()) > rec.max_counter {
+                None
+            } else {
+                match self.log.get((rec.number, op.ts()))? {
+                    Some(guard) => Some(LogView::parse(guard.value())?.same_op(
+                        op.parent,
+                        op.child,
+                        &op.meta.items,
+                    )),
+                    None => None,
+                }
+            };
             match known {
                 Some(same) => results[incoming.index] = Some(known_outcome(same, op.ts())),
                 None => fresh.push(Incoming { ..*incoming }),
@@ -180,20 +233,20 @@ impl<'txn> Writer<'txn> {
     }
 
     /// Undoes, newest first, every logged op newer than `ts`; returns them
-    /// oldest first for the redo.
+    /// (encoded) oldest first for the redo.
     fn undo_after(
         &mut self,
         rec: &mut TreeRecord,
         ts: Timestamp,
-    ) -> Result<Vec<(Timestamp, LogRecord)>> {
+    ) -> Result<Vec<(Timestamp, Vec<u8>)>> {
         let tree = rec.number;
         let mut undone = Vec::new();
         for row in self.log.range((tree, ts)..=(tree, u64::MAX))? {
             let (key, value) = row?;
-            undone.push((key.value().1, decode_log(value.value())?));
+            undone.push((key.value().1, value.value().to_vec()));
         }
-        for (op_ts, record) in undone.iter().rev() {
-            self.undo_op(rec, *op_ts, record)?;
+        for (op_ts, bytes) in undone.iter().rev() {
+            self.undo_op(rec, *op_ts, &LogView::parse(bytes)?)?;
         }
         Ok(undone)
     }
@@ -202,7 +255,7 @@ impl<'txn> Writer<'txn> {
     fn redo_merged(
         &mut self,
         rec: &mut TreeRecord,
-        undone: Vec<(Timestamp, LogRecord)>,
+        undone: Vec<(Timestamp, Vec<u8>)>,
         fresh: &[Incoming<'_>],
     ) -> Result<()> {
         let mut old = undone.into_iter().peekable();
@@ -215,8 +268,8 @@ impl<'txn> Writer<'txn> {
                 (None, None) => return Ok(()),
             };
             if take_old {
-                let (ts, record) = old.next().expect("peeked");
-                self.redo_op(rec, ts, record)?;
+                let (ts, bytes) = old.next().expect("peeked");
+                self.redo_op(rec, ts, bytes)?;
             } else {
                 let op = new.next().expect("peeked").op;
                 self.append(rec, op.ts(), op.parent, op.child, &op.meta.items)?;
@@ -227,18 +280,23 @@ impl<'txn> Writer<'txn> {
     /// Re-evaluates an undone op; its undo information is recomputed (the
     /// state it was computed against may have changed) and it keeps its
     /// height.
-    fn redo_op(&mut self, rec: &mut TreeRecord, ts: Timestamp, record: LogRecord) -> Result<()> {
-        let body = &record.body;
-        let mut undo = self.do_op(rec, ts, body.parent, body.child, &body.items)?;
+    fn redo_op(&mut self, rec: &mut TreeRecord, ts: Timestamp, mut bytes: Vec<u8>) -> Result<()> {
+        let view = LogView::parse(&bytes)?;
+        let (parent, child, stored) = (view.parent, view.child, view.tail);
+        let mut name = std::mem::take(&mut self.scratch.name);
+        view.name_key_into(&mut name);
+        let undo = self.do_op(rec, ts, parent, child, view.is_internal(), &name);
+        self.scratch.name = name;
+        let mut undo = undo?;
         if canary::active(Canary::StaleUndoOnRedo) {
-            undo = record.tail.undo;
+            undo = stored.undo;
         }
-        if undo != record.tail.undo {
+        if undo != stored.undo {
             let tail = LogTail {
-                height: record.tail.height,
+                height: stored.height,
                 undo,
             };
-            let bytes = encode_log(body.parent, body.child, &body.items, tail);
+            set_log_tail(&mut bytes, tail);
             self.log.insert((rec.number, ts), bytes.as_slice())?;
         }
         Ok(())
@@ -275,15 +333,21 @@ impl<'txn> Writer<'txn> {
         child: NodeId,
         items: &[KeyValue],
     ) -> Result<()> {
-        let undo = self.do_op(rec, ts, parent, child, items)?;
+        let mut name = std::mem::take(&mut self.scratch.name);
+        name_key_from_items(items, &mut name);
+        let undo = self.do_op(rec, ts, parent, child, is_internal(items), &name);
+        self.scratch.name = name;
         let tail = LogTail {
             height: rec.next_height,
-            undo,
+            undo: undo?,
         };
-        let bytes = encode_log(parent, child, items, tail);
-        let previous = self.log.insert((rec.number, ts), bytes.as_slice())?;
-        assert!(previous.is_none(), "timestamp {ts} stored twice");
-        self.heights.insert((rec.number, rec.next_height), ts)?;
+        encode_log_into(&mut self.scratch.log, parent, child, items, tail);
+        let stored_before = self
+            .log
+            .insert((rec.number, ts), self.scratch.log.as_slice())?
+            .is_some();
+        assert!(!stored_before, "timestamp {ts} stored twice");
+        self.record_height(rec.number, rec.next_height, ts);
         rec.next_height += 1;
         rec.max_counter = rec.max_counter.max(timestamp_counter(ts));
         if parent != TRASH {
@@ -293,27 +357,63 @@ impl<'txn> Writer<'txn> {
         Ok(())
     }
 
-    /// The "do" step: moves `child` under `parent` with the op's meta unless
-    /// that would make a cycle. Returns how to undo it.
+    /// Remembers that `ts` is stored at `height`: extends the current run
+    /// when the height follows it, else starts a new one.
+    fn record_height(&mut self, tree: u64, height: u64, ts: Timestamp) {
+        let extends = self.height_runs.last().is_some_and(|run| {
+            let len = run.stamps.len() / 8;
+            run.tree == tree && run.first + len as u64 == height && len < HEIGHT_RUN_MAX
+        });
+        if !extends {
+            self.height_runs.push(HeightRun {
+                tree,
+                first: height,
+                stamps: Vec::with_capacity(8 * 128),
+            });
+        }
+        let run = self.height_runs.last_mut().expect("pushed above");
+        run.stamps.extend_from_slice(&ts.to_be_bytes());
+    }
+
+    /// The "do" step: moves `child` under `parent` with the op's meta
+    /// (`internal`, `name_key`) unless that would make a cycle. Returns how
+    /// to undo it.
     fn do_op(
         &mut self,
         rec: &mut TreeRecord,
         ts: Timestamp,
         parent: NodeId,
         child: NodeId,
-        items: &[KeyValue],
+        internal: bool,
+        name_key: &[u8],
     ) -> Result<Undo> {
-        let existing = read::node_record(&self.nodes, rec.number, child)?;
-        // A child that is not stored and has no children cannot be above
-        // `parent` (unless it is `parent`): skip the ancestor walk.
-        let may_be_above = existing.is_some()
-            || (child <= rec.max_parent && self.has_children(rec.number, child)?);
-        if child == parent || (may_be_above && self.is_ancestor_or_self(rec, child, parent)?) {
+        if child == parent {
             return Ok(Undo::NoEffect);
         }
-        let undo = match existing {
+        let tree = rec.number;
+        // The new state is written before the cycle check, so that one
+        // descent of the node table both reads the old state and writes the
+        // new one. The check walks up from `parent` and stops on reaching
+        // `child`, so it never reads the child's own (already new) row.
+        encode_node_into(&mut self.scratch.node, parent, ts, internal, name_key);
+        let old = match self
+            .nodes
+            .insert((tree, child), self.scratch.node.as_slice())?
+        {
+            Some(guard) => Some(decode_node(guard.value())?),
+            None => None,
+        };
+        // A child that was not stored and has no children cannot be above
+        // `parent`: skip the ancestor walk.
+        let may_be_above =
+            old.is_some() || (child <= rec.max_parent && self.has_children(tree, child)?);
+        if may_be_above && self.is_ancestor_or_self(rec, child, parent)? {
+            self.restore_node(tree, child, old.as_ref())?;
+            return Ok(Undo::NoEffect);
+        }
+        let undo = match old {
             Some(old) => {
-                self.remove_child_entry(rec.number, child, &old)?;
+                self.remove_child_entry(tree, child, &old)?;
                 Undo::Moved {
                     old_parent: old.parent,
                     old_ts: old.time,
@@ -324,28 +424,59 @@ impl<'txn> Writer<'txn> {
                 Undo::Created
             }
         };
-        let node = NodeRecord {
-            parent,
+        let entry = ChildEntry {
             time: ts,
-            internal: is_internal(items),
-            name_key: name_key(items),
+            internal,
+            name_key,
         };
-        self.put_node(rec.number, child, &node)?;
+        self.insert_child_entry(tree, parent, child, entry)?;
         Ok(undo)
     }
 
-    /// Reverts one op, given that every newer op is already undone.
-    fn undo_op(&mut self, rec: &mut TreeRecord, ts: Timestamp, record: &LogRecord) -> Result<()> {
-        let tree = rec.number;
-        let child = record.body.child;
-        if record.tail.undo == Undo::NoEffect {
-            return Ok(());
+    /// Puts back the row `do_op` overwrote for an op that turned out to be
+    /// a no-op.
+    fn restore_node(&mut self, tree: u64, id: NodeId, old: Option<&NodeRecord>) -> Result<()> {
+        match old {
+            Some(old) => {
+                self.nodes.insert((tree, id), encode_node(old).as_slice())?;
+            }
+            None => {
+                self.nodes.remove((tree, id))?;
+            }
         }
-        let current = read::node_record(&self.nodes, tree, child)?;
+        Ok(())
+    }
+
+    /// Reverts one op, given that every newer op is already undone.
+    fn undo_op(&mut self, rec: &mut TreeRecord, ts: Timestamp, op: &LogView<'_>) -> Result<()> {
+        let tree = rec.number;
+        let child = op.child;
+        let mut restored_internal = false;
+        let current = match op.tail.undo {
+            Undo::NoEffect => return Ok(()),
+            Undo::Created => {
+                let current = match self.nodes.remove((tree, child))? {
+                    Some(guard) => Some(decode_node(guard.value())?),
+                    None => None,
+                };
+                if current.is_some() {
+                    rec.node_count -= 1;
+                }
+                current
+            }
+            Undo::Moved { old_parent, old_ts } => {
+                let (current, internal) = self.restore_moved(tree, child, old_parent, old_ts)?;
+                restored_internal = internal;
+                if current.is_none() {
+                    rec.node_count += 1;
+                }
+                current
+            }
+        };
         if strict() {
             let matches = current
                 .as_ref()
-                .is_some_and(|n| n.parent == record.body.parent && n.time == ts);
+                .is_some_and(|n| n.parent == op.parent && n.time == ts);
             assert!(
                 matches,
                 "tree {tree}: undo of {ts} finds node {child} in another state"
@@ -354,29 +485,49 @@ impl<'txn> Writer<'txn> {
         if let Some(current) = &current {
             self.remove_child_entry(tree, child, current)?;
         }
-        match record.tail.undo {
-            Undo::NoEffect => unreachable!("handled above"),
-            Undo::Created => {
-                if current.is_some() {
-                    self.nodes.remove((tree, child))?;
-                    rec.node_count -= 1;
-                }
-            }
-            Undo::Moved { old_parent, old_ts } => {
-                let old_items = read::log_record(&self.log, tree, old_ts)?.body.items;
-                let node = NodeRecord {
-                    parent: old_parent,
-                    time: old_ts,
-                    internal: is_internal(&old_items),
-                    name_key: name_key(&old_items),
-                };
-                if current.is_none() {
-                    rec.node_count += 1;
-                }
-                self.put_node(tree, child, &node)?;
-            }
+        if let Undo::Moved { old_parent, old_ts } = op.tail.undo {
+            let name = std::mem::take(&mut self.scratch.name);
+            let entry = ChildEntry {
+                time: old_ts,
+                internal: restored_internal,
+                name_key: &name,
+            };
+            let inserted = self.insert_child_entry(tree, old_parent, child, entry);
+            self.scratch.name = name;
+            inserted?;
         }
         Ok(())
+    }
+
+    /// Writes back the node state an op replaced (its meta is that of the
+    /// op at `old_ts`); returns the state it overwrote and whether the
+    /// restored node is internal, and leaves its name key in
+    /// `scratch.name` for the children index.
+    fn restore_moved(
+        &mut self,
+        tree: u64,
+        child: NodeId,
+        old_parent: NodeId,
+        old_ts: Timestamp,
+    ) -> Result<(Option<NodeRecord>, bool)> {
+        let internal = {
+            let guard = self.log.get((tree, old_ts))?;
+            let guard =
+                guard.unwrap_or_else(|| panic!("tree {tree}: log entry {old_ts} is missing"));
+            let old_op = LogView::parse(guard.value())?;
+            old_op.name_key_into(&mut self.scratch.name);
+            old_op.is_internal()
+        };
+        let name = &self.scratch.name;
+        encode_node_into(&mut self.scratch.node, old_parent, old_ts, internal, name);
+        let current = match self
+            .nodes
+            .insert((tree, child), self.scratch.node.as_slice())?
+        {
+            Some(guard) => Some(decode_node(guard.value())?),
+            None => None,
+        };
+        Ok((current, internal))
     }
 
     fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
@@ -414,42 +565,55 @@ impl<'txn> Writer<'txn> {
         }
     }
 
-    fn put_node(&mut self, tree: u64, id: NodeId, node: &NodeRecord) -> Result<()> {
-        self.nodes
-            .insert((tree, id), encode_node(node).as_slice())?;
-        let key = (tree, node.parent, node.name_key.as_slice(), id);
+    /// Adds the children-index row of `id` under `parent`.
+    fn insert_child_entry(
+        &mut self,
+        tree: u64,
+        parent: NodeId,
+        id: NodeId,
+        entry: ChildEntry<'_>,
+    ) -> Result<()> {
+        encode_child_into(&mut self.scratch.child, entry);
+        let hash = name_hash(entry.name_key);
         let fresh = self
             .children
-            .insert(key, (node.time, node.internal))?
+            .insert((tree, parent, hash, id), self.scratch.child.as_slice())?
             .is_none();
         assert!(fresh, "tree {tree}: node {id} indexed twice");
-        if node.internal {
-            self.forget_dir(tree, node.parent, &node.name_key);
+        if entry.internal {
+            self.dirs.forget(tree, parent, hash);
         }
         Ok(())
     }
 
-    /// Drops the cached directory lookup that a changed internal row of
-    /// `(tree, parent, name)` may invalidate.
-    fn forget_dir(&mut self, tree: u64, parent: NodeId, name_key: &[u8]) {
-        if !self.dir_cache.is_empty() {
-            self.dir_cache
-                .remove(&dir_cache_key(tree, parent, name_key));
+    /// Drops the children-index row of `node` (its current state).
+    fn remove_child_entry(&mut self, tree: u64, id: NodeId, node: &NodeRecord) -> Result<()> {
+        let hash = name_hash(&node.name_key);
+        let removed = self
+            .children
+            .remove((tree, node.parent, hash, id))?
+            .is_some();
+        assert!(
+            removed,
+            "tree {tree}: node {id} missing from the children index"
+        );
+        if node.internal {
+            self.dirs.forget(tree, node.parent, hash);
         }
+        Ok(())
     }
 
-    /// `read::resolve_dirs` through the batch's directory cache: the ops of
-    /// one batch mostly share their directories.
+    /// Path resolution through the forest's directory cache: the
+    /// directories of a workload are few and shared by many calls.
     fn resolve_dirs(&mut self, tree: u64, dirs: &[String]) -> Result<(NodeId, usize)> {
         let mut current = ROOT;
         for (i, component) in dirs.iter().enumerate() {
-            let key = dir_cache_key(tree, current, &component_key(component));
-            let found = match self.dir_cache.get(&key) {
-                Some(found) => *found,
+            let name = component_key(component);
+            let found = match self.dirs.get(tree, current, &name) {
+                Some(found) => found,
                 None => {
-                    let found =
-                        read::find_dir(&self.children, &self.log, tree, current, component)?;
-                    self.dir_cache.insert(key, found);
+                    let found = read::find_dir(&self.children, &self.log, tree, current, &name)?;
+                    self.dirs.put(tree, current, &name, found);
                     found
                 }
             };
@@ -459,20 +623,6 @@ impl<'txn> Writer<'txn> {
             }
         }
         Ok((current, dirs.len()))
-    }
-
-    /// Drops the children-index row of `node` (its current state).
-    fn remove_child_entry(&mut self, tree: u64, id: NodeId, node: &NodeRecord) -> Result<()> {
-        let key = (tree, node.parent, node.name_key.as_slice(), id);
-        let removed = self.children.remove(key)?.is_some();
-        assert!(
-            removed,
-            "tree {tree}: node {id} missing from the children index"
-        );
-        if node.internal {
-            self.forget_dir(tree, node.parent, &node.name_key);
-        }
-        Ok(())
     }
 
     /// A local op: it takes timestamps newer than everything in the tree.
@@ -554,7 +704,14 @@ impl<'txn> Writer<'txn> {
         let mut created = Vec::with_capacity(missing.len());
         for (component, &ts) in missing.iter().zip(&stamps) {
             let dir = [KeyValue::new(ATTR_FILE_NAME, component.as_bytes())];
+            let nodes_before = rec.node_count;
             self.append(rec, ts, parent, ts, &dir)?;
+            if created.is_empty() && rec.node_count > nodes_before {
+                // The lookup just found no such directory and this op made
+                // the only one: the next call need not scan for it.
+                self.dirs
+                    .put(rec.number, parent, &component_key(component), Some(ts));
+            }
             created.push(ts);
             parent = ts;
         }
@@ -566,15 +723,6 @@ impl<'txn> Writer<'txn> {
             ts: leaf,
         }))
     }
-}
-
-/// `tree (8, BE) ++ parent (8, BE) ++ name key`.
-fn dir_cache_key(tree: u64, parent: NodeId, name_key: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(16 + name_key.len());
-    key.extend_from_slice(&tree.to_be_bytes());
-    key.extend_from_slice(&parent.to_be_bytes());
-    key.extend_from_slice(name_key);
-    key
 }
 
 fn known_outcome(same: bool, ts: Timestamp) -> Result<WriteOutcome> {
