@@ -76,7 +76,7 @@ fn allocation_limit_is_enforced_in_this_binary() {
 #[test]
 fn every_target_has_a_replay_test() {
     let names: Vec<&str> = fuzzing::TARGETS.iter().map(|(n, _)| *n).collect();
-    assert_eq!(names, ["apply_oplog", "decode", "crash_recovery"]);
+    assert_eq!(names, ["apply_oplog", "decode", "crash_recovery", "sim"]);
 }
 
 #[test]
@@ -95,6 +95,11 @@ fn corpus_crash_recovery() {
 }
 
 #[test]
+fn corpus_sim() {
+    replay("sim");
+}
+
+#[test]
 fn random_apply_oplog() {
     random_inputs("apply_oplog", 200);
 }
@@ -107,4 +112,9 @@ fn random_decode() {
 #[test]
 fn random_crash_recovery() {
     random_inputs("crash_recovery", 100);
+}
+
+#[test]
+fn random_sim() {
+    random_inputs("sim", 20);
 }

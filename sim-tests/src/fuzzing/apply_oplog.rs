@@ -5,8 +5,8 @@
 //! hold as known (no change, `fresh: false`).
 
 use super::ops::{
-    batch_sizes, dump_or_empty, fast_forest, fuzz_tree, is_valid, model_of, shuffled, FuzzMove,
-    MAX_OPS,
+    batch_sizes, dump_or_empty, fast_forest, fuzz_tree, is_valid, memory_forest_no_sync, model_of,
+    shuffled, FuzzMove, MAX_OPS,
 };
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::forest::{Forest, WriteOp, WriteOutcome, WriteRequest};
@@ -70,12 +70,25 @@ pub fn check(data: &[u8]) {
     run(&input);
 }
 
+thread_local! {
+    /// The two replicas, opened once per thread and emptied before every
+    /// input: opening and closing two redb databases per input cost more
+    /// than the input itself. `Forest::clear` restarts tree numbering too,
+    /// so an input sees exactly what a fresh forest would show it.
+    static REPLICAS: (Forest, Forest) = (fast_forest(1), memory_forest_no_sync(2));
+}
+
 pub fn run(input: &Input) {
+    REPLICAS.with(|(a, b)| {
+        a.clear().expect("a fault-free forest clears");
+        b.clear().expect("an in-memory forest clears");
+        run_on(input, a, b);
+    });
+}
+
+fn run_on(input: &Input, a: &Forest, b: &Forest) {
     let set = sort_ops(&input.ops);
     let order_b = shuffled(&set.stream, input.order_seed);
-
-    let a = fast_forest(1);
-    let b = fast_forest(2);
 
     let expected_fresh: BTreeSet<Timestamp> = set
         .canonical
@@ -84,19 +97,19 @@ pub fn run(input: &Input) {
         .map(|op| op.ts())
         .collect();
     for (forest, order, sizes) in [
-        (&a, &set.stream, &input.batches_a),
-        (&b, &order_b, &input.batches_b),
+        (a, &set.stream, &input.batches_a),
+        (b, &order_b, &input.batches_b),
     ] {
         let delivery = deliver(forest, order, sizes);
         let fresh: BTreeSet<Timestamp> = delivery.fresh.into_iter().collect();
         assert_eq!(fresh, expected_fresh, "fresh ops differ from the new ones");
     }
 
-    let dump_a = dump_or_empty(&a);
-    assert_eq!(dump_a, dump_or_empty(&b), "replicas diverged");
+    let dump_a = dump_or_empty(a);
+    assert_eq!(dump_a, dump_or_empty(b), "replicas diverged");
     let model = model_of(&set.canonical);
     assert_eq!(dump_a, model.dump(), "forest differs from the model");
-    check_paths(&a, &b, &model);
+    check_paths(a, b, &model);
 
     let requests: Vec<WriteRequest> = set.conflicting.iter().map(apply_request).collect();
     let outcomes = if requests.is_empty() {
@@ -112,13 +125,13 @@ pub fn run(input: &Input) {
             op.ts()
         );
     }
-    let redelivered = deliver(&a, &set.stream, &[4]);
+    let redelivered = deliver(a, &set.stream, &[4]);
     assert!(
         redelivered.fresh.is_empty(),
         "known ops applied again: {:?}",
         redelivered.fresh
     );
-    assert_eq!(dump_or_empty(&a), dump_a, "re-delivery changed the tree");
+    assert_eq!(dump_or_empty(a), dump_a, "re-delivery changed the tree");
 }
 
 /// Timestamps a replica reported as fresh, in order.

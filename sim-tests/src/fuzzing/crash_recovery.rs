@@ -9,7 +9,9 @@
 //! acknowledged batches: local ops take their timestamps from the history,
 //! so the same history gives the same ids on both.
 
-use super::ops::{dump_or_empty, fuzz_tree, memory_forest, FuzzMove, NODE_IDS};
+use super::ops::{
+    dump_or_empty, empty_forest_image, fuzz_tree, memory_forest_no_sync, FuzzMove, NODE_IDS,
+};
 use crate::disk::{DiskConfig, DiskFaults, SimDisk};
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::forest::{Forest, ForestOptions, TreeDump, WriteOp, WriteRequest};
@@ -82,10 +84,10 @@ fn options() -> ForestOptions {
 
 /// The forest under test, its disk, and the reference holding exactly the
 /// acknowledged (or recovered) batches.
-struct Run {
+struct Run<'r> {
     disk: SimDisk,
     forest: Option<Forest>,
-    reference: Forest,
+    reference: &'r Forest,
     summary: Summary,
 }
 
@@ -101,16 +103,31 @@ pub struct Summary {
     pub writes_torn: u64,
 }
 
+thread_local! {
+    /// The reference forest, opened once per thread and emptied before
+    /// every input (`Forest::clear` restarts tree numbering too, so local
+    /// ops get the same timestamps as on a fresh forest).
+    static REFERENCE: Forest = memory_forest_no_sync(REPLICA_ID);
+}
+
 pub fn run(input: &Input) -> Summary {
+    REFERENCE.with(|reference| {
+        reference.clear().expect("an in-memory forest clears");
+        run_with(input, reference)
+    })
+}
+
+fn run_with(input: &Input, reference: &Forest) -> Summary {
     let mut config = DiskConfig::reliable(input.seed);
     config.faults.torn_write_probability = f64::from(input.torn) / 255.0;
-    let disk = SimDisk::new(config);
+    // The disk starts with an empty forest already created and closed.
+    let disk = SimDisk::with_image(config, empty_forest_image());
     let forest = Forest::open_with_backend(disk.backend(), options())
         .expect("a forest opens on an empty disk");
     let mut run = Run {
         disk,
         forest: Some(forest),
-        reference: memory_forest(REPLICA_ID),
+        reference,
         summary: Summary::default(),
     };
     for batch in input.batches.iter().take(MAX_BATCHES) {
@@ -121,9 +138,9 @@ pub fn run(input: &Input) -> Summary {
     run.summary
 }
 
-impl Run {
+impl Run<'_> {
     fn batch(&mut self, batch: &Batch) {
-        let requests = build_requests(&batch.ops, &dump_or_empty(&self.reference));
+        let requests = build_requests(&batch.ops, &dump_or_empty(self.reference));
         let power_failures = self.disk.stats().power_failures;
         arm(&self.disk, batch.crash);
         let forest = self.forest.as_ref().expect("forest open between batches");
@@ -163,7 +180,7 @@ impl Run {
         if let Ok(state) = try_stored_state(forest) {
             assert_eq!(
                 state,
-                stored_state(&self.reference),
+                stored_state(self.reference),
                 "a failed batch is visible to readers"
             );
         }
@@ -181,7 +198,7 @@ impl Run {
         let state = stored_state(&forest);
         check_consistent(&forest, &state.0);
         self.summary.recoveries += 1;
-        if state == stored_state(&self.reference) {
+        if state == stored_state(self.reference) {
             self.summary.in_flight_lost += u64::from(in_flight.is_some());
         } else {
             self.summary.in_flight_kept += 1;
@@ -193,7 +210,7 @@ impl Run {
                 .expect("the reference commits");
             assert_eq!(
                 state,
-                stored_state(&self.reference),
+                stored_state(self.reference),
                 "the crash left part of a batch, or something never written"
             );
         }

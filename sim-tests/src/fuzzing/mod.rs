@@ -11,6 +11,7 @@ pub mod apply_oplog;
 pub mod crash_recovery;
 pub mod decode;
 pub mod ops;
+pub mod sim;
 
 /// A fuzz target's check: panics when Arbor is wrong.
 pub type Check = fn(&[u8]);
@@ -20,4 +21,5 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("apply_oplog", apply_oplog::check),
     ("decode", decode::check),
     ("crash_recovery", crash_recovery::check),
+    ("sim", sim::check),
 ];

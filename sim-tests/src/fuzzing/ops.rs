@@ -118,20 +118,38 @@ pub fn memory_forest(replica_id: u16) -> Forest {
     .expect("an in-memory forest opens")
 }
 
+/// An in-memory forest committing without durability, as `fast_forest`.
+pub fn memory_forest_no_sync(replica_id: u16) -> Forest {
+    Forest::in_memory(ForestOptions {
+        replica_id,
+        durable: false,
+        ..ForestOptions::default()
+    })
+    .expect("an in-memory forest opens")
+}
+
+/// The durable image of a freshly created, cleanly closed empty forest,
+/// built once per process: creating redb's tables is most of the cost of a
+/// small fuzz input.
+pub fn empty_forest_image() -> Vec<u8> {
+    static EMPTY_FOREST: OnceLock<Vec<u8>> = OnceLock::new();
+    EMPTY_FOREST
+        .get_or_init(|| {
+            let disk = SimDisk::new(DiskConfig::reliable(0));
+            let forest = Forest::open_with_backend(disk.backend(), ForestOptions::default())
+                .expect("a forest opens on an empty simulated disk");
+            drop(forest);
+            disk.durable_image()
+        })
+        .clone()
+}
+
 /// A forest on a fault-free simulated disk that starts from an empty forest
 /// built once per process (creating redb's tables is most of the cost of a
 /// small fuzz input). Commits are not durable: `apply_oplog` checks the
 /// algorithm, `crash_recovery` checks durability.
 pub fn fast_forest(replica_id: u16) -> Forest {
-    static EMPTY_FOREST: OnceLock<Vec<u8>> = OnceLock::new();
-    let image = EMPTY_FOREST.get_or_init(|| {
-        let disk = SimDisk::new(DiskConfig::reliable(0));
-        let forest = Forest::open_with_backend(disk.backend(), ForestOptions::default())
-            .expect("a forest opens on an empty simulated disk");
-        drop(forest);
-        disk.durable_image()
-    });
-    let disk = SimDisk::with_image(DiskConfig::reliable(0), image.clone());
+    let disk = SimDisk::with_image(DiskConfig::reliable(0), empty_forest_image());
     let options = ForestOptions {
         replica_id,
         durable: false,

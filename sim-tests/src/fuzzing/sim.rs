@@ -1,0 +1,535 @@
+//! Fuzz target `sim`: the bytes script a small madsim cluster (2 or 3
+//! replicas): which client writes go to which replica, when, and which
+//! faults strike between them (partitions, one-way clogs, packet loss,
+//! dropped pushes, crashes with power failure, disk errors). Coverage then
+//! steers the fault schedule, where the seed sweep of the scenario only
+//! samples it. After the script the cluster heals and is held to the
+//! scenario's own checkers (`scenario::check`): the tree invariant on every
+//! replica, convergence by sync alone (when sync is on) and by push, every
+//! acknowledged write present everywhere, reads agreeing, nobody waiting.
+//!
+//! Deterministic per input: the madsim seed comes from the input and
+//! nothing else varies.
+
+use crate::disk::{DiskConfig, DiskFaults, SimDisk};
+use crate::scenario::check;
+use crate::scenario::workload::{broken_invariant, Acked, Workload};
+use crate::scenario::Failure;
+use crate::trace::Trace;
+use crate::world::clock::ClockSkew;
+use crate::world::transport::RequestKind;
+use crate::world::{cluster_configs_with, Client, Knobs, NodeSpec, World};
+use arbitrary::{Arbitrary, Unstructured};
+use arbor::config::ContainerConfig;
+use arbor::proto::{Request, Response};
+use arbor::{ContainerId, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
+use madsim::net::NetSim;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Steps per input; the rest of a long input is ignored.
+pub const MAX_STEPS: usize = 40;
+/// Deadline of one client call (simulated).
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time for a (re)started replica to serve (simulated).
+const BOOT_DEADLINE: Duration = Duration::from_secs(10);
+/// Quiet time after healing, so batches and messages in flight land.
+const SETTLE: Duration = Duration::from_secs(2);
+/// Simulated time after which a run counts as hung (a liveness failure).
+const RUN_TIME_LIMIT: Duration = Duration::from_secs(600);
+
+#[derive(Arbitrary, Debug, Clone)]
+pub struct Input {
+    /// Seeds madsim: message latencies, packet loss draws, task order.
+    pub seed: u64,
+    /// Cluster shape and knobs, one choice per bit field (see `Setup`).
+    pub setup: u16,
+    pub steps: Vec<Step>,
+}
+
+/// One step of the script. Replica operands are taken modulo the replica
+/// count; node operands index the nodes acknowledged so far.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Step {
+    /// A client write, not awaited: later steps run while it is in flight.
+    Write {
+        replica: u8,
+        kind: u8,
+        a: u8,
+        b: u8,
+    },
+    /// Lets simulated time pass (10 ms units).
+    Pause(u8),
+    /// Cuts two replicas off from each other in both directions.
+    Partition {
+        a: u8,
+        b: u8,
+    },
+    /// Clogs one direction between two replicas.
+    Clog {
+        from: u8,
+        to: u8,
+    },
+    /// Removes every clog and partition.
+    HealNetwork,
+    /// Packet loss on every link, in 1/256 (0 turns it off).
+    PacketLoss(u8),
+    /// Pushes from one replica to another are dropped (sync must carry).
+    BlockPushes {
+        from: u8,
+        to: u8,
+    },
+    /// Power failure and kill; the replica stays down until `Restart`.
+    Crash(u8),
+    Restart(u8),
+    /// The replica's disk fails writes and syncs with these chances
+    /// (1/256); redb then refuses writes until the process restarts, which
+    /// healing does.
+    DiskErrors {
+        replica: u8,
+        write: u8,
+        sync: u8,
+    },
+}
+
+/// The cluster one input runs: drawn from `Input::setup`.
+#[derive(Clone, Debug)]
+struct Setup {
+    replicas: usize,
+    knobs: Knobs,
+    torn_write_probability: f64,
+    skews: Vec<ClockSkew>,
+}
+
+fn pick<T: Copy>(bits: u16, shift: u32, options: &[T]) -> T {
+    options[usize::from(bits >> shift) % options.len()]
+}
+
+impl Setup {
+    fn from_bits(bits: u16) -> Setup {
+        let replicas = pick(bits, 0, &[2, 3]);
+        let knobs = Knobs {
+            max_batch_size: pick(bits, 1, &[1, 4, 16, 100]),
+            max_batch_delay: Duration::from_millis(pick(bits, 3, &[0, 5])),
+            replication_channel_capacity: pick(bits, 4, &[2, 1000]),
+            replication_worker_count: pick(bits, 5, &[1, 8]),
+            replication_timeout: Duration::from_millis(pick(bits, 6, &[200, 1000])),
+            sync_interval: pick(bits, 7, &[None, Some(300), Some(1_000), Some(5_000)])
+                .map(Duration::from_millis),
+            max_pending_writes: pick(bits, 9, &[8, 1000]),
+            sync_page_size: pick(bits, 10, &[3, 256]),
+        };
+        let torn_write_probability = pick(bits, 11, &[0.0, 1.0]);
+        // Clocks apart by seconds, so local timestamps of different
+        // replicas interleave instead of following the arrival order.
+        let skews = (0..replicas)
+            .map(|i| ClockSkew {
+                offset: Duration::from_millis(pick(bits, 12 + i as u32, &[0, 3_000])),
+                drift_ppm: 0,
+            })
+            .collect();
+        Setup {
+            replicas,
+            knobs,
+            torn_write_probability,
+            skews,
+        }
+    }
+}
+
+/// The container every write goes to, replicated on every replica.
+fn fuzz_container() -> ContainerId {
+    ContainerId([9; 32])
+}
+
+fn trees() -> [TreeKey; 2] {
+    [
+        TreeKey::new(fuzz_container(), "objects"),
+        TreeKey::new(fuzz_container(), "locks"),
+    ]
+}
+
+pub fn check(data: &[u8]) {
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    if let Err(failure) = run(&input).failure {
+        panic!("sim: {failure}");
+    }
+}
+
+/// The verdict of one input, and the hash of its event trace (the same
+/// input must give the same hash).
+pub struct Outcome {
+    pub failure: Result<(), Failure>,
+    pub trace_hash: u64,
+    pub acked: usize,
+}
+
+pub fn run(input: &Input) -> Outcome {
+    let setup = Setup::from_bits(input.setup);
+    let trace = Trace::new(false);
+    let acked = Arc::new(Mutex::new(0));
+    let mut runtime =
+        madsim::runtime::Runtime::with_seed_and_config(input.seed, madsim::Config::default());
+    runtime.set_time_limit(RUN_TIME_LIMIT);
+    let steps: Vec<Step> = input.steps.iter().take(MAX_STEPS).copied().collect();
+    let (task_trace, task_acked) = (trace.clone(), acked.clone());
+    let failure = runtime.block_on(async move {
+        let script = Script::start(setup, task_trace).await?;
+        let result = script.play(&steps).await;
+        *task_acked.lock().unwrap() = script.workload.ledger.lock().unwrap().acked.len();
+        result
+    });
+    let acked = *acked.lock().unwrap();
+    Outcome {
+        failure,
+        trace_hash: trace.hash(),
+        acked,
+    }
+}
+
+/// A running cluster and what the script did to it.
+struct Script {
+    setup: Setup,
+    world: Arc<World>,
+    workload: Arc<Workload>,
+    client: Arc<Client>,
+    disks: Vec<SimDisk>,
+    /// Replicas whose disk had errors switched on: restarted when healing.
+    poisoned: Mutex<Vec<ReplicaId>>,
+    writes: Mutex<Vec<madsim::task::JoinHandle<()>>>,
+    next_op: Mutex<u64>,
+}
+
+impl Script {
+    async fn start(setup: Setup, trace: Trace) -> Result<Arc<Script>, Failure> {
+        // The container is in every node's membership config, as in the
+        // scenario: a replica that never saw one of its trees still syncs it.
+        let container = ContainerConfig {
+            cid: fuzz_container(),
+            replicas: (1..=setup.replicas as ReplicaId).collect(),
+        };
+        let configs = cluster_configs_with(setup.replicas, &setup.knobs, &[container]);
+        let disks: Vec<SimDisk> = (0..setup.replicas)
+            .map(|i| {
+                let mut config = DiskConfig::reliable(i as u64 + 1);
+                config.faults.torn_write_probability = setup.torn_write_probability;
+                SimDisk::new(config)
+            })
+            .collect();
+        let specs = configs
+            .into_iter()
+            .zip(&disks)
+            .zip(&setup.skews)
+            .map(|((config, disk), &skew)| NodeSpec {
+                config,
+                skew,
+                disk: Arc::new(disk.clone()),
+            })
+            .collect();
+        let mut world = World::build(specs, trace.clone());
+        let client = Arc::new(world.client());
+        let world = Arc::new(world);
+        for replica in world.replica_ids() {
+            if !world.wait_up(replica, BOOT_DEADLINE).await {
+                return Err(Failure::new(
+                    "liveness",
+                    format!("replica-{replica} did not boot"),
+                ));
+            }
+        }
+        let workload = Arc::new(Workload::new(world.clone(), trace, CALL_TIMEOUT));
+        Ok(Arc::new(Script {
+            setup,
+            world,
+            workload,
+            client,
+            disks,
+            poisoned: Mutex::default(),
+            writes: Mutex::default(),
+            next_op: Mutex::new(0),
+        }))
+    }
+
+    fn replica(&self, byte: u8) -> ReplicaId {
+        1 + (usize::from(byte) % self.setup.replicas) as ReplicaId
+    }
+
+    fn note(&self, what: String) {
+        self.world.trace.record("fuzz", what);
+    }
+
+    async fn play(self: &Arc<Self>, steps: &[Step]) -> Result<(), Failure> {
+        for &step in steps {
+            self.step(step).await;
+            // Every step takes a little time, so writes spread out unless
+            // the script asks for bursts (Pause(0) between them does not).
+            madsim::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.heal_and_check().await
+    }
+
+    async fn step(self: &Arc<Self>, step: Step) {
+        match step {
+            Step::Write {
+                replica,
+                kind,
+                a,
+                b,
+            } => {
+                let script = self.clone();
+                let replica = self.replica(replica);
+                let handle = madsim::task::spawn(async move {
+                    script.write(replica, kind, a, b).await;
+                });
+                self.writes.lock().unwrap().push(handle);
+            }
+            Step::Pause(units) => {
+                madsim::time::sleep(Duration::from_millis(10 * u64::from(units))).await;
+            }
+            Step::Partition { a, b } => {
+                let (a, b) = (self.replica(a), self.replica(b));
+                if a != b {
+                    self.note(format!("partition replica-{a} <-> replica-{b}"));
+                    self.world.partition_pair(a, b);
+                }
+            }
+            Step::Clog { from, to } => {
+                let (from, to) = (self.replica(from), self.replica(to));
+                if from != to {
+                    self.note(format!("clog replica-{from} -> replica-{to}"));
+                    self.world.clog_one_way(from, to);
+                }
+            }
+            Step::HealNetwork => {
+                self.note("heal network".into());
+                self.world.heal_network();
+            }
+            Step::PacketLoss(rate) => {
+                let rate = f64::from(rate) / 256.0;
+                self.note(format!("packet loss {rate}"));
+                NetSim::current().update_config(|c| c.packet_loss_rate = rate);
+            }
+            Step::BlockPushes { from, to } => {
+                let (from, to) = (self.replica(from), self.replica(to));
+                if from != to {
+                    self.note(format!("drop pushes replica-{from} -> replica-{to}"));
+                    self.world.filter.block(from, to, RequestKind::Push);
+                }
+            }
+            Step::Crash(replica) => {
+                let replica = self.replica(replica);
+                if self.world.is_up(replica) {
+                    self.world.crash(replica);
+                }
+            }
+            Step::Restart(replica) => {
+                let replica = self.replica(replica);
+                if !self.world.is_up(replica) {
+                    self.world.restart(replica);
+                }
+            }
+            Step::DiskErrors {
+                replica,
+                write,
+                sync,
+            } => {
+                let replica = self.replica(replica);
+                let faults = DiskFaults {
+                    write_error_probability: f64::from(write) / 256.0,
+                    sync_error_probability: f64::from(sync) / 256.0,
+                    torn_write_probability: self.setup.torn_write_probability,
+                };
+                self.note(format!("disk errors on replica-{replica}: {faults:?}"));
+                self.disks[usize::from(replica) - 1].set_faults(faults);
+                self.poisoned.lock().unwrap().push(replica);
+            }
+        }
+    }
+
+    fn op_id(&self) -> u64 {
+        let mut next = self.next_op.lock().unwrap();
+        *next += 1;
+        *next
+    }
+
+    /// A node acknowledged in `tree` so far, chosen by `byte`; ROOT when
+    /// none is, or for one byte value in eight.
+    fn known(&self, tree: &TreeKey, byte: u8) -> NodeId {
+        let ledger = self.workload.ledger.lock().unwrap();
+        match ledger.known.get(tree) {
+            Some(nodes) if !nodes.is_empty() && byte % 8 != 0 => {
+                nodes[usize::from(byte) % nodes.len()]
+            }
+            _ => ROOT,
+        }
+    }
+
+    /// Sends one write and records what was acknowledged, as the scenario's
+    /// workload does, so the scenario's checkers can hold the cluster to it.
+    async fn write(&self, replica: ReplicaId, kind: u8, a: u8, b: u8) {
+        let op = self.op_id();
+        let tree = trees()[usize::from(kind / 4) % 2].clone();
+        let request = match kind % 4 {
+            0 => Request::AddByPath {
+                tree: tree.clone(),
+                attr: ATTR_FILE_NAME.into(),
+                path: vec![format!("dir-{}", a % 3)],
+                items: vec![
+                    KeyValue::new(ATTR_FILE_NAME, format!("obj-{op}").into_bytes()),
+                    KeyValue::new("OID", format!("oid-{op}").into_bytes()),
+                ],
+            },
+            1 => Request::Add {
+                tree: tree.clone(),
+                parent: self.known(&tree, a),
+                items: vec![KeyValue::new(
+                    ATTR_FILE_NAME,
+                    format!("n-{}", b % 4).into_bytes(),
+                )],
+            },
+            2 => Request::Move {
+                tree: tree.clone(),
+                parent: self.known(&tree, b),
+                node: self.known(&tree, a | 1),
+                items: vec![
+                    KeyValue::new(ATTR_FILE_NAME, format!("m-{}", b % 4).into_bytes()),
+                    KeyValue::new("op", op.to_string().into_bytes()),
+                ],
+            },
+            _ => Request::Remove {
+                tree: tree.clone(),
+                node: self.known(&tree, a | 1),
+            },
+        };
+        self.note(format!("op#{op} -> replica-{replica}: {request:?}"));
+        let answer = self
+            .client
+            .call(replica, request.clone(), CALL_TIMEOUT)
+            .await;
+        self.note(format!("op#{op} answer: {answer:?}"));
+        let Ok(response) = answer else { return };
+        self.record(&tree, replica, op, &request, &response);
+    }
+
+    fn record(
+        &self,
+        tree: &TreeKey,
+        acker: ReplicaId,
+        op: u64,
+        request: &Request,
+        response: &Response,
+    ) {
+        let mut ledger = self.workload.ledger.lock().unwrap();
+        ledger.ops_acked += 1;
+        let tree = tree.clone();
+        match (request, response) {
+            (Request::AddByPath { path, .. }, Response::AddedByPath { leaf, created }) => {
+                for &node in created.iter().chain([leaf]) {
+                    ledger.acked.push(Acked::Created {
+                        tree: tree.clone(),
+                        node,
+                        acker,
+                    });
+                }
+                let known = ledger.known.entry(tree.clone()).or_default();
+                known.extend(created.iter().copied());
+                known.push(*leaf);
+                let leaf_path = vec![path[0].clone(), format!("obj-{op}")];
+                ledger.leaf_paths.insert((tree, leaf_path));
+            }
+            (Request::Add { .. }, Response::Added { node }) => {
+                ledger.acked.push(Acked::Created {
+                    tree: tree.clone(),
+                    node: *node,
+                    acker,
+                });
+                ledger.known.entry(tree).or_default().push(*node);
+            }
+            (Request::Move { parent, node, .. }, Response::Done) => {
+                ledger.acked.push(Acked::Moved {
+                    tree,
+                    node: *node,
+                    parent: *parent,
+                    tag: op.to_string(),
+                    acker,
+                });
+            }
+            (Request::Remove { node, .. }, Response::Done) => {
+                ledger.acked.push(Acked::Removed {
+                    tree,
+                    node: *node,
+                    acker,
+                });
+            }
+            // An error answer acknowledges nothing.
+            _ => {}
+        }
+    }
+
+    /// Ends every fault, lets the writes in flight finish, restarts what is
+    /// down or poisoned, then runs the scenario's checkers.
+    async fn heal_and_check(&self) -> Result<(), Failure> {
+        self.note("heal everything".into());
+        self.world.heal_network();
+        NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
+        self.world.filter.unblock_all();
+        let base = DiskFaults {
+            torn_write_probability: self.setup.torn_write_probability,
+            ..DiskFaults::default()
+        };
+        for disk in &self.disks {
+            disk.set_faults(base);
+        }
+        let writes: Vec<_> = std::mem::take(&mut *self.writes.lock().unwrap());
+        for write in writes {
+            let _ = write.await;
+        }
+        let poisoned: Vec<ReplicaId> = std::mem::take(&mut *self.poisoned.lock().unwrap());
+        for replica in self.world.replica_ids() {
+            if !self.world.is_up(replica) {
+                self.world.restart(replica);
+            } else if poisoned.contains(&replica) {
+                self.world.restart_process(replica).await;
+            }
+        }
+        for replica in self.world.replica_ids() {
+            if !self.world.wait_up(replica, BOOT_DEADLINE).await {
+                return Err(Failure::new(
+                    "liveness",
+                    format!("replica-{replica} did not come back after healing"),
+                ));
+            }
+        }
+        self.check_invariants()?;
+        if self.setup.knobs.sync_interval.is_some() {
+            check::block_pushes(&self.world);
+            madsim::time::sleep(SETTLE).await;
+            check::check_sync_converges(&self.world, &self.workload).await?;
+        } else {
+            madsim::time::sleep(SETTLE).await;
+        }
+        check::check_push_converges(&self.world, &self.workload).await
+    }
+
+    fn check_invariants(&self) -> Result<(), Failure> {
+        for node in &self.world.nodes {
+            let Some(service) = node.service() else {
+                continue;
+            };
+            for tree in trees() {
+                if !service.forest().tree_exists(&tree).unwrap_or(false) {
+                    continue;
+                }
+                if let Some(broken) = broken_invariant(service.forest(), &tree) {
+                    return Err(Failure::new(
+                        "tree invariant",
+                        format!("{} {}: {broken}", node.name, tree.tree),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
