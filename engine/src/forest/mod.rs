@@ -722,7 +722,11 @@ impl Forest {
     /// that run many short cases on one database (fuzzing), where opening
     /// and closing redb per case costs more than the case.
     pub fn clear(&self) -> Result<()> {
-        let mut txn = self.db.begin_write()?;
+        // Tree numbers start over, so a cached lookup would name a node of
+        // a deleted tree. Taken before `db`, in the order `write_batch` does.
+        let mut dirs = self.lock_dir_cache();
+        dirs.clear();
+        let mut txn = self.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)
             .map_err(|e| Error::Storage(e.to_string()))?;
         txn.delete_table(TREES)?;
@@ -732,7 +736,7 @@ impl Forest {
         txn.delete_table(NODES)?;
         txn.delete_table(CHILDREN)?;
         txn.delete_table(CURSORS)?;
-        // Recreated at once: reads never meet a missing table (see `init`).
+        // Recreated at once: reads never meet a missing table.
         txn.open_table(TREES)?;
         txn.open_table(META)?;
         txn.open_table(LOG)?;
@@ -740,8 +744,7 @@ impl Forest {
         txn.open_table(NODES)?;
         txn.open_table(CHILDREN)?;
         txn.open_table(CURSORS)?;
-        txn.commit()?;
-        Ok(())
+        txn.commit()
     }
 }
 

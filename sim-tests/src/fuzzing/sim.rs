@@ -380,7 +380,7 @@ impl Script {
     fn known(&self, tree: &TreeKey, byte: u8) -> NodeId {
         let ledger = self.workload.ledger.lock().unwrap();
         match ledger.known.get(tree) {
-            Some(nodes) if !nodes.is_empty() && byte % 8 != 0 => {
+            Some(nodes) if !nodes.is_empty() && !byte.is_multiple_of(8) => {
                 nodes[usize::from(byte) % nodes.len()]
             }
             _ => ROOT,
