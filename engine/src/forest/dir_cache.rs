@@ -18,9 +18,11 @@ use crate::canary::{self, Canary};
 use crate::types::NodeId;
 use std::collections::BTreeMap;
 
-/// Bound on remembered lookups; beyond it the cache starts over, which
-/// costs a few range scans and nothing else.
+/// Bounds on remembered lookups and on the names they hold (a name can be
+/// as long as a meta); beyond either the cache starts over, which costs a
+/// few range scans and nothing else.
 pub const DIR_CACHE_ENTRIES_MAX: usize = 65_536;
+pub const DIR_CACHE_NAME_BYTES_MAX: usize = 8 << 20;
 
 /// `(tree, parent, name hash)`.
 type Slot = (u64, NodeId, u64);
@@ -30,6 +32,9 @@ pub(super) struct DirCache {
     /// `(tree, parent, name hash)` -> `(name key, directory)`. Two names
     /// with one hash share a slot; the stored name tells them apart.
     entries: BTreeMap<Slot, (Box<[u8]>, Option<NodeId>)>,
+    /// Total length of the names in `entries` (an upper bound: entries
+    /// dropped one by one are not subtracted).
+    name_bytes: usize,
     /// Whether the planted path-resolution bug was on when the entries
     /// were computed (it changes which directory a lookup picks).
     canary_path: bool,
@@ -41,13 +46,14 @@ impl DirCache {
     pub fn align_with_canary(&mut self) {
         let on = canary::active(Canary::PathByArrivalOrder);
         if on != self.canary_path {
-            self.entries.clear();
+            self.clear();
             self.canary_path = on;
         }
     }
 
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.name_bytes = 0;
     }
 
     /// `Some(found)` when the lookup is remembered.
@@ -57,9 +63,12 @@ impl DirCache {
     }
 
     pub fn put(&mut self, tree: u64, parent: NodeId, name_key: &[u8], found: Option<NodeId>) {
-        if self.entries.len() >= DIR_CACHE_ENTRIES_MAX {
-            self.entries.clear();
+        let full = self.entries.len() >= DIR_CACHE_ENTRIES_MAX
+            || self.name_bytes + name_key.len() > DIR_CACHE_NAME_BYTES_MAX;
+        if full {
+            self.clear();
         }
+        self.name_bytes += name_key.len();
         let slot = (tree, parent, name_hash(name_key));
         self.entries.insert(slot, (name_key.into(), found));
     }
@@ -96,6 +105,14 @@ mod tests {
         }
         cache.clear();
         assert_eq!(cache.get(1, 3, b"\x01x"), None);
+        // Long names: bounded by bytes, not only by entries.
+        let long = vec![1u8; 1 << 20];
+        for parent in 0..20 {
+            cache.put(1, parent, &long, Some(parent));
+            assert!(cache.name_bytes <= DIR_CACHE_NAME_BYTES_MAX);
+            assert!(cache.entries.len() <= DIR_CACHE_NAME_BYTES_MAX >> 20);
+        }
+        assert_eq!(cache.get(1, 19, &long), Some(Some(19)));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-pub use dir_cache::DIR_CACHE_ENTRIES_MAX;
+pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
 
 /// Limits and identity of one forest.
 #[derive(Clone, Debug)]
