@@ -960,11 +960,26 @@ fn op_log_pages_across_batches_match_the_whole_log() {
             outcome.unwrap();
         }
     }
+    // One batch longer than a height run (512 timestamps): two runs.
+    let long: Vec<WriteRequest> = (0..600)
+        .map(|i| WriteRequest {
+            tree: tree(),
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: name(&format!("flat-{i}")),
+            },
+        })
+        .collect();
+    for outcome in f.write_batch(&long).unwrap() {
+        outcome.unwrap();
+    }
     let whole = f.get_op_log(&tree(), 0, usize::MAX).unwrap();
+    assert!(whole.len() > 600);
     let heights: Vec<u64> = whole.iter().map(|e| e.height).collect();
     assert_eq!(heights, (0..whole.len() as u64).collect::<Vec<_>>());
-    for from in 0..=whole.len() {
-        for limit in [1, 2, 3, 7, usize::MAX] {
+    for from in (0..=whole.len()).filter(|h| h % 7 == 0 || h % 512 < 3 || *h < 40) {
+        for limit in [1, 2, 3, 7, 600, usize::MAX] {
             let page = f.get_op_log(&tree(), from as u64, limit).unwrap();
             let end = whole.len().min(from.saturating_add(limit));
             assert_eq!(page, whole[from..end], "from {from} limit {limit}");
