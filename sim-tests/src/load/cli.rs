@@ -102,6 +102,9 @@ pub struct Common {
     max_batch_delay: Option<Duration>,
     #[arg(long)]
     max_pending_writes: Option<usize>,
+    /// Most writes one commit takes from a backlog (limits.max_commit_size).
+    #[arg(long)]
+    max_commit_size: Option<usize>,
     /// Acknowledge before the batch is durable.
     #[arg(long)]
     no_sync: bool,
@@ -193,6 +196,9 @@ impl Common {
         }
         if let Some(n) = self.max_pending_writes {
             config.limits.max_pending_writes = n;
+        }
+        if let Some(n) = self.max_commit_size {
+            config.limits.max_commit_size = n;
         }
         config.pilorama.no_sync |= self.no_sync;
         Ok(config)

@@ -319,5 +319,9 @@ pub fn params(spec: &RunSpec, config: &Config) -> std::collections::BTreeMap<Str
         "limits.max_pending_writes".into(),
         config.limits.max_pending_writes.to_string(),
     );
+    p.insert(
+        "limits.max_commit_size".into(),
+        config.limits.max_commit_size.to_string(),
+    );
     p
 }

@@ -247,6 +247,7 @@ async fn run_in_world(spec: &RunSpec, options: &SimOptions) -> Result<RunReport,
         .into_iter()
         .map(|mut config| {
             config.pilorama.no_sync = options.config.pilorama.no_sync;
+            config.limits.max_commit_size = options.config.limits.max_commit_size;
             let disk = TimedMemDisk {
                 bytes: Arc::default(),
                 latency: options.disk_latency,
