@@ -33,6 +33,17 @@ pub const MAX_TREE_ID_BYTES: usize = 1024;
 /// finite when a peer keeps writing; the next round goes on from the cursor.
 pub const MAX_PULL_PAGES_PER_ROUND: usize = 10_000;
 
+/// How far (in heights) an in-memory cursor may run ahead of its durable
+/// copy before it is written. A lagging durable cursor only costs re-sent
+/// or re-pulled ops after a restart (Apply absorbs them); writing it after
+/// every page cost a durable commit per page.
+const CURSOR_LAG_MAX: u64 = 512;
+
+/// A push cursor ahead of its durable copy is written at the latest after
+/// this many `replication_timeout`s, so that a quiet tree's resend after a
+/// restart is bounded in time too.
+const PUSH_CURSOR_PERIODS: u32 = 16;
+
 /// Estimated encoded bytes of a node or op beyond its meta (ids, timestamp,
 /// height, framing of the key/value list).
 const ITEM_OVERHEAD_BYTES: usize = 64;
@@ -825,19 +836,18 @@ impl Inner {
     }
 
     /// Records `cursor` as acknowledged; true when it should also be made
-    /// durable now: a page or more ahead of the durable cursor, or not
-    /// persisted for a `replication_timeout` (the sweep guarantees a pass
-    /// at least that often).
+    /// durable now: `CURSOR_LAG_MAX` or more ahead of the durable cursor, or
+    /// not persisted for `PUSH_CURSOR_PERIODS` replication timeouts (the
+    /// sweep guarantees a pass every `replication_timeout`).
     fn should_persist(&self, key: &PushKey, durable: u64, cursor: u64) -> bool {
         let now = self.env.clock.now();
-        let page = self.config.limits.sync_page_size as u64;
-        let period = self.config.tree.replication_timeout;
+        let period = self.config.tree.replication_timeout * PUSH_CURSOR_PERIODS;
         self.push_state(key, |state| {
             state.acked = state.acked.max(cursor);
             let stale = state
                 .persisted_at
                 .is_none_or(|at| now.saturating_sub(at) >= period);
-            let persist = cursor > durable && (cursor - durable >= page || stale);
+            let persist = cursor > durable && (cursor - durable >= CURSOR_LAG_MAX || stale);
             if persist {
                 state.persisted_at = Some(now);
             }
@@ -1036,29 +1046,44 @@ impl Inner {
     }
 
     /// Pulls `peer`'s log of `tree` from the pull cursor, page by page,
-    /// moving the cursor only over ops applied here.
+    /// moving the cursor only over ops applied here. The durable cursor is
+    /// written at the end of the pass (also a failed one) and whenever it
+    /// lags `CURSOR_LAG_MAX` behind.
     async fn pull_from(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
         let cursor_peer = if canary::active(Canary::SharedSyncCursor) {
             0 // Planted bug: every peer's heights share one cursor.
         } else {
             peer
         };
-        let mut cursor = self.forest.cursor(tree, CursorKind::Pull, cursor_peer)?;
+        let mut durable = self.forest.cursor(tree, CursorKind::Pull, cursor_peer)?;
+        let mut cursor = durable;
+        let result = self
+            .pull_pages(tree, peer, cursor_peer, &mut cursor, &mut durable)
+            .await;
+        if cursor > durable {
+            self.persist_pull_cursor(tree, cursor_peer, cursor).await?;
+        }
+        result
+    }
+
+    async fn pull_pages(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        cursor_peer: ReplicaId,
+        cursor: &mut u64,
+        durable: &mut u64,
+    ) -> Result<()> {
         for _ in 0..MAX_PULL_PAGES_PER_ROUND {
-            let entries = match self.fetch_page(tree, peer, cursor).await? {
+            let entries = match self.fetch_page(tree, peer, *cursor).await? {
                 Some(entries) if !entries.is_empty() => entries,
                 _ => return Ok(()),
             };
             let (applied_to, fresh, stop) = self.apply_page(tree, entries).await?;
-            if applied_to > cursor {
-                cursor = applied_to;
-                let forest = self.forest.clone();
-                let tree = tree.clone();
-                blocking(&*self.env.runtime, move || {
-                    forest.set_cursor(&tree, CursorKind::Pull, cursor_peer, cursor)
-                })
-                .await
-                .inspect_err(|error| self.note_error(error))?;
+            *cursor = (*cursor).max(applied_to);
+            if *cursor - *durable >= CURSOR_LAG_MAX {
+                self.persist_pull_cursor(tree, cursor_peer, *cursor).await?;
+                *durable = *cursor;
             }
             self.counters.ops_pulled.fetch_add(fresh, Ordering::Relaxed);
             if let Some(error) = stop {
@@ -1069,6 +1094,21 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    async fn persist_pull_cursor(
+        &self,
+        tree: &TreeKey,
+        cursor_peer: ReplicaId,
+        cursor: u64,
+    ) -> Result<()> {
+        let forest = self.forest.clone();
+        let tree = tree.clone();
+        blocking(&*self.env.runtime, move || {
+            forest.set_cursor(&tree, CursorKind::Pull, cursor_peer, cursor)
+        })
+        .await
+        .inspect_err(|error| self.note_error(error))
     }
 
     /// One page of a peer's log from `from_height`; `None` when the peer

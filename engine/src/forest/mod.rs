@@ -711,6 +711,17 @@ impl Forest {
         check::check_tree(&txn, &rec).map_err(|e| e.to_string())?
     }
 
+    /// The checks of `check_invariants` that a write to `touched` nodes can
+    /// break, without reading the whole tree (see `check::check_touched`).
+    pub fn check_invariants_touched(
+        &self,
+        tree: &TreeKey,
+        touched: &[NodeId],
+    ) -> Result<(), String> {
+        let (txn, rec) = self.read_tree(tree).map_err(|e| e.to_string())?;
+        check::check_touched(&txn, &rec, touched).map_err(|e| e.to_string())?
+    }
+
     /// Number of rows in the log table over all trees (bench, tests).
     pub fn log_rows(&self) -> Result<u64> {
         let txn = self.begin_read()?;

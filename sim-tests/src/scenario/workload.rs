@@ -360,15 +360,23 @@ pub fn broken_invariant(forest: &arbor::forest::Forest, tree: &TreeKey) -> Optio
     }
 }
 
-/// Checks the tree invariant of `tree` on the replica that acked a write.
-fn check_after_write(workload: &Workload, replica: ReplicaId, tree: &TreeKey) {
+/// Checks, on the replica that acked a write, the part of the tree
+/// invariant that write could break: the nodes it wrote and their ancestor
+/// chains (the full check of every tree runs every few simulated seconds
+/// and at the end, see `Nemesis::sweep_invariants`).
+fn check_after_write(workload: &Workload, replica: ReplicaId, tree: &TreeKey, touched: &[NodeId]) {
     if !workload.check_each_write {
         return;
     }
     let Some(service) = workload.world.node(replica).service() else {
         return;
     };
-    if let Some(broken) = broken_invariant(service.forest(), tree) {
+    let verdict = match service.forest().check_invariants_touched(tree, touched) {
+        Ok(()) => None,
+        Err(message) if message.starts_with("storage error") => None,
+        Err(message) => Some(message),
+    };
+    if let Some(broken) = verdict {
         workload.fail(Failure::new(
             "tree invariant",
             format!(
@@ -399,7 +407,8 @@ async fn add_by_path(
     else {
         return;
     };
-    check_after_write(workload, replica, &tree);
+    let touched: Vec<NodeId> = created.iter().copied().chain([leaf]).collect();
+    check_after_write(workload, replica, &tree, &touched);
     let mut ledger = workload.ledger.lock().unwrap();
     for &node in created.iter().chain([&leaf]) {
         ledger.acked.push(Acked::Created {
@@ -433,7 +442,7 @@ async fn add_system(
     let Some(Response::Added { node }) = call(workload, client, replica, op, request).await else {
         return None;
     };
-    check_after_write(workload, replica, &tree);
+    check_after_write(workload, replica, &tree, &[node]);
     let mut ledger = workload.ledger.lock().unwrap();
     ledger.acked.push(Acked::Created {
         tree: tree.clone(),
@@ -469,7 +478,7 @@ async fn move_node(
     if call(workload, client, replica, op, request).await.is_none() {
         return;
     }
-    check_after_write(workload, replica, &tree);
+    check_after_write(workload, replica, &tree, &[node]);
     workload.ledger.lock().unwrap().acked.push(Acked::Moved {
         tree,
         node,
@@ -529,7 +538,7 @@ async fn remove_random(
     if call(workload, client, replica, op, request).await.is_none() {
         return;
     }
-    check_after_write(workload, replica, &tree);
+    check_after_write(workload, replica, &tree, &[node]);
     workload.ledger.lock().unwrap().acked.push(Acked::Removed {
         tree,
         node,
