@@ -208,8 +208,9 @@ async fn restart_resumes_cursors() {
     }
     eventually("pushed", PATIENCE, || n1.replication_idle()).await;
     n2.sync_now().await;
-    // The push cursor is made durable lazily, at the latest one sweep later.
-    tokio::time::sleep(Duration::from_secs(150)).await;
+    // The push cursor is made durable lazily: 512 heights ahead, or at the
+    // latest 16 replication timeouts (60 s here) after it last was.
+    tokio::time::sleep(Duration::from_secs(17 * 60)).await;
     let push_cursor = n1.forest().cursor(&t, CursorKind::Push, 2).unwrap();
     let pull_cursor = n2.forest().cursor(&t, CursorKind::Pull, 1).unwrap();
     assert_eq!(push_cursor, 100);
