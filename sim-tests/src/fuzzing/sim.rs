@@ -51,7 +51,9 @@ pub struct Input {
 }
 
 /// One step of the script. Replica operands are taken modulo the replica
-/// count; node operands index the nodes acknowledged so far.
+/// count; node operands index the nodes acknowledged so far. A write's
+/// `kind` picks the op (`kind % 4`: AddByPath, Add, Move, Remove) and the
+/// tree (`kind / 4 % 3`).
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum Step {
     /// A client write, not awaited: later steps run while it is in flight.
@@ -114,7 +116,8 @@ impl Setup {
         let knobs = Knobs {
             max_batch_size: pick(bits, 1, &[1, 4, 16, 100]),
             max_batch_delay: Duration::from_millis(pick(bits, 3, &[0, 5])),
-            replication_channel_capacity: pick(bits, 4, &[2, 1000]),
+            // One slot: a batch touching two trees already overflows it.
+            replication_channel_capacity: pick(bits, 4, &[1, 1000]),
             replication_worker_count: pick(bits, 5, &[1, 8]),
             replication_timeout: Duration::from_millis(pick(bits, 6, &[200, 1000])),
             sync_interval: pick(bits, 7, &[None, Some(300), Some(1_000), Some(5_000)])
@@ -145,10 +148,13 @@ fn fuzz_container() -> ContainerId {
     ContainerId([9; 32])
 }
 
-fn trees() -> [TreeKey; 2] {
+/// Three trees, so one batch can carry more replication hints than the
+/// smallest replication queue holds.
+fn trees() -> [TreeKey; 3] {
     [
         TreeKey::new(fuzz_container(), "objects"),
         TreeKey::new(fuzz_container(), "locks"),
+        TreeKey::new(fuzz_container(), "uploads"),
     ]
 }
 
@@ -391,7 +397,7 @@ impl Script {
     /// workload does, so the scenario's checkers can hold the cluster to it.
     async fn write(&self, replica: ReplicaId, kind: u8, a: u8, b: u8) {
         let op = self.op_id();
-        let tree = trees()[usize::from(kind / 4) % 2].clone();
+        let tree = trees()[usize::from(kind / 4) % 3].clone();
         let request = match kind % 4 {
             0 => Request::AddByPath {
                 tree: tree.clone(),
