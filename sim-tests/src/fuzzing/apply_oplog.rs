@@ -139,9 +139,13 @@ struct Delivery {
     fresh: Vec<Timestamp>,
 }
 
-/// Delivers `ops` in batches, checking each outcome and the invariant after
-/// every batch. Every valid op must be reported fresh exactly once over the
-/// replica's life; `deliver` checks the once-per-call part.
+/// Delivers `ops` in batches, checking each outcome, and the invariant
+/// after every batch that applied something fresh and once at the end.
+/// A batch of known or refused ops must change nothing; if it broke the
+/// tree anyway, the break persists into the next check (the re-delivery
+/// pass compares whole dumps as well). Every valid op must be reported
+/// fresh exactly once over the replica's life; `deliver` checks the
+/// once-per-call part.
 fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
     let tree = fuzz_tree();
     let mut fresh = Vec::new();
@@ -157,6 +161,7 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
             .write_batch(&requests)
             .expect("a batch on a fault-free disk commits");
         assert_eq!(results.len(), batch.len(), "one result per request");
+        let fresh_before = fresh.len();
         for (op, result) in batch.iter().zip(results) {
             match (is_valid(op), result) {
                 (true, Ok(WriteOutcome::Applied { fresh: true })) => fresh.push(op.ts()),
@@ -166,11 +171,12 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
             }
         }
         tree_exists |= batch.iter().any(is_valid);
-        if tree_exists {
-            if let Err(e) = forest.check_invariants(&tree) {
-                panic!("invariant broken after a batch: {e}");
-            }
+        if fresh.len() > fresh_before {
+            check_tree(forest, "after a batch");
         }
+    }
+    if tree_exists {
+        check_tree(forest, "after the last batch");
     }
     let distinct: BTreeSet<Timestamp> = fresh.iter().copied().collect();
     assert_eq!(
@@ -179,6 +185,12 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
         "an op was fresh twice: {fresh:?}"
     );
     Delivery { fresh }
+}
+
+fn check_tree(forest: &Forest, when: &str) {
+    if let Err(e) = forest.check_invariants(&fuzz_tree()) {
+        panic!("invariant broken {when}: {e}");
+    }
 }
 
 fn apply_request(op: &Move) -> WriteRequest {
