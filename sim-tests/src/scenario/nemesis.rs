@@ -316,6 +316,13 @@ impl Nemesis {
 /// failed database fails fast.
 const DRAIN_WINDOW: Duration = Duration::from_secs(1);
 
+/// Extra time, only when writes are still pending after `DRAIN_WINDOW`: a
+/// request sent just before inbound traffic stopped may still be in flight
+/// during a latency spike (up to 1.5 s per message) and be admitted late in
+/// the window. A hung caller stays pending however long we wait.
+const LATE_ARRIVAL_GRACE: Duration = Duration::from_secs(2);
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
 /// Before the supervisor restarts a replica whose disk failed (which would
 /// drop any caller it left hanging), its inbound traffic stops for a moment
 /// and every caller must have had its answer by then.
@@ -324,15 +331,26 @@ async fn check_drained(world: &World, workload: &Workload, replica: ReplicaId) {
     let id = world.node(replica).madsim_id();
     net.clog_node_in(id);
     madsim::time::sleep(DRAIN_WINDOW).await;
-    net.unclog_node_in(id);
-    let Some(service) = world.node(replica).service() else {
-        return;
+    let pending = || {
+        world
+            .node(replica)
+            .service()
+            .map_or(0, |service| service.stats().pending_writes)
     };
-    let pending = service.stats().pending_writes;
+    let grace_polls = LATE_ARRIVAL_GRACE.as_millis() / DRAIN_POLL.as_millis();
+    for _ in 0..grace_polls {
+        if pending() == 0 {
+            break;
+        }
+        madsim::time::sleep(DRAIN_POLL).await;
+    }
+    net.unclog_node_in(id);
+    let pending = pending();
     if pending != 0 {
+        let waited = DRAIN_WINDOW + LATE_ARRIVAL_GRACE;
         workload.fail(Failure::new(
             "hung callers",
-            format!("replica-{replica} still has {pending} writes pending {DRAIN_WINDOW:?} after its inbound traffic stopped (disk errors before)"),
+            format!("replica-{replica} still has {pending} writes pending {waited:?} after its inbound traffic stopped (disk errors before)"),
         ));
     }
 }
