@@ -748,13 +748,7 @@ impl Forest {
         txn.delete_table(CHILDREN)?;
         txn.delete_table(CURSORS)?;
         // Recreated at once: reads never meet a missing table.
-        txn.open_table(TREES)?;
-        txn.open_table(META)?;
-        txn.open_table(LOG)?;
-        txn.open_table(HEIGHTS)?;
-        txn.open_table(NODES)?;
-        txn.open_table(CHILDREN)?;
-        txn.open_table(CURSORS)?;
+        open_all_tables(&txn)?;
         txn.commit()
     }
 }
@@ -783,6 +777,13 @@ fn check_replicated(op: &Move) -> Result<()> {
 /// Creates every table up front so that reads never meet a missing one.
 fn create_tables(db: &Database) -> Result<()> {
     let txn = db.begin_write()?;
+    open_all_tables(&txn)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Opens (creating if absent) every table of the forest in `txn`.
+fn open_all_tables(txn: &redb::WriteTransaction) -> Result<()> {
     txn.open_table(TREES)?;
     txn.open_table(META)?;
     txn.open_table(LOG)?;
@@ -790,7 +791,6 @@ fn create_tables(db: &Database) -> Result<()> {
     txn.open_table(NODES)?;
     txn.open_table(CHILDREN)?;
     txn.open_table(CURSORS)?;
-    txn.commit()?;
     Ok(())
 }
 
