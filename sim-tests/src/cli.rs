@@ -104,11 +104,26 @@ pub struct SweepSummary {
     pub ops_sent: u64,
     pub faults_injected: u64,
     pub wall_seconds: f64,
+    /// Each run's trace hash by seed: two builds that ran the same
+    /// simulations agree on all of them.
+    pub trace_hashes: std::collections::BTreeMap<u64, u64>,
 }
 
 impl SweepSummary {
     pub fn seeds_per_minute(&self) -> f64 {
         self.runs as f64 * 60.0 / self.wall_seconds.max(1e-9)
+    }
+
+    /// One hash over every run's trace hash in seed order: equal
+    /// fingerprints mean a change (say, a faster simulator) left every
+    /// simulated run exactly as it was.
+    pub fn fingerprint(&self) -> u64 {
+        let bytes: Vec<u8> = self
+            .trace_hashes
+            .iter()
+            .flat_map(|(seed, hash)| seed.to_le_bytes().into_iter().chain(hash.to_le_bytes()))
+            .collect();
+        crate::trace::fnv_hash(&bytes)
     }
 }
 
@@ -148,6 +163,7 @@ pub fn run_sweep(
         summary.ops_acked += report.ops_acked;
         summary.ops_sent += report.ops_sent;
         summary.faults_injected += report.faults_injected;
+        summary.trace_hashes.insert(report.seed, report.trace_hash);
         if !report.passed() {
             summary.failures.push(report);
         }
@@ -201,7 +217,11 @@ fn print_summary(summary: &SweepSummary, start: u64, count: u64, jobs: usize, op
         if options.faults { "on" } else { "off" },
         options.canary
     );
-    println!("seeds {start}..{} on {jobs} thread(s)", start + count);
+    println!(
+        "seeds {start}..{} on {jobs} thread(s), trace fingerprint {:016x}",
+        start + count,
+        summary.fingerprint()
+    );
     println!(
         "| runs | failures | seeds/min | ops sent | ops acked (applied) | faults injected | wall |"
     );

@@ -131,26 +131,93 @@ impl SplitMix64 {
     }
 }
 
+/// One page of the disk's contents. Pages are shared between the written
+/// image, the durable image and the pending writes, so a sync or a power
+/// failure moves pointers instead of bytes; a page is copied only when a
+/// write changes part of a page somebody else still holds.
+type Page = Arc<[u8]>;
+
+/// The page a write may change in place: copied first if shared.
+fn page_mut(page: &mut Page) -> &mut [u8] {
+    if Arc::get_mut(page).is_none() {
+        *page = Arc::from(&page[..]);
+    }
+    Arc::get_mut(page).expect("a fresh copy has no other owner")
+}
+
+/// A file's contents as pages. Bytes of the last page beyond `len` are
+/// zero, so growing the file exposes zeros as the trait requires.
+#[derive(Clone)]
+struct Image {
+    len: u64,
+    pages: Vec<Page>,
+}
+
+impl Image {
+    fn empty() -> Self {
+        Self {
+            len: 0,
+            pages: Vec::new(),
+        }
+    }
+
+    fn from_bytes(bytes: &[u8], page_bytes: u64) -> Self {
+        let page_bytes = page_bytes as usize;
+        let pages = bytes
+            .chunks(page_bytes)
+            .map(|chunk| {
+                let mut page = vec![0; page_bytes];
+                page[..chunk.len()].copy_from_slice(chunk);
+                Page::from(page)
+            })
+            .collect();
+        Self {
+            len: bytes.len() as u64,
+            pages,
+        }
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes =
+            Vec::with_capacity(self.pages.len() * self.pages.first().map_or(0, |p| p.len()));
+        for page in &self.pages {
+            bytes.extend_from_slice(page);
+        }
+        bytes.truncate(self.len as usize);
+        bytes
+    }
+}
+
 /// A write that reached the disk's cache but not yet its durable image.
-#[derive(Clone, Debug)]
+/// Its bytes are the pages `pages_start..` of `DiskState::pending_pages`
+/// as they were right after the write (later writes copy before changing
+/// a page held here).
+#[derive(Clone, Copy, Debug)]
 struct PendingWrite {
     offset: u64,
-    data: Vec<u8>,
+    len: u64,
+    pages_start: usize,
 }
 
 struct DiskState {
     config: DiskConfig,
+    /// Page size of the images: a multiple of the block size, so no block
+    /// straddles two pages.
+    page_bytes: u64,
+    /// Shared by every page a `set_len` adds, so growth allocates nothing.
+    zero_page: Page,
     rng: SplitMix64,
     /// What reads see: every write so far, synced or not.
-    current: Vec<u8>,
+    current: Image,
     /// What survives a power failure.
-    durable: Vec<u8>,
+    durable: Image,
     /// Writes since the last successful sync, oldest first.
     pending: Vec<PendingWrite>,
-    /// Below this offset `current` equals `durable` except where a pending
+    pending_pages: Vec<Page>,
+    /// Below this page `current` equals `durable` except where a pending
     /// write landed; above it a `set_len` may have changed anything. Lets a
-    /// sync copy only what changed instead of the whole image.
-    unchanged_len: u64,
+    /// sync share only what changed instead of the whole image.
+    unchanged_pages: usize,
     /// Counts power cycles; a backend made in an earlier one is dead.
     generation: u64,
     /// When set, the disk loses power on its own after this many more
@@ -170,24 +237,32 @@ impl fmt::Debug for SimDisk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.lock();
         f.debug_struct("SimDisk")
-            .field("len", &state.current.len())
-            .field("durable_len", &state.durable.len())
+            .field("len", &state.current.len)
+            .field("durable_len", &state.durable.len)
             .field("pending_writes", &state.pending.len())
             .field("generation", &state.generation)
             .finish()
     }
 }
 
+/// Smallest page of the disk's images: redb's page, so its page writes
+/// replace whole pages.
+const PAGE_BYTES_MIN: u64 = 4096;
+
 impl SimDisk {
     pub fn new(config: DiskConfig) -> Self {
         assert!(config.block_size > 0, "block size must be positive");
+        let page_bytes = config.block_size * PAGE_BYTES_MIN.div_ceil(config.block_size);
         let state = DiskState {
             config,
+            page_bytes,
+            zero_page: Page::from(vec![0; page_bytes as usize]),
             rng: SplitMix64::new(config.seed),
-            current: Vec::new(),
-            durable: Vec::new(),
+            current: Image::empty(),
+            durable: Image::empty(),
             pending: Vec::new(),
-            unchanged_len: 0,
+            pending_pages: Vec::new(),
+            unchanged_pages: 0,
             generation: 0,
             power_cut_after_ops: None,
             latency_owed: Duration::ZERO,
@@ -205,7 +280,8 @@ impl SimDisk {
         let disk = Self::new(config);
         {
             let mut state = disk.lock();
-            state.unchanged_len = image.len() as u64;
+            let image = Image::from_bytes(&image, state.page_bytes);
+            state.unchanged_pages = image.pages.len();
             state.current = image.clone();
             state.durable = image;
         }
@@ -272,7 +348,7 @@ impl SimDisk {
 
     /// Bytes that would survive a power failure right now (for tests).
     pub fn durable_image(&self) -> Vec<u8> {
-        self.lock().durable.clone()
+        self.lock().durable.to_bytes()
     }
 
     /// Number of writes not yet made durable.
@@ -290,16 +366,18 @@ impl SimDisk {
 impl DiskState {
     fn power_fail(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        for write in &pending {
+        let pages = std::mem::take(&mut self.pending_pages);
+        for (i, write) in pending.iter().enumerate() {
             if self.rng.chance(self.config.faults.torn_write_probability) {
-                self.persist_some_blocks(write);
+                let pages_end = pending.get(i + 1).map_or(pages.len(), |w| w.pages_start);
+                self.persist_some_blocks(write, &pages[write.pages_start..pages_end]);
                 self.stats.writes_torn += 1;
             } else {
                 self.stats.writes_lost += 1;
             }
         }
         self.current = self.durable.clone();
-        self.unchanged_len = self.current.len() as u64;
+        self.unchanged_pages = self.current.pages.len();
         self.generation += 1;
         self.power_cut_after_ops = None;
         self.stats.power_failures += 1;
@@ -307,17 +385,22 @@ impl DiskState {
 
     /// Copies a random subset of the write's blocks into the durable image.
     /// Blocks are aligned to the disk, not to the write, as on real hardware.
-    fn persist_some_blocks(&mut self, write: &PendingWrite) {
-        let block_size = self.config.block_size;
-        let end = write.offset + write.data.len() as u64;
+    /// `pages` are the write's pages as it left them, the first one being
+    /// the page of its first byte.
+    fn persist_some_blocks(&mut self, write: &PendingWrite, pages: &[Page]) {
+        let (block_size, page_bytes) = (self.config.block_size, self.page_bytes);
+        let first_page = write.offset / page_bytes;
+        let end = write.offset + write.len;
         let mut start = write.offset;
         while start < end {
             let block_end = ((start / block_size) + 1) * block_size;
             let chunk_end = block_end.min(end);
             if self.rng.chance(0.5) {
-                let from = (start - write.offset) as usize;
-                let to = (chunk_end - write.offset) as usize;
-                self.persist_range(start, &write.data[from..to]);
+                // A block never straddles pages (pages are whole blocks).
+                let page = &pages[(start / page_bytes - first_page) as usize];
+                let from = (start % page_bytes) as usize;
+                let to = from + (chunk_end - start) as usize;
+                self.persist_range(start, &page[from..to]);
             }
             start = chunk_end;
         }
@@ -326,13 +409,14 @@ impl DiskState {
     /// A block beyond the durable length only survives if the file's length
     /// reached it durably: unsynced growth is lost with the power.
     fn persist_range(&mut self, offset: u64, data: &[u8]) {
-        let durable_len = self.durable.len() as u64;
-        if offset >= durable_len {
+        if offset >= self.durable.len {
             return;
         }
-        let end = (offset + data.len() as u64).min(durable_len);
+        let end = (offset + data.len() as u64).min(self.durable.len);
         let take = (end - offset) as usize;
-        self.durable[offset as usize..end as usize].copy_from_slice(&data[..take]);
+        let page = &mut self.durable.pages[(offset / self.page_bytes) as usize];
+        let from = (offset % self.page_bytes) as usize;
+        page_mut(page)[from..from + take].copy_from_slice(&data[..take]);
     }
 
     /// Counts one write or sync toward an armed power cut; true when the
@@ -354,7 +438,7 @@ impl DiskState {
     fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
         let end = offset
             .checked_add(data.len() as u64)
-            .filter(|&end| end <= self.current.len() as u64)
+            .filter(|&end| end <= self.current.len)
             .ok_or_else(|| invalid_input("write beyond the end of the disk"))?;
         self.latency_owed += self.config.latency.per_write
             + Duration::from_nanos(self.config.latency.per_byte_nanos * data.len() as u64);
@@ -362,10 +446,28 @@ impl DiskState {
             self.stats.write_errors_injected += 1;
             return Err(io::Error::other("simulated write error"));
         }
-        self.current[offset as usize..end as usize].copy_from_slice(data);
+        let pages_start = self.pending_pages.len();
+        let mut at = offset;
+        while at < end {
+            let index = (at / self.page_bytes) as usize;
+            let from = (at % self.page_bytes) as usize;
+            let chunk_end = end.min((index as u64 + 1) * self.page_bytes);
+            let chunk = &data[(at - offset) as usize..(chunk_end - offset) as usize];
+            let page = &mut self.current.pages[index];
+            match Arc::get_mut(page) {
+                Some(bytes) => bytes[from..from + chunk.len()].copy_from_slice(chunk),
+                // A whole page shared with the durable image or an older
+                // pending write: a fresh page, no need to copy the old one.
+                None if chunk.len() as u64 == self.page_bytes => *page = Page::from(chunk),
+                None => page_mut(page)[from..from + chunk.len()].copy_from_slice(chunk),
+            }
+            self.pending_pages.push(page.clone());
+            at = chunk_end;
+        }
         self.pending.push(PendingWrite {
             offset,
-            data: data.to_vec(),
+            len: data.len() as u64,
+            pages_start,
         });
         self.stats.writes += 1;
         self.stats.bytes_written += data.len() as u64;
@@ -391,17 +493,22 @@ impl DiskState {
     fn make_durable(&mut self) {
         // fdatasync makes the length durable together with the data, since
         // the data cannot be read back without it.
-        let unchanged = self.unchanged_len as usize;
-        self.durable.truncate(unchanged);
-        self.durable.extend_from_slice(&self.current[unchanged..]);
+        let unchanged = self.unchanged_pages.min(self.current.pages.len());
+        self.durable.len = self.current.len;
+        self.durable.pages.truncate(unchanged);
+        self.durable
+            .pages
+            .extend_from_slice(&self.current.pages[unchanged..]);
         for write in std::mem::take(&mut self.pending) {
-            let start = write.offset as usize;
-            let end = (start + write.data.len()).min(unchanged);
-            if start < end {
-                self.durable[start..end].copy_from_slice(&self.current[start..end]);
+            let first = (write.offset / self.page_bytes) as usize;
+            let last =
+                ((write.offset + write.len).div_ceil(self.page_bytes) as usize).min(unchanged);
+            for index in first..last {
+                self.durable.pages[index] = self.current.pages[index].clone();
             }
         }
-        self.unchanged_len = self.current.len() as u64;
+        self.pending_pages.clear();
+        self.unchanged_pages = self.current.pages.len();
     }
 
     fn set_len(&mut self, len: u64) -> io::Result<()> {
@@ -413,17 +520,40 @@ impl DiskState {
         }
         // Growth is zero-filled as the trait requires; the change becomes
         // durable at the next sync like any write.
-        self.current.resize(len as usize, 0);
-        self.unchanged_len = self.unchanged_len.min(len);
+        let page_count = len.div_ceil(self.page_bytes) as usize;
+        if len < self.current.len {
+            self.current.pages.truncate(page_count);
+            let tail = (len % self.page_bytes) as usize;
+            if let Some(last) = self.current.pages.last_mut().filter(|_| tail > 0) {
+                if last[tail..].iter().any(|&b| b != 0) {
+                    page_mut(last)[tail..].fill(0);
+                }
+            }
+        } else {
+            let zero = &self.zero_page;
+            self.current.pages.resize_with(page_count, || zero.clone());
+        }
+        self.current.len = len;
+        // A page cut in the middle is changed even if regrown.
+        self.unchanged_pages = self.unchanged_pages.min((len / self.page_bytes) as usize);
         Ok(())
     }
 
     fn read(&mut self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         let end = offset
             .checked_add(out.len() as u64)
-            .filter(|&end| end <= self.current.len() as u64)
+            .filter(|&end| end <= self.current.len)
             .ok_or_else(|| invalid_input("read beyond the end of the disk"))?;
-        out.copy_from_slice(&self.current[offset as usize..end as usize]);
+        let mut at = offset;
+        while at < end {
+            let index = (at / self.page_bytes) as usize;
+            let from = (at % self.page_bytes) as usize;
+            let chunk_end = end.min((index as u64 + 1) * self.page_bytes);
+            let n = (chunk_end - at) as usize;
+            let out_from = (at - offset) as usize;
+            out[out_from..out_from + n].copy_from_slice(&self.current.pages[index][from..from + n]);
+            at = chunk_end;
+        }
         self.stats.reads += 1;
         Ok(())
     }
@@ -469,7 +599,7 @@ impl SimBackend {
 
 impl redb::StorageBackend for SimBackend {
     fn len(&self) -> io::Result<u64> {
-        self.with_state(false, |s| Ok(s.current.len() as u64))
+        self.with_state(false, |s| Ok(s.current.len))
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
@@ -654,6 +784,145 @@ mod tests {
             Duration::from_micros(10) + Duration::from_micros(1) + Duration::from_millis(1)
         );
         assert_eq!(d.take_latency(), Duration::ZERO);
+    }
+
+    /// The disk's semantics written the obvious way (flat byte images,
+    /// every pending write keeps a copy of its bytes), drawing its fault
+    /// decisions in the same order: the paged disk must agree with it on
+    /// every read, every durable image and every statistic.
+    struct FlatModel {
+        block_size: u64,
+        faults: DiskFaults,
+        rng: SplitMix64,
+        current: Vec<u8>,
+        durable: Vec<u8>,
+        pending: Vec<(u64, Vec<u8>)>,
+        torn: u64,
+    }
+
+    impl FlatModel {
+        fn new(config: &DiskConfig) -> Self {
+            Self {
+                block_size: config.block_size,
+                faults: config.faults,
+                rng: SplitMix64::new(config.seed),
+                current: Vec::new(),
+                durable: Vec::new(),
+                pending: Vec::new(),
+                torn: 0,
+            }
+        }
+
+        fn write(&mut self, offset: u64, data: &[u8]) -> bool {
+            if self.rng.chance(self.faults.write_error_probability) {
+                return false;
+            }
+            let at = offset as usize;
+            self.current[at..at + data.len()].copy_from_slice(data);
+            self.pending.push((offset, data.to_vec()));
+            true
+        }
+
+        fn sync(&mut self) -> bool {
+            if self.rng.chance(self.faults.sync_error_probability) {
+                if self.rng.chance(0.5) {
+                    self.durable = self.current.clone();
+                    self.pending.clear();
+                }
+                return false;
+            }
+            self.durable = self.current.clone();
+            self.pending.clear();
+            true
+        }
+
+        fn set_len(&mut self, len: u64) {
+            self.current.resize(len as usize, 0);
+        }
+
+        fn power_fail(&mut self) {
+            for (offset, data) in std::mem::take(&mut self.pending) {
+                if !self.rng.chance(self.faults.torn_write_probability) {
+                    continue;
+                }
+                self.torn += 1;
+                let end = offset + data.len() as u64;
+                let mut start = offset;
+                while start < end {
+                    let chunk_end = ((start / self.block_size + 1) * self.block_size).min(end);
+                    let keep = self.rng.chance(0.5);
+                    for at in start..chunk_end.min(self.durable.len() as u64) {
+                        if keep {
+                            self.durable[at as usize] = data[(at - offset) as usize];
+                        }
+                    }
+                    start = chunk_end;
+                }
+            }
+            self.current = self.durable.clone();
+        }
+    }
+
+    fn read_all(b: &SimBackend) -> Vec<u8> {
+        let mut out = vec![0xaa; b.len().unwrap() as usize];
+        b.read(0, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn paged_disk_agrees_with_the_flat_model() {
+        // Block sizes that divide the page, equal it and do not divide it;
+        // writes that straddle pages, overlap unsynced writes, shrink and
+        // regrow the file, and fail.
+        for (seed, block_size) in [(1, 512), (2, 4096), (3, 1000), (4, 3000), (5, 64)] {
+            let mut config = DiskConfig::reliable(seed);
+            config.block_size = block_size;
+            config.faults = DiskFaults {
+                write_error_probability: 0.05,
+                sync_error_probability: 0.1,
+                torn_write_probability: 0.7,
+            };
+            let disk = SimDisk::new(config);
+            let mut model = FlatModel::new(&config);
+            let mut b = disk.backend();
+            let mut ops = SplitMix64::new(seed + 100);
+            for round in 0..3000u64 {
+                match ops.next_u64() % 16 {
+                    0 => {
+                        let len = ops.next_u64() % 40_000;
+                        b.set_len(len).unwrap();
+                        model.set_len(len);
+                    }
+                    1 | 2 => assert_eq!(b.sync_data().is_ok(), model.sync(), "round {round}"),
+                    3 => {
+                        disk.power_fail();
+                        model.power_fail();
+                        b = disk.backend();
+                        assert_eq!(disk.durable_image(), model.durable, "round {round}");
+                    }
+                    _ => {
+                        let len = b.len().unwrap();
+                        if len == 0 {
+                            continue;
+                        }
+                        let offset = match ops.next_u64() % 3 {
+                            0 => (ops.next_u64() % len) / 4096 * 4096,
+                            _ => ops.next_u64() % len,
+                        };
+                        let size = 1 + ops.next_u64() % (len - offset).min(9000);
+                        let data: Vec<u8> = (0..size).map(|i| (round + i) as u8 | 1).collect();
+                        assert_eq!(
+                            b.write(offset, &data).is_ok(),
+                            model.write(offset, &data),
+                            "round {round}"
+                        );
+                    }
+                }
+                assert_eq!(read_all(&b), model.current, "seed {seed} round {round}");
+            }
+            assert_eq!(disk.stats().writes_torn, model.torn);
+            assert!(model.torn > 0, "seed {seed}: some writes were torn");
+        }
     }
 
     fn commit(db: &Database, key: u64, durability: redb::Durability) -> Result<(), redb::Error> {

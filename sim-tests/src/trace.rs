@@ -54,6 +54,11 @@ fn fnv(mut hash: u64, bytes: &[u8]) -> u64 {
     hash
 }
 
+/// FNV-1a of `bytes`, the hash traces use.
+pub fn fnv_hash(bytes: &[u8]) -> u64 {
+    fnv(FNV_OFFSET, bytes)
+}
+
 impl Trace {
     /// A trace that also prints every event through `tracing` (replay).
     pub fn new(echo: bool) -> Self {
