@@ -91,6 +91,9 @@ pub struct Limits {
     pub max_commit_size: usize,
     /// Ops per GetOpLog page (sync) and per Apply push (replication).
     pub sync_page_size: usize,
+    /// Heights of the local log a pusher looks at per page while it skips
+    /// the ops other replicas originated (it sends only its own).
+    pub push_scan_heights: usize,
     /// Largest GetSubTree answer, in nodes.
     pub max_subtree_nodes: usize,
     /// Concurrent inbound connections (TCP).
@@ -138,6 +141,7 @@ impl Default for Limits {
             max_pending_writes: 10_000,
             max_commit_size: 1000,
             sync_page_size: 1000,
+            push_scan_heights: 16_000,
             max_subtree_nodes: 100_000,
             max_connections: 256,
             connect_timeout: Duration::from_secs(2),
@@ -211,6 +215,7 @@ impl Config {
             ("limits.max_pending_writes", self.limits.max_pending_writes),
             ("limits.max_commit_size", self.limits.max_commit_size),
             ("limits.sync_page_size", self.limits.sync_page_size),
+            ("limits.push_scan_heights", self.limits.push_scan_heights),
             ("limits.max_subtree_nodes", self.limits.max_subtree_nodes),
             ("limits.max_connections", self.limits.max_connections),
             ("limits.max_path_len", self.limits.max_path_len),
@@ -333,6 +338,7 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
             .unwrap_or(d.max_pending_writes),
         max_commit_size: s.usize("max_commit_size")?.unwrap_or(d.max_commit_size),
         sync_page_size: s.usize("sync_page_size")?.unwrap_or(d.sync_page_size),
+        push_scan_heights: s.usize("push_scan_heights")?.unwrap_or(d.push_scan_heights),
         max_subtree_nodes: s.usize("max_subtree_nodes")?.unwrap_or(d.max_subtree_nodes),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
         connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
@@ -538,6 +544,7 @@ node:
 limits:
   max_pending_writes: 7
   max_commit_size: 300
+  push_scan_heights: 40
   connect_timeout: 1s
 "#;
 
@@ -557,6 +564,7 @@ limits:
         assert_eq!(c.node.containers[0].replicas, vec![1, 2]);
         assert_eq!(c.limits.max_pending_writes, 7);
         assert_eq!(c.limits.max_commit_size, 300);
+        assert_eq!(c.limits.push_scan_heights, 40);
         assert_eq!(c.limits.connect_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.sync_page_size, Limits::default().sync_page_size);
     }

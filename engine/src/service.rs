@@ -857,27 +857,28 @@ impl Inner {
 
     async fn push_pages(&self, tree: &TreeKey, peer: ReplicaId, cursor: &mut u64) -> Result<()> {
         let own = self.config.node.replica_id;
+        let scan_max = self.config.limits.push_scan_heights;
         let mut page = self.config.limits.sync_page_size;
         let budget = self.answer_budget_bytes();
         loop {
-            let entries = self.forest.get_op_log(tree, *cursor, page)?;
-            let Some(last) = entries.last() else {
+            let found = self
+                .forest
+                .get_op_log_of_origin(tree, *cursor, page, scan_max, own)?;
+            if found.next_height == *cursor {
                 return Ok(());
-            };
-            let mut next = last.height + 1;
-            let mut ops = Vec::new();
+            }
+            let mut next = found.next_height;
+            let mut ops = Vec::with_capacity(found.entries.len());
             let mut used = 0;
-            for entry in &entries {
+            for entry in found.entries {
                 assert!(entry.height >= *cursor, "op log went backwards");
-                if timestamp_replica(entry.op.ts()) != own {
-                    continue;
-                }
+                assert_eq!(timestamp_replica(entry.op.ts()), own, "foreign op pushed");
                 used += entry.op.meta.size_bytes() + ITEM_OVERHEAD_BYTES;
                 if used > budget && !ops.is_empty() {
                     next = entry.height;
                     break;
                 }
-                ops.push(entry.op.clone());
+                ops.push(entry.op);
             }
             if !ops.is_empty() {
                 match self.send_ops(tree, peer, ops).await {
@@ -923,7 +924,7 @@ impl Inner {
 
     fn replication_idle(&self) -> Result<bool> {
         let own = self.config.node.replica_id;
-        let page = self.config.limits.sync_page_size;
+        let scan_max = self.config.limits.push_scan_heights;
         for tree in self.forest.all_trees()? {
             if !self.replicates(&tree.cid) {
                 continue;
@@ -935,15 +936,20 @@ impl Inner {
                     .cursor(&tree, CursorKind::Push, peer)?
                     .max(acked);
                 loop {
-                    let entries = match self.forest.get_op_log(&tree, cursor, page) {
+                    let found = match self
+                        .forest
+                        .get_op_log_of_origin(&tree, cursor, 1, scan_max, own)
+                    {
                         Err(Error::TreeNotFound) => break,
                         other => other?,
                     };
-                    let Some(last) = entries.last() else { break };
-                    if entries.iter().any(|e| timestamp_replica(e.op.ts()) == own) {
+                    if !found.entries.is_empty() {
                         return Ok(false);
                     }
-                    cursor = last.height + 1;
+                    if found.next_height == cursor {
+                        break;
+                    }
+                    cursor = found.next_height;
                 }
             }
         }
@@ -1155,22 +1161,18 @@ impl Inner {
 
     /// Applies a pulled page; returns the height the cursor may move to, how
     /// many ops were new, and the error that stopped it early, if any. Ops
-    /// that can never apply (invalid) are passed over with a warning.
+    /// that can never apply (invalid) are passed over with a warning; ops
+    /// the log already holds are passed over without a write transaction.
     async fn apply_page(
         &self,
         tree: &TreeKey,
         entries: Vec<LogEntry>,
     ) -> Result<(u64, u64, Option<Error>)> {
         let heights: Vec<u64> = entries.iter().map(|e| e.height).collect();
+        let submit = self.ops_to_submit(tree, &entries)?;
         let mut requests = Vec::with_capacity(entries.len());
-        let mut valid = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let ok = self.check_move(&entry.op);
-            if let Err(error) = &ok {
-                tracing::warn!(%error, height = entry.height, ?tree, "skipping invalid op from peer");
-            }
-            valid.push(ok.is_ok());
-            if ok.is_ok() {
+        for (entry, submit) in entries.into_iter().zip(&submit) {
+            if *submit {
                 requests.push(WriteRequest {
                     tree: tree.clone(),
                     op: WriteOp::Apply { op: entry.op },
@@ -1180,8 +1182,8 @@ impl Inner {
         let mut results = self.batcher.submit_all(requests).await?.into_iter();
         let mut applied_to = heights[0];
         let mut fresh = 0;
-        for (height, valid) in heights.into_iter().zip(valid) {
-            if valid {
+        for (height, submitted) in heights.into_iter().zip(submit) {
+            if submitted {
                 match results.next().expect("one result per request") {
                     Ok(WriteOutcome::Applied { fresh: true }) => fresh += 1,
                     Ok(_) => {}
@@ -1194,6 +1196,30 @@ impl Inner {
             applied_to = height + 1;
         }
         Ok((applied_to, fresh, None))
+    }
+
+    /// Which entries of a pulled page go to the batcher: the valid ones the
+    /// local log does not hold yet. Most of a peer's log came here by push
+    /// already; submitting it again would cost a lookup and a write
+    /// transaction per page for nothing.
+    fn ops_to_submit(&self, tree: &TreeKey, entries: &[LogEntry]) -> Result<Vec<bool>> {
+        let mut submit = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let ok = self.check_move(&entry.op);
+            if let Err(error) = &ok {
+                tracing::warn!(%error, height = entry.height, ?tree, "skipping invalid op from peer");
+            }
+            submit.push(ok.is_ok());
+        }
+        let ops: Vec<&Move> = entries.iter().map(|e| &e.op).collect();
+        let stored = self
+            .forest
+            .stored_ops(tree, &ops)
+            .inspect_err(|error| self.note_error(error))?;
+        for (submit, stored) in submit.iter_mut().zip(stored) {
+            *submit = *submit && !stored;
+        }
+        Ok(submit)
     }
 }
 

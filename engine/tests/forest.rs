@@ -987,3 +987,92 @@ fn op_log_pages_across_batches_match_the_whole_log() {
     }
     f.check_invariants(&tree()).unwrap();
 }
+
+/// A log mixing three origins in storage order: local ops of replica 1
+/// interleaved with ops applied from replicas 2 and 3.
+fn mixed_origin_log() -> (Forest, Vec<LogEntry>) {
+    let f = forest_as(1);
+    for round in 0..40u64 {
+        let remote: Vec<Move> = [2, 3]
+            .iter()
+            .filter(|&&r| !(round + r as u64).is_multiple_of(3))
+            .map(|&r| op(ts(round * 10 + 5, r), ROOT, ts(round * 10 + 5, r), vec![]))
+            .collect();
+        for outcome in apply(&f, &remote) {
+            outcome.unwrap();
+        }
+        if round % 4 != 1 {
+            let local = WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: name(&format!("l{round}")),
+            };
+            write_one(&f, local).unwrap();
+        }
+    }
+    let whole = f.get_op_log(&tree(), 0, usize::MAX).unwrap();
+    (f, whole)
+}
+
+#[test]
+fn op_log_of_origin_matches_filtering_the_whole_log() {
+    let (f, whole) = mixed_origin_log();
+    for origin in [1, 2, 3, 4] {
+        let expected: Vec<LogEntry> = whole
+            .iter()
+            .filter(|e| timestamp_replica(e.op.ts()) == origin)
+            .cloned()
+            .collect();
+        assert_eq!(expected.is_empty(), origin == 4);
+        for (limit, scan_max) in [(1, 1), (1, 1000), (3, 5), (7, 2), (1000, 1000)] {
+            // Page through the log the way a pusher does.
+            let mut got = Vec::new();
+            let mut from = 0;
+            loop {
+                let page = f
+                    .get_op_log_of_origin(&tree(), from, limit, scan_max, origin)
+                    .unwrap();
+                assert!(page.entries.len() <= limit);
+                assert!(page.next_height - from <= scan_max as u64);
+                assert!(page.entries.iter().all(|e| e.height >= from));
+                assert!(page.entries.iter().all(|e| e.height < page.next_height));
+                if page.next_height == from {
+                    assert!(page.entries.is_empty());
+                    break;
+                }
+                got.extend(page.entries);
+                from = page.next_height;
+            }
+            assert_eq!(from, whole.len() as u64, "origin {origin}");
+            assert_eq!(
+                got, expected,
+                "origin {origin} limit {limit} scan {scan_max}"
+            );
+        }
+    }
+    let missing = TreeKey::new(ContainerId([9; 32]), "none");
+    assert_eq!(
+        f.get_op_log_of_origin(&missing, 0, 10, 10, 1),
+        Err(Error::TreeNotFound)
+    );
+}
+
+#[test]
+fn stored_ops_recognises_exactly_the_logged_ops() {
+    let (f, whole) = mixed_origin_log();
+    let logged: Vec<&Move> = whole.iter().map(|e| &e.op).collect();
+    assert!(f.stored_ops(&tree(), &logged).unwrap().iter().all(|s| *s));
+    let first = whole[0].op.clone();
+    let mut other_meta = first.clone();
+    other_meta.meta.items = name("different");
+    let mut other_parent = first.clone();
+    other_parent.parent = 12345;
+    let unknown = op(ts(9999, 2), ROOT, 77, vec![]);
+    let probes = [&first, &other_meta, &other_parent, &unknown];
+    assert_eq!(
+        f.stored_ops(&tree(), &probes).unwrap(),
+        vec![true, false, false, false]
+    );
+    let missing = TreeKey::new(ContainerId([9; 32]), "none");
+    assert_eq!(f.stored_ops(&missing, &probes).unwrap(), vec![false; 4]);
+}

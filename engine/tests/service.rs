@@ -577,3 +577,61 @@ async fn pushes_adapt_to_a_peer_with_smaller_pages() {
     eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
     assert_converged(&nodes, &[t]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn sync_does_not_resubmit_ops_pushes_delivered() {
+    let net = LocalNet::new();
+    let nodes: Vec<_> = cluster_configs(3)
+        .into_iter()
+        .map(|mut c| {
+            c.limits.sync_page_size = 4;
+            let forest = memory_forest(&c);
+            start_node(&net, c, forest)
+        })
+        .collect();
+    let t = tree("t");
+    for i in 0..15 {
+        add(&nodes[i % 3], &t, ROOT, &format!("n{i}")).await;
+    }
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    let before = nodes[2].stats();
+    nodes[2].sync_now().await;
+    let after = nodes[2].stats();
+    // Both peers' logs hold all 15 ops, all of them already here.
+    assert_eq!(after.sync_rounds, before.sync_rounds + 1);
+    assert_eq!(after.ops_pulled, before.ops_pulled);
+    assert_eq!(after.writes_committed, before.writes_committed);
+    assert_eq!(after.batches_committed, before.batches_committed);
+    assert_eq!(after.sync_peer_errors, 0);
+    assert_converged(&nodes, &[t]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn replica_restored_from_nothing_pulls_its_own_ops_back() {
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    // Listed, so the emptied node looks for the tree it no longer holds.
+    for c in &mut configs {
+        c.node.containers.push(ContainerConfig {
+            cid: cid(),
+            replicas: vec![1, 2],
+        });
+    }
+    let n1 = start_node(&net, configs[0].clone(), memory_forest(&configs[0]));
+    let n2 = start_node(&net, configs[1].clone(), memory_forest(&configs[1]));
+    let t = tree("t");
+    for i in 0..9 {
+        add(&n1, &t, ROOT, &format!("n{i}")).await;
+    }
+    add(&n2, &t, ROOT, "from-2").await;
+    eventually("replication idle", PATIENCE, || {
+        n1.replication_idle() && n2.replication_idle()
+    })
+    .await;
+    // Node 1 loses its disk: only node 2 still holds node 1's ops.
+    stop_node(&net, n1).await;
+    let n1 = start_node(&net, configs[0].clone(), memory_forest(&configs[0]));
+    n1.sync_now().await;
+    assert_eq!(n1.stats().ops_pulled, 10);
+    assert_eq!(dump(&n1, &t), dump(&n2, &t));
+}

@@ -174,12 +174,8 @@ fn check_heights(
             return Ok(Err(format!("height {expected} missing")));
         }
         for ts in decode_height_run(stamps.value())? {
-            let height = expected;
-            let Some(guard) = log.get((t, ts))? else {
-                return Ok(Err(format!("height {height} points at absent op {ts}")));
-            };
-            if decode_log(guard.value())?.tail.height != height {
-                return Ok(Err(format!("op {ts} disagrees about its height {height}")));
+            if let Err(broken) = check_height_entry(log, t, expected, ts)? {
+                return Ok(Err(broken));
             }
             if timestamp_counter(ts) > rec.max_counter {
                 return Ok(Err(format!("op {ts} is newer than the tree's counter")));
@@ -299,11 +295,21 @@ fn check_newest_height(
         )));
     }
     let ts = *run.last().expect("a height run is never empty");
+    check_height_entry(log, t, newest, ts)
+}
+
+/// The op the height index names at `height` is logged and agrees.
+fn check_height_entry(
+    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    t: u64,
+    height: u64,
+    ts: Timestamp,
+) -> Result<Result<(), String>> {
     let Some(guard) = log.get((t, ts))? else {
-        return Ok(Err(format!("height {newest} points at absent op {ts}")));
+        return Ok(Err(format!("height {height} points at absent op {ts}")));
     };
-    if decode_log(guard.value())?.tail.height != newest {
-        return Ok(Err(format!("op {ts} disagrees about its height {newest}")));
+    if decode_log(guard.value())?.tail.height != height {
+        return Ok(Err(format!("op {ts} disagrees about its height {height}")));
     }
     Ok(Ok(()))
 }

@@ -110,6 +110,15 @@ pub struct TreeDump {
     pub log: Vec<Move>,
 }
 
+/// A page of the op log filtered by origin (see
+/// [`Forest::get_op_log_of_origin`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpLogPage {
+    pub entries: Vec<LogEntry>,
+    /// The first height not looked at.
+    pub next_height: u64,
+}
+
 /// Opens the forest's database anew, over the same bytes each time.
 pub type DatabaseOpener = Box<dyn Fn() -> Result<Database> + Send + Sync>;
 
@@ -526,10 +535,43 @@ impl Forest {
         from_height: u64,
         limit: usize,
     ) -> Result<Vec<LogEntry>> {
+        Ok(self
+            .scan_op_log(tree, from_height, limit, limit, None)?
+            .entries)
+    }
+
+    /// The stored ops that originated at replica `origin` (the low bits of
+    /// their timestamps), from `from_height` on in storage order: at most
+    /// `limit` of them, looking at no more than `scan_max` heights. The
+    /// origin is read from the height index, so the ops of other replicas
+    /// are skipped without a log lookup. `next_height` is where the next
+    /// page starts: every height below it was looked at.
+    pub fn get_op_log_of_origin(
+        &self,
+        tree: &TreeKey,
+        from_height: u64,
+        limit: usize,
+        scan_max: usize,
+        origin: ReplicaId,
+    ) -> Result<OpLogPage> {
+        self.scan_op_log(tree, from_height, limit, scan_max, Some(origin))
+    }
+
+    fn scan_op_log(
+        &self,
+        tree: &TreeKey,
+        from_height: u64,
+        limit: usize,
+        scan_max: usize,
+        origin: Option<ReplicaId>,
+    ) -> Result<OpLogPage> {
         let (txn, rec) = self.read_tree(tree)?;
         let heights = txn.open_table(HEIGHTS)?;
         let log = txn.open_table(LOG)?;
-        let mut out = Vec::new();
+        let mut page = OpLogPage {
+            entries: Vec::new(),
+            next_height: from_height,
+        };
         // The run holding `from_height` is the last one starting at or
         // before it.
         let start = match heights
@@ -539,6 +581,7 @@ impl Forest {
             Some(row) => row?.0.value().1,
             None => from_height,
         };
+        let mut scanned = 0usize;
         for row in heights.range((rec.number, start)..=(rec.number, u64::MAX))? {
             let (key, stamps) = row?;
             let first = key.value().1;
@@ -546,16 +589,44 @@ impl Forest {
                 if height < from_height {
                     continue;
                 }
-                if out.len() >= limit {
-                    return Ok(out);
+                if page.entries.len() >= limit || scanned >= scan_max {
+                    return Ok(page);
+                }
+                scanned += 1;
+                page.next_height = height + 1;
+                if origin.is_some_and(|o| timestamp_replica(ts) != o) {
+                    continue;
                 }
                 let record = read::log_record(&log, rec.number, ts)?;
                 assert_eq!(record.tail.height, height, "height index out of sync");
-                out.push(LogEntry {
+                page.entries.push(LogEntry {
                     height,
                     op: record.to_move(ts),
                 });
             }
+        }
+        Ok(page)
+    }
+
+    /// For each op, whether the tree's log already holds exactly that op
+    /// (same timestamp, parent, child and meta): a puller need not submit
+    /// those. An absent tree holds none.
+    pub fn stored_ops(&self, tree: &TreeKey, ops: &[&Move]) -> Result<Vec<bool>> {
+        let (txn, rec) = match self.read_tree(tree) {
+            Ok(found) => found,
+            Err(Error::TreeNotFound) => return Ok(vec![false; ops.len()]),
+            Err(e) => return Err(e),
+        };
+        let log = txn.open_table(LOG)?;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            let same = match log.get((rec.number, op.ts()))? {
+                Some(guard) => {
+                    LogView::parse(guard.value())?.same_op(op.parent, op.child, &op.meta.items)
+                }
+                None => false,
+            };
+            out.push(same);
         }
         Ok(out)
     }

@@ -140,6 +140,7 @@ pub fn node_config(
             max_pending_writes: knobs.max_pending_writes,
             max_commit_size: Limits::default().max_commit_size,
             sync_page_size: knobs.sync_page_size,
+            push_scan_heights: Limits::default().push_scan_heights,
             max_subtree_nodes: 100_000,
             max_connections: 4096,
             connect_timeout: Duration::from_secs(1),
