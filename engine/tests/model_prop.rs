@@ -32,7 +32,25 @@ fn items() -> impl Strategy<Value = Vec<KeyValue>> {
 
 /// Ops with unique timestamps (a timestamp names exactly one op).
 fn op_set(max_ops: usize) -> impl Strategy<Value = Vec<Move>> {
-    let one = (1u64..=40, 1u16..=3, parent_id(), node_id(), items());
+    unique_ops(
+        (1u64..=40, 1u16..=3, parent_id(), node_id(), items()),
+        max_ops,
+    )
+}
+
+/// Ops that mostly create nodes (children drawn from many ids) under a few
+/// nodes that also move: the shape of pushed writes, where an op arriving
+/// behind newer logged ones mostly names nodes those never touched.
+fn mostly_creating_op_set(max_ops: usize) -> impl Strategy<Value = Vec<Move>> {
+    let parent = prop_oneof![3 => 1u64..=8, 2 => Just(ROOT), 1 => Just(TRASH)];
+    let child = prop_oneof![2 => 1u64..=8, 3 => 9u64..=60];
+    unique_ops((1u64..=60, 1u16..=3, parent, child, items()), max_ops)
+}
+
+fn unique_ops(
+    one: impl Strategy<Value = (u64, u16, NodeId, NodeId, Vec<KeyValue>)>,
+    max_ops: usize,
+) -> impl Strategy<Value = Vec<Move>> {
     proptest::collection::vec(one, 1..max_ops).prop_map(|raw| {
         let mut seen = BTreeSet::new();
         raw.into_iter()
@@ -51,7 +69,13 @@ fn op_set(max_ops: usize) -> impl Strategy<Value = Vec<Move>> {
 /// An arrival order: a permutation of the ops with some repeated, split
 /// into batches.
 fn arrival(max_ops: usize) -> impl Strategy<Value = (Vec<Move>, Vec<Vec<Move>>)> {
-    op_set(max_ops).prop_flat_map(|ops| {
+    arrival_of(op_set(max_ops))
+}
+
+fn arrival_of(
+    ops: impl Strategy<Value = Vec<Move>>,
+) -> impl Strategy<Value = (Vec<Move>, Vec<Vec<Move>>)> {
+    ops.prop_flat_map(|ops| {
         let n = ops.len();
         let order = Just(ops.clone()).prop_shuffle();
         let repeats = proptest::collection::vec(0..n, 0..=n / 2);
@@ -157,6 +181,57 @@ proptest! {
             model.check_invariant().unwrap();
         }
         prop_assert_eq!(model.dump(), model_in_ts_order(&ops).dump());
+    }
+}
+
+/// The heights each op should get: a batch stores its new ops in
+/// timestamp order after everything stored before.
+fn expected_storage_order(batches: &[Vec<Move>]) -> Vec<Timestamp> {
+    let mut stored = BTreeSet::new();
+    let mut order = Vec::new();
+    for batch in batches {
+        let fresh: BTreeSet<Timestamp> = batch
+            .iter()
+            .map(|op| op.ts())
+            .filter(|ts| !stored.contains(ts))
+            .collect();
+        stored.extend(fresh.iter().copied());
+        order.extend(fresh);
+    }
+    order
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Exercises the write path's shortcut for fresh ops that commute with
+    /// the newer logged ones: after every batch the tree equals the model
+    /// of the ops so far, and heights follow the arrival order.
+    #[test]
+    fn forest_matches_model_after_each_batch_of_mostly_creations(
+        (_, batches) in arrival_of(mostly_creating_op_set(40))
+    ) {
+        let forest = Forest::in_memory(ForestOptions::default()).unwrap();
+        let mut seen = Vec::new();
+        for (i, batch) in batches.iter().enumerate() {
+            apply_batches(&forest, std::slice::from_ref(batch))?;
+            seen.extend(batch.iter().cloned());
+            seen.sort_by_key(|op| op.ts());
+            seen.dedup_by_key(|op| op.ts());
+            prop_assert_eq!(
+                forest.dump(&tree()).unwrap(),
+                model_in_ts_order(&seen).dump(),
+                "after batch {}",
+                i
+            );
+        }
+        let heights: Vec<Timestamp> = forest
+            .get_op_log(&tree(), 0, usize::MAX)
+            .unwrap()
+            .iter()
+            .map(|e| e.op.ts())
+            .collect();
+        prop_assert_eq!(heights, expected_storage_order(&batches));
     }
 }
 

@@ -9,7 +9,7 @@ use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::types::*;
 use redb::{ReadableTable, Table, WriteTransaction};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A tree as loaded in this batch: its stored record (None if new) and the
 /// record as the batch changed it.
@@ -170,12 +170,22 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         if let Some(first) = fresh.first() {
             // Nothing stored is newer than an op whose counter is above the
             // tree's: an in-order stream undoes nothing and scans nothing.
-            let undone = if timestamp_counter(first.op.ts()) > rec.max_counter {
+            let newer = if timestamp_counter(first.op.ts()) > rec.max_counter {
                 Vec::new()
             } else {
-                self.undo_after(&mut rec, first.op.ts())?
+                self.logged_from(&rec, first.op.ts())?
             };
-            self.redo_merged(&mut rec, undone, &fresh)?;
+            if !newer.is_empty() && strict() && self.commute_with(&rec, &newer, &fresh)? {
+                for incoming in &fresh {
+                    let op = incoming.op;
+                    self.append(&mut rec, op.ts(), op.parent, op.child, &op.meta.items)?;
+                }
+            } else {
+                for (op_ts, bytes) in newer.iter().rev() {
+                    self.undo_op(&mut rec, *op_ts, &LogView::parse(bytes)?)?;
+                }
+                self.redo_merged(&mut rec, newer, &fresh)?;
+            }
         }
         for incoming in &fresh {
             results[incoming.index] = Some(Ok(WriteOutcome::Applied { fresh: true }));
@@ -232,23 +242,57 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         Ok(unique)
     }
 
-    /// Undoes, newest first, every logged op newer than `ts`; returns them
-    /// (encoded) oldest first for the redo.
-    fn undo_after(
-        &mut self,
-        rec: &mut TreeRecord,
-        ts: Timestamp,
-    ) -> Result<Vec<(Timestamp, Vec<u8>)>> {
+    /// Every logged op from `ts` on (encoded), oldest first.
+    fn logged_from(&self, rec: &TreeRecord, ts: Timestamp) -> Result<Vec<(Timestamp, Vec<u8>)>> {
         let tree = rec.number;
-        let mut undone = Vec::new();
+        let mut newer = Vec::new();
         for row in self.log.range((tree, ts)..=(tree, u64::MAX))? {
             let (key, value) = row?;
-            undone.push((key.value().1, value.value().to_vec()));
+            newer.push((key.value().1, value.value().to_vec()));
         }
-        for (op_ts, bytes) in undone.iter().rev() {
-            self.undo_op(rec, *op_ts, &LogView::parse(bytes)?)?;
+        Ok(newer)
+    }
+
+    /// True when undoing `newer`, doing `fresh` and redoing `newer` (the
+    /// CRDT's order) ends in exactly the state, undo records and heights
+    /// that doing `fresh` on top of the current state gives, so the undo
+    /// and redo can be skipped. That holds when the fresh ops only move
+    /// nodes `D` this tree has never stored, that have no children here,
+    /// and that no op of `newer` names (as child, parent or undo parent):
+    /// then no node outside `D` ever hangs under a node of `D`, so the
+    /// fresh ops cannot change any cycle check or undo record of `newer`
+    /// and vice versa; each pair commutes, and the fresh ops keep their
+    /// relative order (and so their heights). Pushed creations of new
+    /// nodes, the common case, pass.
+    fn commute_with(
+        &self,
+        rec: &TreeRecord,
+        newer: &[(Timestamp, Vec<u8>)],
+        fresh: &[Incoming<'_>],
+    ) -> Result<bool> {
+        let moved: BTreeSet<NodeId> = fresh.iter().map(|i| i.op.child).collect();
+        for &node in &moved {
+            if self.nodes.get((rec.number, node))?.is_some() {
+                return Ok(false);
+            }
+            if node <= rec.max_parent && self.has_children(rec.number, node)? {
+                return Ok(false);
+            }
         }
-        Ok(undone)
+        for (_, bytes) in newer {
+            let op = LogView::parse(bytes)?;
+            let undo_parent = match op.tail.undo {
+                Undo::Moved { old_parent, .. } => Some(old_parent),
+                Undo::Created | Undo::NoEffect => None,
+            };
+            let names_moved = moved.contains(&op.child)
+                || moved.contains(&op.parent)
+                || undo_parent.is_some_and(|p| moved.contains(&p));
+            if names_moved {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Redoes the undone ops and does the new ones, in timestamp order.
