@@ -351,6 +351,11 @@ impl SimDisk {
         self.lock().durable.to_bytes()
     }
 
+    /// The disk's length as written, synced or not (for tests).
+    pub fn len_bytes(&self) -> u64 {
+        self.lock().current.len
+    }
+
     /// Number of writes not yet made durable.
     pub fn pending_writes(&self) -> usize {
         self.lock().pending.len()

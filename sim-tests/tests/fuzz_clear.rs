@@ -4,6 +4,7 @@
 
 use arbor::forest::{CursorKind, Forest, ForestOptions, WriteOp, WriteOutcome, WriteRequest};
 use arbor::{ContainerId, KeyValue, TreeKey, ROOT};
+use arbor_sim::disk::{DiskConfig, SimDisk};
 
 fn forest() -> Forest {
     Forest::in_memory(ForestOptions {
@@ -56,13 +57,22 @@ fn history(forest: &Forest) -> Vec<WriteOutcome> {
 
 #[test]
 fn a_cleared_forest_behaves_like_a_fresh_one() {
+    cleared_like_fresh(Forest::clear);
+}
+
+#[test]
+fn a_forest_cleared_without_sync_behaves_like_a_fresh_one() {
+    cleared_like_fresh(Forest::clear_without_sync);
+}
+
+fn cleared_like_fresh(clear: fn(&Forest) -> arbor::Result<()>) {
     let fresh = forest();
     let expected = history(&fresh);
 
     let reused = forest();
     history(&reused);
     history(&reused);
-    reused.clear().expect("clear");
+    clear(&reused).expect("clear");
     assert!(reused.all_trees().expect("all_trees").is_empty());
     assert_eq!(reused.log_rows().expect("log_rows"), 0);
     for tree in trees() {
@@ -81,4 +91,34 @@ fn a_cleared_forest_behaves_like_a_fresh_one() {
             fresh.get_op_log(&tree, 0, 100).expect("op log")
         );
     }
+}
+
+/// The fuzz targets clear without sync between inputs and durably only now
+/// and then: the pages of the non-durable commits must be reused, not
+/// piled up until the next durable commit.
+#[test]
+fn clearing_without_sync_does_not_grow_the_database() {
+    let disk = SimDisk::new(DiskConfig::reliable(0));
+    let options = ForestOptions {
+        durable: false,
+        ..ForestOptions::default()
+    };
+    let forest = Forest::open_with_backend(disk.backend(), options).expect("forest opens");
+    history(&forest);
+    forest.clear_without_sync().expect("clear without sync");
+    history(&forest);
+    forest.clear().expect("clear");
+    let after_two = disk.len_bytes();
+    let mut largest = after_two;
+    for _ in 0..200 {
+        history(&forest);
+        forest.clear_without_sync().expect("clear without sync");
+        largest = largest.max(disk.len_bytes());
+    }
+    forest.clear().expect("clear");
+    eprintln!("database: {after_two} bytes after two histories, at most {largest} over 200 more");
+    assert!(
+        largest <= 2 * after_two,
+        "database grew from {after_two} to {largest} bytes over 200 non-durable clears"
+    );
 }

@@ -804,12 +804,25 @@ impl Forest {
     /// that run many short cases on one database (fuzzing), where opening
     /// and closing redb per case costs more than the case.
     pub fn clear(&self) -> Result<()> {
+        self.clear_with(redb::Durability::Immediate)
+    }
+
+    /// `clear` in a commit without durability, for harnesses whose forests
+    /// commit without it anyway (`ForestOptions::durable` false): redb
+    /// frees the pages of non-durable commits at once, so this skips the
+    /// flush of `clear` and nothing grows; a later `clear` makes it all
+    /// durable.
+    pub fn clear_without_sync(&self) -> Result<()> {
+        self.clear_with(redb::Durability::None)
+    }
+
+    fn clear_with(&self, durability: redb::Durability) -> Result<()> {
         // Tree numbers start over, so a cached lookup would name a node of
         // a deleted tree. Taken before `db`, in the order `write_batch` does.
         let mut dirs = self.lock_dir_cache();
         dirs.clear();
         let mut txn = self.begin_write()?;
-        txn.set_durability(redb::Durability::Immediate)
+        txn.set_durability(durability)
             .map_err(|e| Error::Storage(e.to_string()))?;
         txn.delete_table(TREES)?;
         txn.delete_table(META)?;

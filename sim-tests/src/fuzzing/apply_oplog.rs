@@ -5,13 +5,14 @@
 //! hold as known (no change, `fresh: false`).
 
 use super::ops::{
-    batch_sizes, dump_or_empty, fast_forest, fuzz_tree, is_valid, memory_forest_no_sync, model_of,
-    shuffled, FuzzMove, MAX_OPS,
+    batch_sizes, clear_between_inputs, dump_or_empty, fast_forest, fuzz_tree, is_valid,
+    memory_forest_no_sync, model_of, shuffled, FuzzMove, MAX_OPS,
 };
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::forest::{Forest, WriteOp, WriteOutcome, WriteRequest};
 use arbor::model::TreeModel;
-use arbor::{Move, Timestamp};
+use arbor::{Move, NodeId, Timestamp};
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Field order matters: `ops` is last so that it takes all the remaining
@@ -73,15 +74,18 @@ pub fn check(data: &[u8]) {
 thread_local! {
     /// The two replicas, opened once per thread and emptied before every
     /// input: opening and closing two redb databases per input cost more
-    /// than the input itself. `Forest::clear` restarts tree numbering too,
-    /// so an input sees exactly what a fresh forest would show it.
+    /// than the input itself. Clearing restarts tree numbering too, so an
+    /// input sees exactly what a fresh forest would show it.
     static REPLICAS: (Forest, Forest) = (fast_forest(1), memory_forest_no_sync(2));
+    /// Inputs run on this thread's replicas.
+    static INPUTS_RUN: Cell<u64> = const { Cell::new(0) };
 }
 
 pub fn run(input: &Input) {
+    let number = INPUTS_RUN.with(|n| n.replace(n.get() + 1));
     REPLICAS.with(|(a, b)| {
-        a.clear().expect("a fault-free forest clears");
-        b.clear().expect("an in-memory forest clears");
+        clear_between_inputs(a, number);
+        clear_between_inputs(b, number);
         run_on(input, a, b);
     });
 }
@@ -139,16 +143,20 @@ struct Delivery {
     fresh: Vec<Timestamp>,
 }
 
-/// Delivers `ops` in batches, checking each outcome, and the invariant
-/// after every batch that applied something fresh and once at the end.
-/// A batch of known or refused ops must change nothing; if it broke the
-/// tree anyway, the break persists into the next check (the re-delivery
-/// pass compares whole dumps as well). Every valid op must be reported
-/// fresh exactly once over the replica's life; `deliver` checks the
+/// Delivers `ops` in batches, checking each outcome and the tree
+/// invariant: after every batch that applied something fresh, at the
+/// nodes that batch can have changed (`check_invariants_touched`), and
+/// over the whole tree once at the end (`check_invariants`). A batch of
+/// known or refused ops must change nothing; if it broke the tree anyway,
+/// the break persists into the final full check (the re-delivery pass
+/// compares whole dumps as well). Every valid op must be reported fresh
+/// exactly once over the replica's life; `deliver` checks the
 /// once-per-call part.
 fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
     let tree = fuzz_tree();
     let mut fresh = Vec::new();
+    // Child of every op this call reported fresh, by timestamp.
+    let mut applied: BTreeMap<Timestamp, NodeId> = BTreeMap::new();
     let mut start = 0;
     // The tree exists from its first valid op on: asking the forest before
     // every invariant check would cost a read transaction per batch.
@@ -164,15 +172,18 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
         let fresh_before = fresh.len();
         for (op, result) in batch.iter().zip(results) {
             match (is_valid(op), result) {
-                (true, Ok(WriteOutcome::Applied { fresh: true })) => fresh.push(op.ts()),
+                (true, Ok(WriteOutcome::Applied { fresh: true })) => {
+                    fresh.push(op.ts());
+                    applied.insert(op.ts(), op.child);
+                }
                 (true, Ok(WriteOutcome::Applied { fresh: false })) => {}
                 (false, Err(_)) => {}
                 (valid, other) => panic!("op {op:?} (valid: {valid}) got {other:?}"),
             }
         }
         tree_exists |= batch.iter().any(is_valid);
-        if fresh.len() > fresh_before {
-            check_tree(forest, "after a batch");
+        if let Some(&oldest) = fresh[fresh_before..].iter().min() {
+            check_touched(forest, &touched_since(&applied, oldest));
         }
     }
     if tree_exists {
@@ -185,6 +196,23 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8]) -> Delivery {
         "an op was fresh twice: {fresh:?}"
     );
     Delivery { fresh }
+}
+
+/// The nodes a batch whose oldest fresh op is at `oldest` can have
+/// changed: undo/redo only reaches ops from `oldest` on, and an op only
+/// changes its child. `applied` holds every op of the forest's log when
+/// the delivery started from an empty forest, as the first deliveries
+/// do; the re-delivery, into a forest already holding everything, must
+/// find nothing fresh at all.
+fn touched_since(applied: &BTreeMap<Timestamp, NodeId>, oldest: Timestamp) -> Vec<NodeId> {
+    let children: BTreeSet<NodeId> = applied.range(oldest..).map(|(_, &c)| c).collect();
+    children.into_iter().collect()
+}
+
+fn check_touched(forest: &Forest, touched: &[NodeId]) {
+    if let Err(e) = forest.check_invariants_touched(&fuzz_tree(), touched) {
+        panic!("invariant broken after a batch at nodes {touched:?}: {e}");
+    }
 }
 
 fn check_tree(forest: &Forest, when: &str) {

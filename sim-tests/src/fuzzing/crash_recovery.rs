@@ -10,13 +10,15 @@
 //! so the same history gives the same ids on both.
 
 use super::ops::{
-    dump_or_empty, empty_forest_image, fuzz_tree, memory_forest_no_sync, FuzzMove, NODE_IDS,
+    clear_between_inputs, dump_or_empty, empty_forest_image, fuzz_tree, memory_forest_no_sync,
+    FuzzMove, NODE_IDS,
 };
 use crate::disk::{DiskConfig, DiskFaults, SimDisk};
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::forest::{Forest, ForestOptions, TreeDump, WriteOp, WriteRequest};
 use arbor::model::TreeModel;
 use arbor::{KeyValue, LogEntry, NodeId, ROOT};
+use std::cell::Cell;
 
 /// Bounds on one input: batches per run, ops per batch, path components.
 pub const MAX_BATCHES: usize = 12;
@@ -108,11 +110,14 @@ thread_local! {
     /// every input (`Forest::clear` restarts tree numbering too, so local
     /// ops get the same timestamps as on a fresh forest).
     static REFERENCE: Forest = memory_forest_no_sync(REPLICA_ID);
+    /// Inputs run on this thread's reference forest.
+    static INPUTS_RUN: Cell<u64> = const { Cell::new(0) };
 }
 
 pub fn run(input: &Input) -> Summary {
+    let number = INPUTS_RUN.with(|n| n.replace(n.get() + 1));
     REFERENCE.with(|reference| {
-        reference.clear().expect("an in-memory forest clears");
+        clear_between_inputs(reference, number);
         run_with(input, reference)
     })
 }
