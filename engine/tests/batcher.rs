@@ -181,42 +181,57 @@ async fn writes_arriving_within_the_delay_share_a_batch() {
     assert_eq!(script.batches.lock().unwrap().clone(), vec![2, 1]);
 }
 
-/// A commit that blocks (on a real blocking thread) until released.
-fn gated_commit(
-    gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+/// A commit that blocks (on a real blocking thread) until opened, and counts
+/// the transactions that reached it.
+#[derive(Clone, Default)]
+struct Gate {
+    open: Arc<(Mutex<bool>, std::sync::Condvar)>,
     entered: Arc<AtomicUsize>,
-) -> CommitFn {
-    Arc::new(move |requests: &[WriteRequest]| {
-        entered.fetch_add(1, Ordering::SeqCst);
-        let (open, cv) = &*gate;
-        let mut open = open.lock().unwrap();
-        while !*open {
-            open = cv.wait(open).unwrap();
-        }
-        Ok(requests
-            .iter()
-            .map(|_| Ok(WriteOutcome::Applied { fresh: true }))
-            .collect())
-    })
+}
+
+impl Gate {
+    fn commit_fn(&self) -> CommitFn {
+        let gate = self.clone();
+        Arc::new(move |requests: &[WriteRequest]| {
+            gate.entered.fetch_add(1, Ordering::SeqCst);
+            let (open, cv) = &*gate.open;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = cv.wait(open).unwrap();
+            }
+            Ok(requests
+                .iter()
+                .map(|_| Ok(WriteOutcome::Applied { fresh: true }))
+                .collect())
+        })
+    }
+
+    fn open(&self) {
+        let (open, cv) = &*self.open;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+
+    fn entered(&self) -> usize {
+        self.entered.load(Ordering::SeqCst)
+    }
+}
+
+/// A batcher whose commits wait at `gate`.
+fn gated_batcher(gate: &Gate, options: BatcherOptions) -> Arc<Batcher> {
+    Arc::new(Batcher::start_with_commit(
+        gate.commit_fn(),
+        test_env(),
+        options,
+    ))
 }
 
 #[tokio::test(start_paused = true)]
 async fn full_queue_refuses_at_once() {
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-    let entered = Arc::new(AtomicUsize::new(0));
-    let commit = gated_commit(gate.clone(), entered.clone());
-    let batcher = Arc::new(Batcher::start_with_commit(
-        commit,
-        test_env(),
-        options(1, 2),
-    ));
-    let waiting: Vec<_> = (1..=2u64)
-        .map(|tag| {
-            let b = batcher.clone();
-            tokio::spawn(async move { b.submit(request("t", tag)).await })
-        })
-        .collect();
-    while batcher.stats().pending < 2 || entered.load(Ordering::SeqCst) == 0 {
+    let gate = Gate::default();
+    let batcher = gated_batcher(&gate, options(1, 2));
+    let waiting = spawn_writes(&batcher, 1..3);
+    while batcher.stats().pending < 2 || gate.entered() == 0 {
         tokio::task::yield_now().await;
     }
     // Both slots are taken and the commit is stuck: a third write is refused
@@ -227,11 +242,7 @@ async fn full_queue_refuses_at_once() {
         "{refused:?}"
     );
     assert_eq!(batcher.stats().rejected, 1);
-    {
-        let (open, cv) = &*gate;
-        *open.lock().unwrap() = true;
-        cv.notify_all();
-    }
+    gate.open();
     for caller in waiting {
         assert_eq!(
             caller.await.unwrap(),
@@ -243,29 +254,14 @@ async fn full_queue_refuses_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_answers_every_waiting_caller() {
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-    let entered = Arc::new(AtomicUsize::new(0));
-    let commit = gated_commit(gate.clone(), entered.clone());
-    let batcher = Arc::new(Batcher::start_with_commit(
-        commit,
-        test_env(),
-        options(1, 10),
-    ));
-    let callers: Vec<_> = (1..=4u64)
-        .map(|tag| {
-            let b = batcher.clone();
-            tokio::spawn(async move { b.submit(request("t", tag)).await })
-        })
-        .collect();
-    while batcher.stats().pending < 4 || entered.load(Ordering::SeqCst) == 0 {
+    let gate = Gate::default();
+    let batcher = gated_batcher(&gate, options(1, 10));
+    let callers = spawn_writes(&batcher, 1..5);
+    while batcher.stats().pending < 4 || gate.entered() == 0 {
         tokio::task::yield_now().await;
     }
     batcher.shutdown();
-    {
-        let (open, cv) = &*gate;
-        *open.lock().unwrap() = true;
-        cv.notify_all();
-    }
+    gate.open();
     let mut results = Vec::new();
     for caller in callers {
         results.push(caller.await.unwrap());
@@ -335,19 +331,13 @@ async fn a_large_job_is_admitted_when_nothing_waits() {
 
 #[tokio::test(start_paused = true)]
 async fn an_abandoned_write_counts_until_it_is_answered() {
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-    let entered = Arc::new(AtomicUsize::new(0));
-    let commit = gated_commit(gate.clone(), entered.clone());
-    let batcher = Arc::new(Batcher::start_with_commit(
-        commit,
-        test_env(),
-        options(1, 1),
-    ));
+    let gate = Gate::default();
+    let batcher = gated_batcher(&gate, options(1, 1));
     let caller = tokio::spawn({
         let b = batcher.clone();
         async move { b.submit(request("t", 1)).await }
     });
-    while entered.load(Ordering::SeqCst) == 0 {
+    while gate.entered() == 0 {
         tokio::task::yield_now().await;
     }
     // The caller gives up, but its write is still being committed: it keeps
@@ -360,11 +350,7 @@ async fn an_abandoned_write_counts_until_it_is_answered() {
         matches!(refused, Some(Err(Error::Overloaded(_)))),
         "{refused:?}"
     );
-    {
-        let (open, cv) = &*gate;
-        *open.lock().unwrap() = true;
-        cv.notify_all();
-    }
+    gate.open();
     while batcher.stats().pending > 0 {
         tokio::task::yield_now().await;
     }
@@ -377,22 +363,20 @@ async fn an_abandoned_write_counts_until_it_is_answered() {
 /// A gated commit that also records, per transaction, its size and the
 /// virtual time at which it started.
 struct Recorder {
-    gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
-    entered: Arc<AtomicUsize>,
+    gate: Gate,
     commits: Arc<Mutex<Vec<(usize, tokio::time::Instant)>>>,
 }
 
 impl Recorder {
     fn new() -> Self {
         Self {
-            gate: Arc::new((Mutex::new(false), std::sync::Condvar::new())),
-            entered: Arc::new(AtomicUsize::new(0)),
+            gate: Gate::default(),
             commits: Arc::default(),
         }
     }
 
     fn commit_fn(&self, clock_origin: tokio::time::Instant) -> CommitFn {
-        let gated = gated_commit(self.gate.clone(), self.entered.clone());
+        let gated = self.gate.commit_fn();
         let commits = self.commits.clone();
         let env = test_env();
         Arc::new(move |requests: &[WriteRequest]| {
@@ -400,12 +384,6 @@ impl Recorder {
             commits.lock().unwrap().push((requests.len(), at));
             gated(requests)
         })
-    }
-
-    fn open(&self) {
-        let (open, cv) = &*self.gate;
-        *open.lock().unwrap() = true;
-        cv.notify_all();
     }
 
     fn sizes(&self) -> Vec<usize> {
@@ -448,7 +426,7 @@ async fn a_backlog_is_committed_in_transactions_up_to_the_commit_cap() {
     ));
     // A full batch commits at once and gets stuck.
     let full = spawn_batch(&batcher, 100..110);
-    while recorder.entered.load(Ordering::SeqCst) == 0 {
+    while recorder.gate.entered() == 0 {
         tokio::task::yield_now().await;
     }
     // 40 writes queue up behind it: more than max_batch_size.
@@ -456,7 +434,7 @@ async fn a_backlog_is_committed_in_transactions_up_to_the_commit_cap() {
     while batcher.stats().pending < 50 {
         tokio::task::yield_now().await;
     }
-    recorder.open();
+    recorder.gate.open();
     assert_eq!(full.await.unwrap().unwrap().len(), 10);
     for caller in callers {
         assert_eq!(
@@ -492,7 +470,7 @@ async fn writes_that_waited_out_the_delay_during_a_commit_go_next_at_once() {
         },
     ));
     let full = spawn_batch(&batcher, 100..200);
-    while recorder.entered.load(Ordering::SeqCst) == 0 {
+    while recorder.gate.entered() == 0 {
         tokio::task::yield_now().await;
     }
     let callers = spawn_writes(&batcher, 1..4);
@@ -502,7 +480,7 @@ async fn writes_that_waited_out_the_delay_during_a_commit_go_next_at_once() {
     // The stuck commit outlasts the delay window of the queued writes.
     tokio::time::advance(Duration::from_millis(20)).await;
     let released = tokio::time::Instant::now();
-    recorder.open();
+    recorder.gate.open();
     full.await.unwrap().unwrap();
     for caller in callers {
         caller.await.unwrap().unwrap();

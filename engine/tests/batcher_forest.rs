@@ -6,21 +6,10 @@ mod service_support;
 use arbor::batcher::Batcher;
 use arbor::forest::{Forest, ForestOptions, WriteOp, WriteOutcome, WriteRequest};
 use arbor::{make_timestamp, Error, KeyValue, Meta, Move, ROOT, TRASH};
-use service_support::{test_env, tree, FlakyBackend};
+use service_support::{add_to_root as add, test_env, tree, FlakyBackend};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-
-fn add(name: &str) -> WriteRequest {
-    WriteRequest {
-        tree: tree("t"),
-        op: WriteOp::Move {
-            parent: ROOT,
-            child: None,
-            items: vec![KeyValue::new("FileName", name.as_bytes())],
-        },
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn storage_failure_fails_every_caller_of_the_batch() {

@@ -68,13 +68,7 @@ fn all_idle(nodes: &[Arc<Service>]) -> bool {
 #[tokio::test(start_paused = true)]
 async fn writes_replicate_to_every_replica() {
     let net = LocalNet::new();
-    let nodes: Vec<_> = cluster_configs(3)
-        .into_iter()
-        .map(|c| {
-            let forest = memory_forest(&c);
-            start_node(&net, c, forest)
-        })
-        .collect();
+    let nodes = start_cluster(&net, cluster_configs(3));
     let trees = [tree("a"), tree("b")];
     for (i, node) in nodes.iter().enumerate() {
         for t in &trees {
@@ -130,13 +124,7 @@ async fn full_hint_queue_with_sync_off_still_delivers_everything() {
 #[tokio::test(start_paused = true)]
 async fn peer_down_during_writes_catches_up_through_sync() {
     let net = LocalNet::new();
-    let nodes: Vec<_> = cluster_configs(3)
-        .into_iter()
-        .map(|c| {
-            let forest = memory_forest(&c);
-            start_node(&net, c, forest)
-        })
-        .collect();
+    let nodes = start_cluster(&net, cluster_configs(3));
     let t = tree("docs");
     add(&nodes[2], &t, ROOT, "before").await;
     eventually("first write replicated", PATIENCE, || all_idle(&nodes)).await;
@@ -165,13 +153,7 @@ async fn periodic_sync_repairs_without_pushes() {
             replicas: vec![1, 2],
         });
     }
-    let nodes: Vec<_> = configs
-        .into_iter()
-        .map(|c| {
-            let forest = memory_forest(&c);
-            start_node(&net, c, forest)
-        })
-        .collect();
+    let nodes = start_cluster(&net, configs);
     let t = tree("t");
     // Node 1 cannot reach node 2 (its pushes are lost), but node 2 can
     // reach node 1: only node 2's periodic pull brings the data over.
@@ -526,13 +508,7 @@ async fn apply_is_idempotent_and_drop_removes_trees() {
 #[tokio::test(start_paused = true)]
 async fn sync_survives_dropped_calls() {
     let net = LocalNet::new();
-    let nodes: Vec<_> = cluster_configs(3)
-        .into_iter()
-        .map(|c| {
-            let forest = memory_forest(&c);
-            start_node(&net, c, forest)
-        })
-        .collect();
+    let nodes = start_cluster(&net, cluster_configs(3));
     let t = tree("t");
     add(&nodes[0], &t, ROOT, "first").await;
     eventually("first write replicated", PATIENCE, || all_idle(&nodes)).await;
@@ -561,13 +537,7 @@ async fn pushes_adapt_to_a_peer_with_smaller_pages() {
     let mut configs = cluster_configs(2);
     configs[0].limits.sync_page_size = 8;
     configs[1].limits.sync_page_size = 2;
-    let nodes: Vec<_> = configs
-        .into_iter()
-        .map(|c| {
-            let forest = memory_forest(&c);
-            start_node(&net, c, forest)
-        })
-        .collect();
+    let nodes = start_cluster(&net, configs);
     net.set_down(2, true);
     let t = tree("t");
     for i in 0..10 {

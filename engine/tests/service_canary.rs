@@ -109,13 +109,7 @@ async fn shared_cursor(planted: bool) -> usize {
             replicas: vec![1, 2, 3],
         });
     }
-    let nodes: Vec<_> = configs
-        .into_iter()
-        .map(|c| {
-            let forest = memory_forest(&c);
-            start_node(&net, c, forest)
-        })
-        .collect();
+    let nodes = start_cluster(&net, configs);
     // Nodes 1 and 2 cannot reach each other or node 3: their logs differ.
     for (from, to) in [(1, 2), (2, 1), (1, 3), (2, 3)] {
         net.cut(from, to, true);
@@ -137,13 +131,7 @@ async fn shared_cursor(planted: bool) -> usize {
 /// peer's GetOpLog timed out.
 async fn sync_peer_error(planted: bool) -> bool {
     let net = LocalNet::new();
-    let nodes: Vec<_> = cluster_configs(2)
-        .into_iter()
-        .map(|c| {
-            let forest = memory_forest(&c);
-            start_node(&net, c, forest)
-        })
-        .collect();
+    let nodes = start_cluster(&net, cluster_configs(2));
     let t = tree("t");
     add(&nodes[1], &t, "mine").await;
     eventually("replicated", PATIENCE, || nodes[1].replication_idle()).await;

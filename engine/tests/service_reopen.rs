@@ -5,12 +5,12 @@
 
 mod service_support;
 
-use arbor::forest::{Forest, ForestOptions, WriteOp, WriteOutcome, WriteRequest};
+use arbor::forest::{Forest, ForestOptions, WriteOutcome};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
 use arbor::{Error, KeyValue, ROOT};
 use redb::StorageBackend;
-use service_support::{cluster_configs, eventually, test_env, tree, LocalNet};
+use service_support::{add_to_root as add, cluster_configs, eventually, test_env, tree, LocalNet};
 use std::io::Error as BackendIoError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -88,17 +88,6 @@ impl StorageBackend for SharedBackend {
         }
         bytes[offset as usize..end].copy_from_slice(data);
         Ok(())
-    }
-}
-
-fn add(name: &str) -> WriteRequest {
-    WriteRequest {
-        tree: tree("t"),
-        op: WriteOp::Move {
-            parent: ROOT,
-            child: None,
-            items: vec![KeyValue::new("FileName", name.as_bytes())],
-        },
     }
 }
 

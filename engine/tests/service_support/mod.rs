@@ -221,6 +221,17 @@ pub fn start_node(net: &Arc<LocalNet>, config: Config, forest: Forest) -> Arc<Se
     service
 }
 
+/// Starts one node per config, each on an in-memory forest.
+pub fn start_cluster(net: &Arc<LocalNet>, configs: Vec<Config>) -> Vec<Arc<Service>> {
+    configs
+        .into_iter()
+        .map(|c| {
+            let forest = memory_forest(&c);
+            start_node(net, c, forest)
+        })
+        .collect()
+}
+
 pub fn memory_forest(config: &Config) -> Forest {
     Forest::in_memory(config.forest_options()).unwrap()
 }
@@ -231,6 +242,18 @@ pub fn cid() -> ContainerId {
 
 pub fn tree(name: &str) -> TreeKey {
     TreeKey::new(cid(), name)
+}
+
+/// A write that adds a node named `name` under the root of tree "t".
+pub fn add_to_root(name: &str) -> arbor::forest::WriteRequest {
+    arbor::forest::WriteRequest {
+        tree: tree("t"),
+        op: arbor::forest::WriteOp::Move {
+            parent: arbor::ROOT,
+            child: None,
+            items: vec![arbor::KeyValue::new("FileName", name.as_bytes())],
+        },
+    }
 }
 
 pub fn dump(service: &Service, tree: &TreeKey) -> Option<TreeDump> {

@@ -3,6 +3,7 @@
 
 use super::driver::RunSpec;
 use super::matrix::{self, CleanBar, MatrixResult, Point, Runner, SearchPlan};
+use super::metrics::recovery_after_s;
 use super::real::{self, RealOptions, Topology};
 use super::report::{write_creating_dirs, RunReport};
 use super::scenario::{Scenario, Stage};
@@ -382,9 +383,36 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
             let spec = common.spec(stages, true);
             let mut report = common.run(&spec, common.config()?, true)?;
             report.title = format!("Overload: {base_rate}/s, {rate}/s, {base_rate}/s");
+            report
+                .notes
+                .extend(recovery_notes(&report, warmup, overload_duration));
             finish_run(&common, &report, html)
         }
     }
+}
+
+/// One line per scenario: how long after the rate dropped its latency was
+/// back to normal (`metrics::recovery_after_s`).
+fn recovery_notes(report: &RunReport, warmup: Duration, overload: Duration) -> Vec<String> {
+    let overload_at_s = warmup.as_secs_f64();
+    let drop_at_s = overload_at_s + overload.as_secs_f64();
+    report
+        .scenarios
+        .iter()
+        .map(
+            |s| match recovery_after_s(&s.windows, overload_at_s, drop_at_s) {
+                Some(after_s) => format!(
+                    "{}: latency back to normal {after_s:.0} s after the rate dropped \
+                 (every later 1 s window: p99 within 2x the warm-up median, no error)",
+                    s.name
+                ),
+                None => format!(
+                    "{}: latency did not settle back to normal before the run ended",
+                    s.name
+                ),
+            },
+        )
+        .collect()
 }
 
 /// 1000/2500/5000 RPS, each with sync every 5 minutes and with sync off.

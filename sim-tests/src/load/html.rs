@@ -117,27 +117,16 @@ fn scenario_charts(s: &ScenarioSummary) -> String {
             .map(|x| (x.start_s, f(x)))
             .collect()
     };
+    let series = |name: &str, color: &'static str, points: Vec<(f64, f64)>| Series {
+        name: name.into(),
+        color,
+        points,
+    };
     let latency = [
-        Series {
-            name: "p50".into(),
-            color: "#1f77b4",
-            points: pick(|x| x.p50_ms),
-        },
-        Series {
-            name: "p90".into(),
-            color: "#2ca02c",
-            points: pick(|x| x.p90_ms),
-        },
-        Series {
-            name: "p99".into(),
-            color: "#ff7f0e",
-            points: pick(|x| x.p99_ms),
-        },
-        Series {
-            name: "max".into(),
-            color: "#d62728",
-            points: pick(|x| x.max_ms),
-        },
+        series("p50", "#1f77b4", pick(|x| x.p50_ms)),
+        series("p90", "#2ca02c", pick(|x| x.p90_ms)),
+        series("p99", "#ff7f0e", pick(|x| x.p99_ms)),
+        series("max", "#d62728", pick(|x| x.max_ms)),
     ];
     let width_s = w.first().map_or(1.0, |_| {
         if w.len() > 1 {
@@ -152,26 +141,10 @@ fn scenario_charts(s: &ScenarioSummary) -> String {
             .collect()
     };
     let throughput = [
-        Series {
-            name: "ok/s".into(),
-            color: "#2ca02c",
-            points: per_s(|x| x.ok),
-        },
-        Series {
-            name: "errors/s".into(),
-            color: "#d62728",
-            points: per_s(|x| x.errors),
-        },
-        Series {
-            name: "overloaded/s".into(),
-            color: "#9467bd",
-            points: per_s(|x| x.overloaded),
-        },
-        Series {
-            name: "dropped/s".into(),
-            color: "#8c564b",
-            points: per_s(|x| x.dropped),
-        },
+        series("ok/s", "#2ca02c", per_s(|x| x.ok)),
+        series("errors/s", "#d62728", per_s(|x| x.errors)),
+        series("overloaded/s", "#9467bd", per_s(|x| x.overloaded)),
+        series("dropped/s", "#8c564b", per_s(|x| x.dropped)),
     ];
     let mut out = format!("<h2>scenario {}</h2>\n", esc(&s.name));
     out.push_str(&line_chart(

@@ -286,20 +286,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn search_brackets_the_limit() {
-        let mut t = Threshold {
-            limit: 37_000,
+    fn threshold(limit: u64) -> Threshold {
+        Threshold {
+            limit,
             seen: vec![],
-        };
-        let plan = SearchPlan {
-            start_rate: 5000,
-            max_rate: 1_000_000,
+        }
+    }
+
+    fn plan(start_rate: u64, max_rate: u64, resolution: f64, probes_max: u32) -> SearchPlan {
+        SearchPlan {
+            start_rate,
+            max_rate,
             duration: Duration::from_secs(1),
             sync_interval: None,
-            resolution: 0.02,
-            probes_max: 30,
-        };
+            resolution,
+            probes_max,
+        }
+    }
+
+    #[test]
+    fn search_brackets_the_limit() {
+        let mut t = threshold(37_000);
+        let plan = plan(5000, 1_000_000, 0.02, 30);
         let (best, rows) = search(&mut t, &plan, &CleanBar::default());
         let best = best.unwrap();
         assert!(best <= 37_000 && best as f64 >= 37_000.0 * 0.98, "{best}");
@@ -309,18 +317,8 @@ mod tests {
 
     #[test]
     fn search_reports_none_when_nothing_is_clean() {
-        let mut t = Threshold {
-            limit: 0,
-            seen: vec![],
-        };
-        let plan = SearchPlan {
-            start_rate: 5000,
-            max_rate: 100_000,
-            duration: Duration::from_secs(1),
-            sync_interval: None,
-            resolution: 0.05,
-            probes_max: 10,
-        };
+        let mut t = threshold(0);
+        let plan = plan(5000, 100_000, 0.05, 10);
         assert_eq!(search(&mut t, &plan, &CleanBar::default()).0, None);
         assert_eq!(t.seen.len(), 10);
         assert!(t.seen.windows(2).all(|w| w[1] == w[0] / 2), "{:?}", t.seen);
@@ -328,18 +326,8 @@ mod tests {
 
     #[test]
     fn search_goes_down_when_the_start_is_too_high() {
-        let mut t = Threshold {
-            limit: 1200,
-            seen: vec![],
-        };
-        let plan = SearchPlan {
-            start_rate: 5000,
-            max_rate: 100_000,
-            duration: Duration::from_secs(1),
-            sync_interval: None,
-            resolution: 0.05,
-            probes_max: 20,
-        };
+        let mut t = threshold(1200);
+        let plan = plan(5000, 100_000, 0.05, 20);
         let best = search(&mut t, &plan, &CleanBar::default()).0.unwrap();
         assert!((1140..=1200).contains(&best), "{best} {:?}", t.seen);
     }

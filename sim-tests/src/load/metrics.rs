@@ -348,6 +348,39 @@ pub struct Snapshot {
     pub last_rate: f64,
 }
 
+/// How long after the rate dropped (at `drop_at_s`) latency was back to
+/// normal: the start of the first window from which every later window has
+/// a p99 within twice the baseline (the median per-window p99 before
+/// `overload_at_s`, first second skipped as warm-up) and no error, refusal
+/// or dropped iteration. `None` when the run never settled or there is no
+/// baseline.
+pub fn recovery_after_s(
+    windows: &[WindowStats],
+    overload_at_s: f64,
+    drop_at_s: f64,
+) -> Option<f64> {
+    let mut baseline: Vec<f64> = windows
+        .iter()
+        .filter(|w| w.start_s >= 1.0 && w.start_s + 1.0 <= overload_at_s && w.ok > 0)
+        .map(|w| w.p99_ms)
+        .collect();
+    if baseline.is_empty() {
+        return None;
+    }
+    baseline.sort_by(f64::total_cmp);
+    let normal_p99_ms = 2.0 * baseline[baseline.len() / 2];
+    let settled = |w: &WindowStats| {
+        w.p99_ms <= normal_p99_ms && w.errors == 0 && w.overloaded == 0 && w.dropped == 0
+    };
+    let after: Vec<&WindowStats> = windows.iter().filter(|w| w.start_s >= drop_at_s).collect();
+    let unsettled_tail = after.iter().rposition(|w| !settled(w));
+    let first_settled = match unsettled_tail {
+        None => after.first()?,
+        Some(i) => after.get(i + 1)?,
+    };
+    Some(first_settled.start_s - drop_at_s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,5 +405,52 @@ mod tests {
         assert!((s.latency_ok.p99_ms - 10.0).abs() < 0.05);
         assert!((s.latency.max_ms - 1000.0).abs() < 1.0);
         assert!((s.error_rate - 0.5).abs() < 1e-9);
+    }
+
+    fn window(start_s: f64, p99_ms: f64, overloaded: u64) -> WindowStats {
+        WindowStats {
+            start_s,
+            ok: 100,
+            overloaded,
+            p99_ms,
+            ..Default::default()
+        }
+    }
+
+    /// 10 s at base (p99 5 ms), overload from 10 s to 20 s, then base again.
+    fn overload_run(after_drop: &[(f64, u64)]) -> Vec<WindowStats> {
+        let mut windows: Vec<_> = (0..10).map(|s| window(s as f64, 5.0, 0)).collect();
+        windows.extend((10..20).map(|s| window(s as f64, 400.0, 50)));
+        for (i, (p99_ms, overloaded)) in after_drop.iter().enumerate() {
+            windows.push(window(20.0 + i as f64, *p99_ms, *overloaded));
+        }
+        windows
+    }
+
+    #[test]
+    fn recovery_is_the_start_of_the_settled_tail() {
+        let windows = overload_run(&[(300.0, 3), (80.0, 0), (9.0, 0), (6.0, 0), (5.0, 0)]);
+        assert_eq!(recovery_after_s(&windows, 10.0, 20.0), Some(2.0));
+    }
+
+    #[test]
+    fn a_relapse_moves_the_recovery_later() {
+        let windows = overload_run(&[(9.0, 0), (5.0, 0), (50.0, 0), (5.0, 0), (5.0, 0)]);
+        assert_eq!(recovery_after_s(&windows, 10.0, 20.0), Some(3.0));
+        let refused = overload_run(&[(5.0, 0), (5.0, 1), (5.0, 0)]);
+        assert_eq!(recovery_after_s(&refused, 10.0, 20.0), Some(2.0));
+    }
+
+    #[test]
+    fn no_recovery_when_the_last_window_is_still_slow() {
+        let windows = overload_run(&[(5.0, 0), (200.0, 0)]);
+        assert_eq!(recovery_after_s(&windows, 10.0, 20.0), None);
+        assert_eq!(recovery_after_s(&windows[..1], 10.0, 20.0), None);
+    }
+
+    #[test]
+    fn immediate_recovery_is_zero() {
+        let windows = overload_run(&[(6.0, 0), (5.0, 0)]);
+        assert_eq!(recovery_after_s(&windows, 10.0, 20.0), Some(0.0));
     }
 }
