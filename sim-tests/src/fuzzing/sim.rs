@@ -18,7 +18,7 @@ use crate::scenario::Failure;
 use crate::trace::Trace;
 use crate::world::clock::ClockSkew;
 use crate::world::transport::RequestKind;
-use crate::world::{cluster_configs_with, Client, Knobs, NodeSpec, World};
+use crate::world::{cluster_configs_with, Client, Knobs, World};
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::config::ContainerConfig;
 use arbor::forest::Forest;
@@ -238,24 +238,13 @@ impl Script {
             replicas: (1..=setup.replicas as ReplicaId).collect(),
         };
         let configs = cluster_configs_with(setup.replicas, &setup.knobs, &[container]);
-        let disks: Vec<SimDisk> = (0..setup.replicas)
-            .map(|i| {
-                let mut config = DiskConfig::reliable(i as u64 + 1);
-                config.faults.torn_write_probability = setup.torn_write_probability;
-                SimDisk::new(config)
-            })
-            .collect();
-        let specs = configs
-            .into_iter()
-            .zip(&disks)
-            .zip(&setup.skews)
-            .map(|((config, disk), &skew)| NodeSpec {
-                config,
-                skew,
-                disk: Arc::new(disk.clone()),
-            })
-            .collect();
-        let mut world = World::build(specs, trace.clone());
+        let disk_config = |i: usize| {
+            let mut config = DiskConfig::reliable(i as u64 + 1);
+            config.faults.torn_write_probability = setup.torn_write_probability;
+            config
+        };
+        let (mut world, disks) =
+            World::build_on_sim_disks(configs, &setup.skews, disk_config, trace.clone());
         let client = Arc::new(world.client());
         let world = Arc::new(world);
         for replica in world.replica_ids() {

@@ -8,7 +8,7 @@ pub mod workload;
 
 use crate::disk::{DiskConfig, SimDisk};
 use crate::trace::{Event, Trace};
-use crate::world::{cluster_configs_with, NodeSpec, World};
+use crate::world::{cluster_configs_with, World};
 use arbor::canary::Canary;
 use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
@@ -280,26 +280,13 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
         .map(|(cid, replicas)| ContainerConfig { cid, replicas })
         .collect();
     let configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
-    let disks: Vec<SimDisk> = (0..swarm.replicas)
-        .map(|i| {
-            let mut config =
-                DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
-            config.latency = swarm.disk_latency;
-            config.faults.torn_write_probability = swarm.torn_write_probability;
-            SimDisk::new(config)
-        })
-        .collect();
-    let specs = configs
-        .into_iter()
-        .zip(&disks)
-        .zip(&swarm.skews)
-        .map(|((config, disk), &skew)| NodeSpec {
-            config,
-            skew,
-            disk: Arc::new(disk.clone()),
-        })
-        .collect();
-    (World::build(specs, trace.clone()), disks)
+    let disk_config = |i: usize| {
+        let mut config = DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
+        config.latency = swarm.disk_latency;
+        config.faults.torn_write_probability = swarm.torn_write_probability;
+        config
+    };
+    World::build_on_sim_disks(configs, &swarm.skews, disk_config, trace.clone())
 }
 
 async fn simulate(

@@ -219,6 +219,32 @@ impl World {
         Self::build(specs, trace)
     }
 
+    /// Replicas with `configs` and clock `skews` on simulated disks, the
+    /// `i`-th made from `disk_config(i)`; the disks come back too, for the
+    /// faults the caller injects into them.
+    pub fn build_on_sim_disks(
+        configs: Vec<Config>,
+        skews: &[ClockSkew],
+        disk_config: impl Fn(usize) -> crate::disk::DiskConfig,
+        trace: Trace,
+    ) -> (World, Vec<crate::disk::SimDisk>) {
+        assert_eq!(configs.len(), skews.len(), "one clock skew per replica");
+        let disks: Vec<crate::disk::SimDisk> = (0..configs.len())
+            .map(|i| crate::disk::SimDisk::new(disk_config(i)))
+            .collect();
+        let specs = configs
+            .into_iter()
+            .zip(&disks)
+            .zip(skews)
+            .map(|((config, disk), &skew)| NodeSpec {
+                config,
+                skew,
+                disk: Arc::new(disk.clone()),
+            })
+            .collect();
+        (Self::build(specs, trace), disks)
+    }
+
     pub fn node(&self, replica: ReplicaId) -> &SimNode {
         self.nodes
             .iter()
