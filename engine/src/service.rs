@@ -521,12 +521,11 @@ impl Inner {
         Ok(())
     }
 
+    /// A read needs no existence check of its own: every forest read
+    /// answers `TreeNotFound` for a missing tree, inside the one read
+    /// transaction it opens anyway.
     fn check_tree_readable(&self, tree: &TreeKey) -> Result<()> {
-        self.check_tree_key(tree)?;
-        if !self.forest.tree_exists(tree)? {
-            return Err(Error::TreeNotFound);
-        }
-        Ok(())
+        self.check_tree_key(tree)
     }
 
     fn check_path(&self, attr: &str, path: &[String]) -> Result<()> {

@@ -286,6 +286,11 @@ async fn bad_requests_get_typed_errors() {
         depth: 0,
     };
     assert_eq!(expect_error(&node, subtree).await, Error::TreeNotFound);
+    let meta = Request::GetMeta {
+        tree: unknown.clone(),
+        node: 1,
+    };
+    assert_eq!(expect_error(&node, meta).await, Error::TreeNotFound);
     let oplog = Request::GetOpLog {
         tree: unknown,
         from_height: 0,
