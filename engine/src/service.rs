@@ -891,10 +891,6 @@ impl Inner {
             }
             assert!(next > *cursor, "push cursor must advance");
             *cursor = next;
-            if next >= found.log_end {
-                // Read to the end: another scan would only find nothing.
-                return Ok(());
-            }
             if self.stopped() {
                 return Err(Error::ShuttingDown);
             }
@@ -949,7 +945,7 @@ impl Inner {
                     if !found.entries.is_empty() {
                         return Ok(false);
                     }
-                    if found.next_height == cursor || found.next_height >= found.log_end {
+                    if found.next_height == cursor {
                         break;
                     }
                     cursor = found.next_height;

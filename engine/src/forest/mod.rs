@@ -117,9 +117,6 @@ pub struct OpLogPage {
     pub entries: Vec<LogEntry>,
     /// The first height not looked at.
     pub next_height: u64,
-    /// The tree's own next height when the page was read: a page whose
-    /// `next_height` reached it looked at the whole log.
-    pub log_end: u64,
 }
 
 /// Opens the forest's database anew, over the same bytes each time.
@@ -574,7 +571,6 @@ impl Forest {
         let mut page = OpLogPage {
             entries: Vec::new(),
             next_height: from_height,
-            log_end: rec.next_height,
         };
         // The run holding `from_height` is the last one starting at or
         // before it.
