@@ -745,6 +745,8 @@ impl Forest {
     }
 
     /// Full state of a tree, for checkers: nodes by id, log by timestamp.
+    /// The log is read once; each node's meta comes from the logged op at
+    /// its time (found in that read, not by a lookup per node).
     pub fn dump(&self, tree: &TreeKey) -> Result<TreeDump> {
         let (txn, rec) = self.read_tree(tree)?;
         let nodes = txn.open_table(NODES)?;
@@ -754,23 +756,22 @@ impl Forest {
             nodes: Vec::new(),
             log: Vec::new(),
         };
-        for row in nodes.range((t, 0)..=(t, u64::MAX))? {
-            let (key, value) = row?;
-            let node = decode_node(value.value())?;
-            let items = read::log_record(&log, t, node.time)?.body.items;
-            dump.nodes.push(NodeInfo {
-                id: key.value().1,
-                parent: node.parent,
-                meta: Meta {
-                    time: node.time,
-                    items,
-                },
-            });
-        }
         for row in log.range((t, 0)..=(t, u64::MAX))? {
             let (key, value) = row?;
             dump.log
                 .push(decode_log(value.value())?.to_move(key.value().1));
+        }
+        for row in nodes.range((t, 0)..=(t, u64::MAX))? {
+            let (key, value) = row?;
+            let node = decode_node(value.value())?;
+            let Ok(at) = dump.log.binary_search_by_key(&node.time, |op| op.meta.time) else {
+                panic!("tree {t}: log entry {} is missing", node.time);
+            };
+            dump.nodes.push(NodeInfo {
+                id: key.value().1,
+                parent: node.parent,
+                meta: dump.log[at].meta.clone(),
+            });
         }
         Ok(dump)
     }
