@@ -169,7 +169,7 @@ pub const DURABLE_CLEAR_EVERY: u64 = 64;
 /// run; the periodic durable one keeps the simulated disk's unsynced
 /// writes bounded.
 pub fn clear_between_inputs(forest: &Forest, number: u64) {
-    let cleared = if number % DURABLE_CLEAR_EVERY == 0 {
+    let cleared = if number.is_multiple_of(DURABLE_CLEAR_EVERY) {
         forest.clear()
     } else {
         forest.clear_without_sync()
