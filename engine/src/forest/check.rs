@@ -455,11 +455,19 @@ mod tests {
         assert!(broken.contains("state differs"), "{broken}");
     }
 
+    type LogTable<'txn> = redb::Table<'txn, (u64, u64), &'static [u8]>;
+
+    /// The log table and the stored bytes of op `ts` of tree `t`.
+    fn logged(txn: &redb::WriteTransaction, t: u64, ts: Timestamp) -> (LogTable<'_>, Vec<u8>) {
+        let log = txn.open_table(LOG).unwrap();
+        let bytes = log.get((t, ts)).unwrap().unwrap().value().to_vec();
+        (log, bytes)
+    }
+
     #[test]
     fn height_of_a_logged_op_is_wrong() {
         let broken = corrupted(|txn, t, _, created| {
-            let mut log = txn.open_table(LOG).unwrap();
-            let bytes = log.get((t, created)).unwrap().unwrap().value().to_vec();
+            let (mut log, bytes) = logged(txn, t, created);
             let mut tail = LogView::parse(&bytes).unwrap().tail;
             tail.height += 7;
             let bytes = replace_log_tail(&bytes, tail).unwrap();
@@ -481,8 +489,7 @@ mod tests {
     #[test]
     fn log_longer_than_the_heights() {
         let broken = corrupted(|txn, t, _, created| {
-            let mut log = txn.open_table(LOG).unwrap();
-            let bytes = log.get((t, created)).unwrap().unwrap().value().to_vec();
+            let (mut log, bytes) = logged(txn, t, created);
             log.insert((t, created + 1), bytes.as_slice()).unwrap();
         });
         assert!(broken.contains("log entries"), "{broken}");
