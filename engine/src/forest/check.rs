@@ -4,6 +4,7 @@
 
 use super::read;
 use super::records::*;
+use super::TreeRead;
 use crate::error::Result;
 use crate::types::*;
 use redb::{ReadTransaction, ReadableTable};
@@ -13,17 +14,17 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Reads the log once, in order: the per-node and per-height agreement is
 /// checked against that one pass instead of a point lookup per node and
 /// per height (the simulator runs this on every tree every few seconds).
-pub(super) fn check_tree(txn: &ReadTransaction, rec: &TreeRecord) -> Result<Result<(), String>> {
+pub(super) fn check_tree(read: &TreeRead) -> Result<Result<(), String>> {
+    let (txn, rec, log) = (&read.txn, &read.rec, &read.rows);
     let t = rec.number;
-    let log = txn.open_table(LOG)?;
-    let nodes = load_nodes(txn, t)?;
+    let nodes = load_nodes(log, t)?;
     let mut heights_by_ts = Vec::new();
     let verdict = check_node_count(rec, &nodes)
         .and_then(|()| check_max_parent(rec, &nodes))
-        .and_then(|()| scan_log(&log, t, &nodes, &mut heights_by_ts).map_err(|e| e.to_string())?)
+        .and_then(|()| scan_log(log, t, &nodes, &mut heights_by_ts).map_err(|e| e.to_string())?)
         .and_then(|()| check_children_index(txn, t, &nodes).map_err(|e| e.to_string())?)
         .and_then(|()| check_acyclic(&nodes))
-        .and_then(|()| check_heights(txn, rec, &heights_by_ts).map_err(|e| e.to_string())?);
+        .and_then(|()| check_heights(log, rec, &heights_by_ts).map_err(|e| e.to_string())?);
     Ok(verdict)
 }
 
@@ -31,7 +32,7 @@ pub(super) fn check_tree(txn: &ReadTransaction, rec: &TreeRecord) -> Result<Resu
 /// its meta time (nodes visited in time order, alongside the log), and
 /// `heights_by_ts` gets each logged op's height, ascending by timestamp.
 fn scan_log(
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
     heights_by_ts: &mut Vec<(Timestamp, u64)>,
@@ -43,7 +44,7 @@ fn scan_log(
     by_time.sort_unstable();
     let mut unmatched = by_time.into_iter().peekable();
     let mut name = Vec::new();
-    for row in log.range((t, 0)..=(t, u64::MAX))? {
+    for row in log.range(kind_range(t, RowKind::Log))? {
         let (key, value) = row?;
         let ts = key.value().1;
         let op = LogView::parse(value.value())?;
@@ -75,10 +76,12 @@ fn scan_log(
     Ok(Ok(()))
 }
 
-fn load_nodes(txn: &ReadTransaction, t: u64) -> Result<BTreeMap<NodeId, NodeRecord>> {
-    let table = txn.open_table(NODES)?;
+fn load_nodes(
+    table: &impl ReadableTable<RowKey, &'static [u8]>,
+    t: u64,
+) -> Result<BTreeMap<NodeId, NodeRecord>> {
     let mut nodes = BTreeMap::new();
-    for row in table.range((t, 0)..=(t, u64::MAX))? {
+    for row in table.range(kind_range(t, RowKind::Node))? {
         let (key, value) = row?;
         nodes.insert(key.value().1, decode_node(value.value())?);
     }
@@ -113,7 +116,7 @@ fn check_max_parent(rec: &TreeRecord, nodes: &BTreeMap<NodeId, NodeRecord>) -> R
 
 /// Every node's state was set by the op at its meta time.
 fn check_nodes_against_log(
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
 ) -> Result<Result<(), String>> {
@@ -121,7 +124,7 @@ fn check_nodes_against_log(
         if id == ROOT || id == TRASH {
             return Ok(Err(format!("reserved id {id} stored as a node")));
         }
-        let Some(guard) = log.get((t, node.time))? else {
+        let Some(guard) = log.get(log_key(t, node.time))? else {
             return Ok(Err(format!(
                 "node {id}: meta time {} not in the log",
                 node.time
@@ -214,16 +217,16 @@ fn check_acyclic(nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
 /// Heights number the log densely from 0 and agree with the log records
 /// (`heights_by_ts`, from `scan_log`).
 fn check_heights(
-    txn: &ReadTransaction,
+    heights: &impl ReadableTable<RowKey, &'static [u8]>,
     rec: &TreeRecord,
     heights_by_ts: &[(Timestamp, u64)],
 ) -> Result<Result<(), String>> {
     let t = rec.number;
-    let heights = txn.open_table(HEIGHTS)?;
     let mut expected = 0u64;
-    for row in heights.range((t, 0)..=(t, u64::MAX))? {
+    // Runs are keyed newest first: backwards is oldest first.
+    for row in heights.range(kind_range(t, RowKind::Height))?.rev() {
         let (key, stamps) = row?;
-        if key.value().1 != expected {
+        if height_of_key(key.value()) != expected {
             return Ok(Err(format!("height {expected} missing")));
         }
         for ts in decode_height_run(stamps.value())? {
@@ -257,24 +260,19 @@ fn check_heights(
 /// its parent, and its ancestor chain ends at ROOT, TRASH or a node not
 /// stored yet without a cycle; the newest height points at the newest
 /// stored op. The full check stays for the periodic sweeps.
-pub(super) fn check_touched(
-    txn: &ReadTransaction,
-    rec: &TreeRecord,
-    touched: &[NodeId],
-) -> Result<Result<(), String>> {
+pub(super) fn check_touched(read: &TreeRead, touched: &[NodeId]) -> Result<Result<(), String>> {
+    let (rec, log, table) = (&read.rec, &read.rows, &read.rows);
     let t = rec.number;
-    let log = txn.open_table(LOG)?;
-    let table = txn.open_table(NODES)?;
-    let children = txn.open_table(CHILDREN)?;
+    let children = read.txn.open_table(CHILDREN)?;
     for &id in touched {
         // A move of a node not seen here yet under itself is a logged
         // no-op: the node may legitimately be absent.
-        let Some(guard) = table.get((t, id))? else {
+        let Some(guard) = table.get(node_key(t, id))? else {
             continue;
         };
         let node = decode_node(guard.value())?;
         let single = BTreeMap::from([(id, node.clone())]);
-        if let Err(broken) = check_nodes_against_log(&log, t, &single)? {
+        if let Err(broken) = check_nodes_against_log(log, t, &single)? {
             return Ok(Err(broken));
         }
         let key = (t, node.parent, name_hash(&node.name_key), id);
@@ -296,22 +294,22 @@ pub(super) fn check_touched(
         if let Err(broken) = check_max_parent(rec, &single) {
             return Ok(Err(broken));
         }
-        if let Err(broken) = check_ancestors(&table, rec, id)? {
+        if let Err(broken) = check_ancestors(table, rec, id)? {
             return Ok(Err(broken));
         }
     }
-    check_newest_height(txn, &log, rec)
+    check_newest_height(log, rec)
 }
 
 /// Walks up from `id`; more steps than stored nodes means a cycle.
 fn check_ancestors(
-    table: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    table: &impl ReadableTable<RowKey, &'static [u8]>,
     rec: &TreeRecord,
     id: NodeId,
 ) -> Result<Result<(), String>> {
     let mut current = id;
     for _ in 0..=rec.node_count {
-        let Some(guard) = table.get((rec.number, current))? else {
+        let Some(guard) = table.get(node_key(rec.number, current))? else {
             return Ok(Ok(()));
         };
         current = node_parent(guard.value())?;
@@ -323,13 +321,12 @@ fn check_ancestors(
 }
 
 fn check_newest_height(
-    txn: &ReadTransaction,
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     rec: &TreeRecord,
 ) -> Result<Result<(), String>> {
     let t = rec.number;
-    let heights = txn.open_table(HEIGHTS)?;
-    let last_run = heights.range((t, 0)..=(t, u64::MAX))?.next_back();
+    // Runs are keyed newest first.
+    let last_run = log.range(kind_range(t, RowKind::Height))?.next();
     let Some(row) = last_run else {
         if rec.next_height == 0 {
             return Ok(Ok(()));
@@ -337,7 +334,7 @@ fn check_newest_height(
         return Ok(Err(format!("no heights, next height {}", rec.next_height)));
     };
     let (key, stamps) = row?;
-    let first = key.value().1;
+    let first = height_of_key(key.value());
     let run: Vec<Timestamp> = decode_height_run(stamps.value())?.collect();
     let newest = first + run.len() as u64 - 1;
     if newest + 1 != rec.next_height {
@@ -352,12 +349,12 @@ fn check_newest_height(
 
 /// The op the height index names at `height` is logged and agrees.
 fn check_height_entry(
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
     height: u64,
     ts: Timestamp,
 ) -> Result<Result<(), String>> {
-    let Some(guard) = log.get((t, ts))? else {
+    let Some(guard) = log.get(log_key(t, ts))? else {
         return Ok(Err(format!("height {height} points at absent op {ts}")));
     };
     if decode_log(guard.value())?.tail.height != height {
@@ -410,7 +407,7 @@ mod tests {
             },
         );
         forest.check_invariants(&tree()).unwrap();
-        let number = forest.read_tree(&tree()).unwrap().1.number;
+        let number = forest.read_tree(&tree()).unwrap().rec.number;
         (forest, number, x, created)
     }
 
@@ -431,12 +428,11 @@ mod tests {
         id: NodeId,
         f: impl FnOnce(&mut NodeRecord),
     ) {
-        let mut nodes = txn.open_table(NODES).unwrap();
-        let mut node = decode_node(nodes.get((t, id)).unwrap().unwrap().value()).unwrap();
+        let mut nodes = txn.open_table(ROWS).unwrap();
+        let key = node_key(t, id);
+        let mut node = decode_node(nodes.get(key).unwrap().unwrap().value()).unwrap();
         f(&mut node);
-        nodes
-            .insert((t, id), encode_node(&node).as_slice())
-            .unwrap();
+        nodes.insert(key, encode_node(&node).as_slice()).unwrap();
     }
 
     #[test]
@@ -455,12 +451,12 @@ mod tests {
         assert!(broken.contains("state differs"), "{broken}");
     }
 
-    type LogTable<'txn> = redb::Table<'txn, (u64, u64), &'static [u8]>;
+    type LogTable<'txn> = redb::Table<'txn, RowKey, &'static [u8]>;
 
     /// The log table and the stored bytes of op `ts` of tree `t`.
     fn logged(txn: &redb::WriteTransaction, t: u64, ts: Timestamp) -> (LogTable<'_>, Vec<u8>) {
-        let log = txn.open_table(LOG).unwrap();
-        let bytes = log.get((t, ts)).unwrap().unwrap().value().to_vec();
+        let log = txn.open_table(ROWS).unwrap();
+        let bytes = log.get(log_key(t, ts)).unwrap().unwrap().value().to_vec();
         (log, bytes)
     }
 
@@ -471,7 +467,7 @@ mod tests {
             let mut tail = LogView::parse(&bytes).unwrap().tail;
             tail.height += 7;
             let bytes = replace_log_tail(&bytes, tail).unwrap();
-            log.insert((t, created), bytes.as_slice()).unwrap();
+            log.insert(log_key(t, created), bytes.as_slice()).unwrap();
         });
         assert!(broken.contains("disagrees about its height"), "{broken}");
     }
@@ -481,7 +477,8 @@ mod tests {
         // The op that created `x` is no node's current time any more, so
         // only the height index still points at it.
         let broken = corrupted(|txn, t, _, created| {
-            txn.open_table(LOG).unwrap().remove((t, created)).unwrap();
+            let mut rows = txn.open_table(ROWS).unwrap();
+            rows.remove(log_key(t, created)).unwrap();
         });
         assert!(broken.contains("points at absent op"), "{broken}");
     }
@@ -490,7 +487,8 @@ mod tests {
     fn log_longer_than_the_heights() {
         let broken = corrupted(|txn, t, _, created| {
             let (mut log, bytes) = logged(txn, t, created);
-            log.insert((t, created + 1), bytes.as_slice()).unwrap();
+            log.insert(log_key(t, created + 1), bytes.as_slice())
+                .unwrap();
         });
         assert!(broken.contains("log entries"), "{broken}");
     }

@@ -14,7 +14,7 @@ mod write;
 use crate::error::{Error, Result};
 use crate::types::*;
 use records::*;
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{Database, ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -137,6 +137,22 @@ pub struct Forest {
     /// directories holds this lock from before `begin_write` until after
     /// its commit, which keeps the cache equal to the committed state.
     dir_cache: Mutex<dir_cache::DirCache>,
+}
+
+/// A read snapshot of one existing tree.
+pub(crate) struct TreeRead {
+    txn: redb::ReadTransaction,
+    /// The forest's `ROWS` table in that snapshot.
+    rows: redb::ReadOnlyTable<RowKey, &'static [u8]>,
+    rec: TreeRecord,
+}
+
+/// The number of an existing tree.
+fn tree_number(trees: &impl ReadableTable<&'static [u8], u64>, tree: &TreeKey) -> Result<u64> {
+    match trees.get(tree_key_bytes(tree).as_slice())? {
+        Some(guard) => Ok(guard.value()),
+        None => Err(Error::TreeNotFound),
+    }
 }
 
 /// A write transaction and the read side of the database lock, which it
@@ -400,22 +416,21 @@ impl Forest {
         Ok(())
     }
 
-    /// The record of an existing tree.
-    fn tree_record(
-        &self,
-        trees: &impl ReadableTable<&'static [u8], &'static [u8]>,
-        tree: &TreeKey,
-    ) -> Result<TreeRecord> {
-        match trees.get(tree_key_bytes(tree).as_slice())? {
-            Some(guard) => decode_tree(guard.value()),
-            None => Err(Error::TreeNotFound),
-        }
+    /// A read snapshot and the number of an existing tree, for lookups
+    /// that need no tree state.
+    fn read_tree_number(&self, tree: &TreeKey) -> Result<(redb::ReadTransaction, u64)> {
+        let txn = self.begin_read()?;
+        let number = tree_number(&txn.open_table(TREES)?, tree)?;
+        Ok((txn, number))
     }
 
-    fn read_tree(&self, tree: &TreeKey) -> Result<(redb::ReadTransaction, TreeRecord)> {
+    /// A read snapshot of an existing tree: its rows table and record.
+    fn read_tree(&self, tree: &TreeKey) -> Result<TreeRead> {
         let txn = self.begin_read()?;
-        let record = self.tree_record(&txn.open_table(TREES)?, tree)?;
-        Ok((txn, record))
+        let number = tree_number(&txn.open_table(TREES)?, tree)?;
+        let rows = txn.open_table(ROWS)?;
+        let rec = read::tree_state(&rows, number)?;
+        Ok(TreeRead { txn, rows, rec })
     }
 
     /// Nodes reached by `path` (see DESIGN §4); empty when nothing matches.
@@ -427,9 +442,12 @@ impl Forest {
         latest_only: bool,
     ) -> Result<Vec<NodeInfo>> {
         read::check_path(attr, path, self.options.max_path_len)?;
-        let (txn, rec) = self.read_tree(tree)?;
+        let TreeRead {
+            txn,
+            rows: log,
+            rec,
+        } = self.read_tree(tree)?;
         let children = txn.open_table(CHILDREN)?;
-        let log = txn.open_table(LOG)?;
         let (dirs, last) = path.split_at(path.len() - 1);
         let (dir, found) = read::resolve_dirs(&children, &log, rec.number, dirs)?;
         if found < dirs.len() {
@@ -458,15 +476,13 @@ impl Forest {
     /// One node, or `None` if the tree has no such node. ROOT and TRASH are
     /// not stored nodes: they give `None`.
     pub fn get_node(&self, tree: &TreeKey, node: NodeId) -> Result<Option<NodeInfo>> {
-        let (txn, rec) = self.read_tree(tree)?;
-        let nodes = txn.open_table(NODES)?;
-        let log = txn.open_table(LOG)?;
-        read::node_info(&nodes, &log, rec.number, node)
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        read::node_info(&rows, &rows, rec.number, node)
     }
 
     /// Children ids of a node, ascending.
     pub fn get_children(&self, tree: &TreeKey, node: NodeId) -> Result<Vec<NodeId>> {
-        let (txn, rec) = self.read_tree(tree)?;
+        let TreeRead { txn, rec, .. } = self.read_tree(tree)?;
         let children = txn.open_table(CHILDREN)?;
         let mut ids: Vec<NodeId> = read::children_of(&children, rec.number, node)?
             .into_iter()
@@ -487,19 +503,16 @@ impl Forest {
         depth: u32,
         limit: usize,
     ) -> Result<Vec<NodeInfo>> {
-        let (txn, rec) = self.read_tree(tree)?;
-        let nodes = txn.open_table(NODES)?;
+        let TreeRead { txn, rows, rec } = self.read_tree(tree)?;
         let children = txn.open_table(CHILDREN)?;
-        let log = txn.open_table(LOG)?;
+        let (nodes, log) = (&rows, &rows);
         let first = match root {
             ROOT | TRASH => NodeInfo {
                 id: root,
                 parent: root,
                 meta: Meta::default(),
             },
-            _ => {
-                read::node_info(&nodes, &log, rec.number, root)?.ok_or(Error::NodeNotFound(root))?
-            }
+            _ => read::node_info(nodes, log, rec.number, root)?.ok_or(Error::NodeNotFound(root))?,
         };
         let mut out = Vec::new();
         let mut stack = vec![(first, 1u32)];
@@ -518,7 +531,7 @@ impl Forest {
                     .collect();
                 ids.sort_unstable();
                 for id in ids.into_iter().rev() {
-                    let child = read::node_info(&nodes, &log, rec.number, id)?
+                    let child = read::node_info(nodes, log, rec.number, id)?
                         .expect("children index points at a stored node");
                     stack.push((child, level + 1));
                 }
@@ -565,26 +578,32 @@ impl Forest {
         scan_max: usize,
         origin: Option<ReplicaId>,
     ) -> Result<OpLogPage> {
-        let (txn, rec) = self.read_tree(tree)?;
-        let heights = txn.open_table(HEIGHTS)?;
-        let log = txn.open_table(LOG)?;
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
         let mut page = OpLogPage {
             entries: Vec::new(),
             next_height: from_height,
         };
-        // The run holding `from_height` is the last one starting at or
-        // before it.
-        let start = match heights
-            .range((rec.number, 0)..=(rec.number, from_height))?
-            .next_back()
+        if from_height >= rec.next_height {
+            return Ok(page);
+        }
+        // Runs are keyed newest first: the run holding `from_height` (the
+        // newest one starting at or before it) is the first key at or
+        // after `from_height`'s own, and the newer runs come before it.
+        let t = rec.number;
+        let start = match rows
+            .range(height_key(t, from_height)..=height_key(t, 0))?
+            .next()
         {
-            Some(row) => row?.0.value().1,
+            Some(row) => height_of_key(row?.0.value()),
             None => from_height,
         };
         let mut scanned = 0usize;
-        for row in heights.range((rec.number, start)..=(rec.number, u64::MAX))? {
+        for row in rows
+            .range(height_key(t, u64::MAX)..=height_key(t, start))?
+            .rev()
+        {
             let (key, stamps) = row?;
-            let first = key.value().1;
+            let first = height_of_key(key.value());
             for (height, ts) in (first..).zip(decode_height_run(stamps.value())?) {
                 if height < from_height {
                     continue;
@@ -597,7 +616,7 @@ impl Forest {
                 if origin.is_some_and(|o| timestamp_replica(ts) != o) {
                     continue;
                 }
-                let record = read::log_record(&log, rec.number, ts)?;
+                let record = read::log_record(&rows, rec.number, ts)?;
                 assert_eq!(record.tail.height, height, "height index out of sync");
                 page.entries.push(LogEntry {
                     height,
@@ -612,15 +631,15 @@ impl Forest {
     /// (same timestamp, parent, child and meta): a puller need not submit
     /// those. An absent tree holds none.
     pub fn stored_ops(&self, tree: &TreeKey, ops: &[&Move]) -> Result<Vec<bool>> {
-        let (txn, rec) = match self.read_tree(tree) {
+        let (txn, number) = match self.read_tree_number(tree) {
             Ok(found) => found,
             Err(Error::TreeNotFound) => return Ok(vec![false; ops.len()]),
             Err(e) => return Err(e),
         };
-        let log = txn.open_table(LOG)?;
+        let log = txn.open_table(ROWS)?;
         let mut out = Vec::with_capacity(ops.len());
         for op in ops {
-            let same = match log.get((rec.number, op.ts()))? {
+            let same = match log.get(log_key(number, op.ts()))? {
                 Some(guard) => {
                     LogView::parse(guard.value())?.same_op(op.parent, op.child, &op.meta.items)
                 }
@@ -635,7 +654,7 @@ impl Forest {
     /// 0 for a tree that does not exist.
     pub fn next_height(&self, tree: &TreeKey) -> Result<u64> {
         match self.read_tree(tree) {
-            Ok((_, rec)) => Ok(rec.next_height),
+            Ok(read) => Ok(read.rec.next_height),
             Err(Error::TreeNotFound) => Ok(0),
             Err(e) => Err(e),
         }
@@ -656,20 +675,20 @@ impl Forest {
         Ok(self.trees_from(&[])?.into_iter().map(|t| t.0).collect())
     }
 
-    /// Every tree whose key is at least `from`, ascending.
-    fn trees_from(&self, from: &[u8]) -> Result<Vec<(TreeKey, TreeRecord)>> {
+    /// Every tree whose key is at least `from`, ascending, with its number.
+    fn trees_from(&self, from: &[u8]) -> Result<Vec<(TreeKey, u64)>> {
         let txn = self.begin_read()?;
         let trees = txn.open_table(TREES)?;
         let mut out = Vec::new();
         for row in trees.range(from..)? {
             let (key, value) = row?;
-            out.push((decode_tree_key(key.value())?, decode_tree(value.value())?));
+            out.push((decode_tree_key(key.value())?, value.value()));
         }
         Ok(out)
     }
 
     pub fn tree_exists(&self, tree: &TreeKey) -> Result<bool> {
-        match self.read_tree(tree) {
+        match self.read_tree_number(tree) {
             Ok(_) => Ok(true),
             Err(Error::TreeNotFound) => Ok(false),
             Err(e) => Err(e),
@@ -679,11 +698,11 @@ impl Forest {
     /// Deletes one tree (`Some`; TreeNotFound if absent) or every tree of
     /// the container (`None`), with all their rows.
     pub fn tree_drop(&self, cid: &ContainerId, tree: Option<&str>) -> Result<()> {
-        let victims: Vec<(TreeKey, TreeRecord)> = match tree {
+        let victims: Vec<(TreeKey, u64)> = match tree {
             Some(name) => {
                 let key = TreeKey::new(*cid, name);
-                let (_, rec) = self.read_tree(&key)?;
-                vec![(key, rec)]
+                let (_, number) = self.read_tree_number(&key)?;
+                vec![(key, number)]
             }
             None => self
                 .trees_from(&cid.0)?
@@ -699,8 +718,8 @@ impl Forest {
         let mut dirs = self.lock_dir_cache();
         dirs.clear();
         let txn = self.begin_write()?;
-        for (key, rec) in &victims {
-            delete_tree_rows(&txn, key, rec.number)?;
+        for (key, number) in &victims {
+            delete_tree_rows(&txn, key, *number)?;
         }
         txn.commit()?;
         Ok(())
@@ -708,14 +727,14 @@ impl Forest {
 
     /// A durable per-peer cursor (0 when never set or the tree is absent).
     pub fn cursor(&self, tree: &TreeKey, kind: CursorKind, peer: ReplicaId) -> Result<u64> {
-        let (txn, rec) = match self.read_tree(tree) {
+        let (txn, number) = match self.read_tree_number(tree) {
             Ok(found) => found,
             Err(Error::TreeNotFound) => return Ok(0),
             Err(e) => return Err(e),
         };
         let cursors = txn.open_table(CURSORS)?;
         Ok(cursors
-            .get((rec.number, kind as u8, peer))?
+            .get((number, kind as u8, peer))?
             .map_or(0, |g| g.value()))
     }
 
@@ -730,9 +749,9 @@ impl Forest {
     ) -> Result<()> {
         let txn = self.begin_write()?;
         {
-            let rec = self.tree_record(&txn.open_table(TREES)?, tree)?;
+            let number = tree_number(&txn.open_table(TREES)?, tree)?;
             let mut cursors = txn.open_table(CURSORS)?;
-            let key = (rec.number, kind as u8, peer);
+            let key = (number, kind as u8, peer);
             let current = cursors.get(key)?.map_or(0, |g| g.value());
             assert!(
                 value >= current,
@@ -748,20 +767,18 @@ impl Forest {
     /// The log is read once; each node's meta comes from the logged op at
     /// its time (found in that read, not by a lookup per node).
     pub fn dump(&self, tree: &TreeKey) -> Result<TreeDump> {
-        let (txn, rec) = self.read_tree(tree)?;
-        let nodes = txn.open_table(NODES)?;
-        let log = txn.open_table(LOG)?;
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
         let t = rec.number;
         let mut dump = TreeDump {
             nodes: Vec::new(),
             log: Vec::new(),
         };
-        for row in log.range((t, 0)..=(t, u64::MAX))? {
+        for row in rows.range(kind_range(t, RowKind::Log))? {
             let (key, value) = row?;
             dump.log
                 .push(decode_log(value.value())?.to_move(key.value().1));
         }
-        for row in nodes.range((t, 0)..=(t, u64::MAX))? {
+        for row in rows.range(kind_range(t, RowKind::Node))? {
             let (key, value) = row?;
             let node = decode_node(value.value())?;
             let Ok(at) = dump.log.binary_search_by_key(&node.time, |op| op.meta.time) else {
@@ -779,8 +796,8 @@ impl Forest {
     /// Checks the tree invariant over the whole stored tree: one parent per
     /// node, no cycle, indexes consistent with node state.
     pub fn check_invariants(&self, tree: &TreeKey) -> Result<(), String> {
-        let (txn, rec) = self.read_tree(tree).map_err(|e| e.to_string())?;
-        check::check_tree(&txn, &rec).map_err(|e| e.to_string())?
+        let read = self.read_tree(tree).map_err(|e| e.to_string())?;
+        check::check_tree(&read).map_err(|e| e.to_string())?
     }
 
     /// The checks of `check_invariants` that a write to `touched` nodes can
@@ -790,14 +807,22 @@ impl Forest {
         tree: &TreeKey,
         touched: &[NodeId],
     ) -> Result<(), String> {
-        let (txn, rec) = self.read_tree(tree).map_err(|e| e.to_string())?;
-        check::check_touched(&txn, &rec, touched).map_err(|e| e.to_string())?
+        let read = self.read_tree(tree).map_err(|e| e.to_string())?;
+        check::check_touched(&read, touched).map_err(|e| e.to_string())?
     }
 
-    /// Number of rows in the log table over all trees (bench, tests).
+    /// Number of logged ops over all trees (bench, tests).
     pub fn log_rows(&self) -> Result<u64> {
         let txn = self.begin_read()?;
-        Ok(txn.open_table(LOG)?.len()?)
+        let rows = txn.open_table(ROWS)?;
+        let mut count = 0u64;
+        for (_, number) in self.trees_from(&[])? {
+            for row in rows.range(kind_range(number, RowKind::Log))? {
+                row?;
+                count += 1;
+            }
+        }
+        Ok(count)
     }
 
     /// Empties every table, tree numbering included, so the forest behaves
@@ -827,9 +852,7 @@ impl Forest {
             .map_err(|e| Error::Storage(e.to_string()))?;
         txn.delete_table(TREES)?;
         txn.delete_table(META)?;
-        txn.delete_table(LOG)?;
-        txn.delete_table(HEIGHTS)?;
-        txn.delete_table(NODES)?;
+        txn.delete_table(ROWS)?;
         txn.delete_table(CHILDREN)?;
         txn.delete_table(CURSORS)?;
         // Recreated at once: reads never meet a missing table.
@@ -867,25 +890,33 @@ fn create_tables(db: &Database) -> Result<()> {
     Ok(())
 }
 
-/// Opens (creating if absent) every table of the forest in `txn`.
+/// Opens (creating if absent) every table of the forest in `txn`, and
+/// refuses a database laid out by another format version. (A file of the
+/// first layout fails earlier: its trees table has another value type.)
 fn open_all_tables(txn: &redb::WriteTransaction) -> Result<()> {
     txn.open_table(TREES)?;
-    txn.open_table(META)?;
-    txn.open_table(LOG)?;
-    txn.open_table(HEIGHTS)?;
-    txn.open_table(NODES)?;
+    txn.open_table(ROWS)?;
     txn.open_table(CHILDREN)?;
     txn.open_table(CURSORS)?;
+    let mut meta = txn.open_table(META)?;
+    let stored = meta.get(FORMAT_VERSION)?.map(|g| g.value());
+    match stored {
+        None => {
+            meta.insert(FORMAT_VERSION, FORMAT_VERSION_CURRENT)?;
+        }
+        Some(FORMAT_VERSION_CURRENT) => {}
+        Some(other) => {
+            return Err(Error::Storage(format!(
+                "database format version {other}; this build reads version {FORMAT_VERSION_CURRENT}"
+            )))
+        }
+    }
     Ok(())
 }
 
 fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
-    txn.open_table(LOG)?
-        .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
-    txn.open_table(HEIGHTS)?
-        .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
-    txn.open_table(NODES)?
-        .retain_in((t, 0)..=(t, u64::MAX), |_, _| false)?;
+    txn.open_table(ROWS)?
+        .retain_in(tree_rows(t), |_, _| false)?;
     let children_range: std::ops::Range<ChildKey> = (t, 0, 0, 0)..(t + 1, 0, 0, 0);
     txn.open_table(CHILDREN)?
         .retain_in(children_range, |_, _| false)?;
@@ -894,4 +925,56 @@ fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Resu
     txn.open_table(TREES)?
         .remove(tree_key_bytes(key).as_slice())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_error(path: &std::path::Path) -> Error {
+        match Forest::open(path, ForestOptions::default()) {
+            Ok(_) => panic!("a database of another layout was opened"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn another_format_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forest.redb");
+        drop(Forest::open(&path, ForestOptions::default()).unwrap());
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(FORMAT_VERSION, 1)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let error = open_error(&path);
+        assert!(
+            matches!(&error, Error::Storage(m) if m.contains("format version 1")),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn the_first_layout_is_refused() {
+        // Version 1 kept whole tree records as the trees table's values.
+        const OLD_TREES: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("trees");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forest.redb");
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(OLD_TREES)
+                .unwrap()
+                .insert(&[0u8; 33][..], &[1u8][..])
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let error = open_error(&path);
+        assert!(matches!(error, Error::Storage(_)), "{error:?}");
+    }
 }

@@ -63,7 +63,7 @@ pub(crate) fn children_named(
 /// pick the same one, so the smallest id wins.
 pub(crate) fn find_dir(
     children: &impl ReadableTable<ChildKey, &'static [u8]>,
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     parent: NodeId,
     name_key: &[u8],
@@ -78,7 +78,7 @@ pub(crate) fn find_dir(
 
 /// Planted bug: the directory whose current meta was stored first here.
 fn first_stored(
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     dirs: Vec<(NodeId, Timestamp, bool)>,
 ) -> Result<Option<NodeId>> {
@@ -96,7 +96,7 @@ fn first_stored(
 /// many components were resolved.
 pub(crate) fn resolve_dirs(
     children: &impl ReadableTable<ChildKey, &'static [u8]>,
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     dirs: &[String],
 ) -> Result<(NodeId, usize)> {
@@ -113,30 +113,49 @@ pub(crate) fn resolve_dirs(
 /// The log record at `ts`; its absence means a node or undo entry points
 /// at an op that was never stored, a broken invariant.
 pub(crate) fn log_record(
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     ts: Timestamp,
 ) -> Result<LogRecord> {
-    let guard = log.get((tree, ts))?;
+    let guard = log.get(log_key(tree, ts))?;
     let guard = guard.unwrap_or_else(|| panic!("tree {tree}: log entry {ts} is missing"));
     decode_log(guard.value())
 }
 
 pub(crate) fn node_record(
-    nodes: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    nodes: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     node: NodeId,
 ) -> Result<Option<NodeRecord>> {
-    match nodes.get((tree, node))? {
+    match nodes.get(node_key(tree, node))? {
         None => Ok(None),
         Some(guard) => decode_node(guard.value()).map(Some),
     }
 }
 
+/// The state row of tree `number`, which the trees table names: its
+/// absence or another number in it is damage, not a missing tree.
+pub(crate) fn tree_state(
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    number: u64,
+) -> Result<TreeRecord> {
+    let Some(guard) = rows.get(state_key(number))? else {
+        return Err(Error::Malformed(format!("tree {number} has no state row")));
+    };
+    let record = decode_tree(guard.value())?;
+    if record.number != number {
+        return Err(Error::Malformed(format!(
+            "state row of tree {number} names tree {}",
+            record.number
+        )));
+    }
+    Ok(record)
+}
+
 /// A node with its meta (read from the op that set it).
 pub(crate) fn node_info(
-    nodes: &impl ReadableTable<(u64, u64), &'static [u8]>,
-    log: &impl ReadableTable<(u64, u64), &'static [u8]>,
+    nodes: &impl ReadableTable<RowKey, &'static [u8]>,
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     node: NodeId,
 ) -> Result<Option<NodeInfo>> {

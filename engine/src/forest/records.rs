@@ -15,26 +15,97 @@ use crate::types::*;
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
-/// `cid (32 bytes) ++ tree id (UTF-8)` -> encoded [`TreeRecord`]. Byte order
-/// of the key sorts trees by container, then by tree id.
-pub const TREES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("trees");
+/// `cid (32 bytes) ++ tree id (UTF-8)` -> the tree's number. Byte order
+/// of the key sorts trees by container, then by tree id. Written once, when
+/// the tree is created: the tree's changing bookkeeping lives in [`ROWS`]
+/// (a [`TreeRecord`] under [`state_key`]), next to the rows a batch writes.
+pub const TREES: TableDefinition<&[u8], u64> = TableDefinition::new("trees");
 /// Forest-wide counters, e.g. [`NEXT_TREE_NUMBER`].
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-/// `(tree number, timestamp)` -> encoded [`LogRecord`]: the op log in
-/// timestamp order.
-pub const LOG: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("log");
-/// `(tree number, first height)` -> the timestamps (8 bytes each, BE) of
-/// the ops stored at heights `first, first + 1, ..`: the log in this
-/// replica's storage order. One row per run of consecutive heights written
-/// by one batch (at most [`HEIGHT_RUN_MAX`] each) rather than one per op:
-/// the heights of a batch's ops are consecutive, and one insert per batch
-/// costs far less than one per op.
-pub const HEIGHTS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("height_runs");
 
-/// Most timestamps in one [`HEIGHTS`] row (4 KiB of value).
+/// Every per-tree row except the children index, in one b-tree, keyed by
+/// `(tree number << 2 | kind, id)` (see [`RowKind`]).
+///
+/// Why one table: a commit pays per b-tree page it dirties (a fresh page,
+/// its checksum, the write to storage, the old page's release) and per
+/// table whose root changes. The batches of a replicated service are small
+/// (often one op), and one op used to dirty a root-to-leaf path in each of
+/// five tables. In one key space the paths share their branch pages, and
+/// the rows every appending batch rewrites sit side by side: the log's tail
+/// (newest timestamps), then the tree's state row, then the newest height
+/// run (heights are keyed in descending order for this), so an in-order
+/// batch usually dirties one leaf for all three.
+pub const ROWS: TableDefinition<RowKey, &[u8]> = TableDefinition::new("rows");
+
+/// Key of [`ROWS`].
+pub type RowKey = (u64, u64);
+
+/// What a [`ROWS`] row holds; the low bits of the key's first element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowKind {
+    /// id = node: encoded [`NodeRecord`], the node's current state.
+    Node = 0,
+    /// id = timestamp: encoded log record (see [`LogRecord`]), the op log
+    /// in timestamp order.
+    Log = 1,
+    /// id = 0: encoded [`TreeRecord`].
+    State = 2,
+    /// id = `u64::MAX - first height`: the timestamps (8 bytes each, BE) of
+    /// the ops stored at heights `first, first + 1, ..`, the log in this
+    /// replica's storage order. One row per run of consecutive heights
+    /// written by one batch (at most [`HEIGHT_RUN_MAX`]) rather than one
+    /// per op.
+    Height = 3,
+}
+
+const KIND_BITS: u32 = 2;
+
+/// Largest tree number that fits beside a [`RowKind`] in a key.
+pub const TREE_NUMBER_MAX: u64 = u64::MAX >> KIND_BITS;
+
+fn row_prefix(tree: u64, kind: RowKind) -> u64 {
+    assert!(tree <= TREE_NUMBER_MAX, "tree number {tree} out of range");
+    (tree << KIND_BITS) | kind as u64
+}
+
+pub fn node_key(tree: u64, node: NodeId) -> RowKey {
+    (row_prefix(tree, RowKind::Node), node)
+}
+
+pub fn log_key(tree: u64, ts: Timestamp) -> RowKey {
+    (row_prefix(tree, RowKind::Log), ts)
+}
+
+pub fn state_key(tree: u64) -> RowKey {
+    (row_prefix(tree, RowKind::State), 0)
+}
+
+/// Key of the height run starting at `first`: descending, so that the
+/// newest run is the first row after the state row.
+pub fn height_key(tree: u64, first: u64) -> RowKey {
+    (row_prefix(tree, RowKind::Height), u64::MAX - first)
+}
+
+/// The first height of the run stored under `key` (a [`height_key`]).
+pub fn height_of_key(key: RowKey) -> u64 {
+    u64::MAX - key.1
+}
+
+/// Every row of one kind of one tree.
+pub fn kind_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKey> {
+    let prefix = row_prefix(tree, kind);
+    (prefix, 0)..=(prefix, u64::MAX)
+}
+
+/// Every [`ROWS`] row of one tree.
+pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKey> {
+    (row_prefix(tree, RowKind::Node), 0)..=(row_prefix(tree, RowKind::Height), u64::MAX)
+}
+
+/// Most timestamps in one height run (4 KiB of value).
 pub const HEIGHT_RUN_MAX: usize = 512;
 
-/// The timestamps of an encoded [`HEIGHTS`] row.
+/// The timestamps of an encoded height run.
 pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = Timestamp> + '_> {
     if bytes.is_empty() || !bytes.len().is_multiple_of(8) || bytes.len() > 8 * HEIGHT_RUN_MAX {
         return Err(Error::Malformed(format!(
@@ -44,9 +115,6 @@ pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = Timestamp>
     }
     Ok(bytes.chunks_exact(8).map(be_u64))
 }
-/// `(tree number, node)` -> encoded [`NodeRecord`]: current parent of every
-/// node and the timestamp of the op that set its meta.
-pub const NODES: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("nodes");
 /// `(tree number, parent, name hash, child)` -> encoded [`ChildEntry`]
 /// (`meta time (8, BE) ++ internal (1) ++ name key`). The name key is `[0]`
 /// for a node without `FileName` and `[1] ++ value` otherwise; the key holds
@@ -65,6 +133,13 @@ pub const CURSORS: TableDefinition<(u64, u8, u16), u64> = TableDefinition::new("
 
 /// Key of [`META`] holding the number the next new tree gets.
 pub const NEXT_TREE_NUMBER: &str = "next_tree_number";
+
+/// Key of [`META`] holding the layout version of the stored tables.
+pub const FORMAT_VERSION: &str = "format_version";
+
+/// Version 2: one [`ROWS`] table instead of separate log, node, height
+/// tables and tree records.
+pub const FORMAT_VERSION_CURRENT: u64 = 2;
 
 /// The key of a tree in [`TREES`].
 pub fn tree_key_bytes(tree: &TreeKey) -> Vec<u8> {
@@ -88,7 +163,7 @@ pub fn decode_tree_key(bytes: &[u8]) -> Result<TreeKey> {
     Ok(TreeKey::new(ContainerId(cid), name))
 }
 
-/// Per-tree bookkeeping.
+/// Per-tree bookkeeping (the [`RowKind::State`] row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeRecord {
     /// The tree's number in the per-tree tables.
@@ -98,7 +173,7 @@ pub struct TreeRecord {
     pub max_counter: u64,
     /// Height the next stored op gets (= ops stored).
     pub next_height: u64,
-    /// Rows of [`NODES`] for this tree; bounds ancestor walks.
+    /// Node rows of this tree; bounds ancestor walks.
     pub node_count: u64,
     /// Largest parent id (TRASH aside) named by any stored op: a node id
     /// above it can have no children, which spares the cycle check's walk

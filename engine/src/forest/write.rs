@@ -25,11 +25,10 @@ pub(super) struct Incoming<'a> {
 }
 
 pub(super) struct Writer<'txn, 'c> {
-    trees: Table<'txn, &'static [u8], &'static [u8]>,
-    meta: Table<'txn, &'static str, u64>,
-    log: Table<'txn, (u64, u64), &'static [u8]>,
-    heights: Table<'txn, (u64, u64), &'static [u8]>,
-    nodes: Table<'txn, (u64, u64), &'static [u8]>,
+    txn: &'txn WriteTransaction,
+    trees: Table<'txn, &'static [u8], u64>,
+    /// Log, node, state and height rows (see `ROWS`).
+    rows: Table<'txn, RowKey, &'static [u8]>,
     children: Table<'txn, ChildKey, &'static [u8]>,
     states: BTreeMap<TreeKey, TreeState>,
     replica_id: ReplicaId,
@@ -38,7 +37,7 @@ pub(super) struct Writer<'txn, 'c> {
     /// whenever an internal row under its `(tree, parent, name)` changes.
     dirs: &'c mut DirCache,
     scratch: Scratch,
-    /// Heights given out in this batch, written to `HEIGHTS` by `finish`.
+    /// Heights given out in this batch, written to `ROWS` by `finish`.
     height_runs: Vec<HeightRun>,
 }
 
@@ -46,7 +45,7 @@ pub(super) struct Writer<'txn, 'c> {
 struct HeightRun {
     tree: u64,
     first: u64,
-    /// Encoded timestamps, one per height (see `HEIGHTS`).
+    /// Encoded timestamps, one per height (see `RowKind::Height`).
     stamps: Vec<u8>,
 }
 
@@ -72,11 +71,9 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         dirs: &'c mut DirCache,
     ) -> Result<Self> {
         Ok(Self {
+            txn,
             trees: txn.open_table(TREES)?,
-            meta: txn.open_table(META)?,
-            log: txn.open_table(LOG)?,
-            heights: txn.open_table(HEIGHTS)?,
-            nodes: txn.open_table(NODES)?,
+            rows: txn.open_table(ROWS)?,
             children: txn.open_table(CHILDREN)?,
             states: BTreeMap::new(),
             replica_id,
@@ -87,13 +84,14 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         })
     }
 
-    /// Writes back the changed tree records; true when the batch changed
-    /// anything (otherwise the transaction need not be committed).
+    /// Writes back the height runs and the changed tree records; true
+    /// when the batch changed anything (otherwise the transaction need not
+    /// be committed).
     pub fn finish(mut self) -> Result<bool> {
         for run in std::mem::take(&mut self.height_runs) {
             let previous = self
-                .heights
-                .insert((run.tree, run.first), run.stamps.as_slice())?;
+                .rows
+                .insert(height_key(run.tree, run.first), run.stamps.as_slice())?;
             assert!(
                 previous.is_none(),
                 "tree {}: height {} given twice",
@@ -103,12 +101,16 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         }
         let states = std::mem::take(&mut self.states);
         for (key, state) in states {
-            if state.stored != Some(state.current) {
-                let key_bytes = tree_key_bytes(&key);
-                self.trees
-                    .insert(key_bytes.as_slice(), encode_tree(&state.current).as_slice())?;
-                self.changed = true;
+            if state.stored == Some(state.current) {
+                continue;
             }
+            let number = state.current.number;
+            if state.stored.is_none() {
+                self.trees.insert(tree_key_bytes(&key).as_slice(), number)?;
+            }
+            self.rows
+                .insert(state_key(number), encode_tree(&state.current).as_slice())?;
+            self.changed = true;
         }
         Ok(self.changed)
     }
@@ -118,8 +120,12 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         if let Some(state) = self.states.get(key) {
             return Ok(Some(state.current));
         }
-        let stored = match self.trees.get(tree_key_bytes(key).as_slice())? {
-            Some(guard) => Some(decode_tree(guard.value())?),
+        let number = self
+            .trees
+            .get(tree_key_bytes(key).as_slice())?
+            .map(|guard| guard.value());
+        let stored = match number {
+            Some(number) => Some(read::tree_state(&self.rows, number)?),
             None => None,
         };
         let current = match stored {
@@ -132,9 +138,15 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         Ok(Some(current))
     }
 
+    /// The counter table is opened only here: most batches create no tree,
+    /// and a table a transaction opens costs it a lookup even unchanged.
     fn new_tree_record(&mut self) -> Result<TreeRecord> {
-        let number = self.meta.get(NEXT_TREE_NUMBER)?.map_or(1, |g| g.value());
-        self.meta.insert(NEXT_TREE_NUMBER, number + 1)?;
+        let mut meta = self.txn.open_table(META)?;
+        let number = meta.get(NEXT_TREE_NUMBER)?.map_or(1, |g| g.value());
+        if number > TREE_NUMBER_MAX {
+            return Err(Error::Storage("tree numbers exhausted".into()));
+        }
+        meta.insert(NEXT_TREE_NUMBER, number + 1)?;
         self.changed = true;
         Ok(TreeRecord {
             number,
@@ -209,7 +221,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             let known = if timestamp_counter(op.ts()) > rec.max_counter {
                 None
             } else {
-                match self.log.get((rec.number, op.ts()))? {
+                match self.rows.get(log_key(rec.number, op.ts()))? {
                     Some(guard) => Some(LogView::parse(guard.value())?.same_op(
                         op.parent,
                         op.child,
@@ -246,7 +258,10 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     fn logged_from(&self, rec: &TreeRecord, ts: Timestamp) -> Result<Vec<(Timestamp, Vec<u8>)>> {
         let tree = rec.number;
         let mut newer = Vec::new();
-        for row in self.log.range((tree, ts)..=(tree, u64::MAX))? {
+        for row in self
+            .rows
+            .range(log_key(tree, ts)..=log_key(tree, u64::MAX))?
+        {
             let (key, value) = row?;
             newer.push((key.value().1, value.value().to_vec()));
         }
@@ -272,7 +287,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     ) -> Result<bool> {
         let moved: BTreeSet<NodeId> = fresh.iter().map(|i| i.op.child).collect();
         for &node in &moved {
-            if self.nodes.get((rec.number, node))?.is_some() {
+            if self.rows.get(node_key(rec.number, node))?.is_some() {
                 return Ok(false);
             }
             if node <= rec.max_parent && self.has_children(rec.number, node)? {
@@ -341,7 +356,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
                 undo,
             };
             set_log_tail(&mut bytes, tail);
-            self.log.insert((rec.number, ts), bytes.as_slice())?;
+            self.rows
+                .insert(log_key(rec.number, ts), bytes.as_slice())?;
         }
         Ok(())
     }
@@ -355,7 +371,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         results: &mut [Option<Result<WriteOutcome>>],
     ) -> Result<Vec<Incoming<'a>>> {
         let tree = rec.number;
-        let oldest = match self.log.range((tree, 0)..=(tree, u64::MAX))?.next() {
+        let oldest = match self.rows.range(kind_range(tree, RowKind::Log))?.next() {
             Some(row) => row?.0.value().1,
             None => return Ok(fresh),
         };
@@ -387,8 +403,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         };
         encode_log_into(&mut self.scratch.log, parent, child, items, tail);
         let stored_before = self
-            .log
-            .insert((rec.number, ts), self.scratch.log.as_slice())?
+            .rows
+            .insert(log_key(rec.number, ts), self.scratch.log.as_slice())?
             .is_some();
         assert!(!stored_before, "timestamp {ts} stored twice");
         self.record_height(rec.number, rec.next_height, ts);
@@ -441,8 +457,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         // `child`, so it never reads the child's own (already new) row.
         encode_node_into(&mut self.scratch.node, parent, ts, internal, name_key);
         let old = match self
-            .nodes
-            .insert((tree, child), self.scratch.node.as_slice())?
+            .rows
+            .insert(node_key(tree, child), self.scratch.node.as_slice())?
         {
             Some(guard) => Some(decode_node(guard.value())?),
             None => None,
@@ -482,10 +498,11 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     fn restore_node(&mut self, tree: u64, id: NodeId, old: Option<&NodeRecord>) -> Result<()> {
         match old {
             Some(old) => {
-                self.nodes.insert((tree, id), encode_node(old).as_slice())?;
+                self.rows
+                    .insert(node_key(tree, id), encode_node(old).as_slice())?;
             }
             None => {
-                self.nodes.remove((tree, id))?;
+                self.rows.remove(node_key(tree, id))?;
             }
         }
         Ok(())
@@ -499,7 +516,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         let current = match op.tail.undo {
             Undo::NoEffect => return Ok(()),
             Undo::Created => {
-                let current = match self.nodes.remove((tree, child))? {
+                let current = match self.rows.remove(node_key(tree, child))? {
                     Some(guard) => Some(decode_node(guard.value())?),
                     None => None,
                 };
@@ -555,7 +572,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         old_ts: Timestamp,
     ) -> Result<(Option<NodeRecord>, bool)> {
         let internal = {
-            let guard = self.log.get((tree, old_ts))?;
+            let guard = self.rows.get(log_key(tree, old_ts))?;
             let guard =
                 guard.unwrap_or_else(|| panic!("tree {tree}: log entry {old_ts} is missing"));
             let old_op = LogView::parse(guard.value())?;
@@ -565,8 +582,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         let name = &self.scratch.name;
         encode_node_into(&mut self.scratch.node, old_parent, old_ts, internal, name);
         let current = match self
-            .nodes
-            .insert((tree, child), self.scratch.node.as_slice())?
+            .rows
+            .insert(node_key(tree, child), self.scratch.node.as_slice())?
         {
             Some(guard) => Some(decode_node(guard.value())?),
             None => None,
@@ -596,7 +613,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             if current == ancestor {
                 return Ok(true);
             }
-            let Some(guard) = self.nodes.get((rec.number, current))? else {
+            let Some(guard) = self.rows.get(node_key(rec.number, current))? else {
                 return Ok(false);
             };
             current = node_parent(guard.value())?;
@@ -656,7 +673,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             let found = match self.dirs.get(tree, current, &name) {
                 Some(found) => found,
                 None => {
-                    let found = read::find_dir(&self.children, &self.log, tree, current, &name)?;
+                    let found = read::find_dir(&self.children, &self.rows, tree, current, &name)?;
                     self.dirs.put(tree, current, &name, found);
                     found
                 }
@@ -724,10 +741,10 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     }
 
     fn local_remove(&mut self, rec: &mut TreeRecord, node: NodeId) -> Result<Result<WriteOutcome>> {
-        let Some(current) = read::node_record(&self.nodes, rec.number, node)? else {
+        let Some(current) = read::node_record(&self.rows, rec.number, node)? else {
             return Ok(Err(Error::NodeNotFound(node)));
         };
-        let items = read::log_record(&self.log, rec.number, current.time)?
+        let items = read::log_record(&self.rows, rec.number, current.time)?
             .body
             .items;
         self.local_move(rec, TRASH, Some(node), &items)
