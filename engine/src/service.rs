@@ -39,10 +39,10 @@ pub const MAX_PULL_PAGES_PER_ROUND: usize = 10_000;
 /// every page cost a durable commit per page.
 const CURSOR_LAG_MAX: u64 = 512;
 
-/// A push cursor ahead of its durable copy is written at the latest after
-/// this many `replication_timeout`s, so that a quiet tree's resend after a
-/// restart is bounded in time too.
-const PUSH_CURSOR_PERIODS: u32 = 16;
+/// A push or pull cursor ahead of its durable copy is written at the latest
+/// after this many `replication_timeout`s, so that a quiet tree's resend or
+/// re-pull after a restart is bounded in time too.
+const CURSOR_PERIODS: u32 = 16;
 
 /// Estimated encoded bytes of a node or op beyond its meta (ids, timestamp,
 /// height, framing of the key/value list).
@@ -64,6 +64,9 @@ pub struct ServiceStats {
     pub pending_writes: u64,
     /// Push calls that failed (retried later).
     pub push_failures: u64,
+    /// Passes of pushers over the local log (each a read of the log), also
+    /// the ones that found nothing to send.
+    pub push_passes: u64,
     /// Peer calls during sync that failed (that peer is skipped this round).
     pub sync_peer_errors: u64,
     /// Replication hints dropped because their queue was full.
@@ -78,6 +81,7 @@ struct Counters {
     ops_pulled: AtomicU64,
     sync_rounds: AtomicU64,
     push_failures: AtomicU64,
+    push_passes: AtomicU64,
     sync_peer_errors: AtomicU64,
     hints_dropped: AtomicU64,
     reopens: AtomicU64,
@@ -92,7 +96,37 @@ struct PushState {
     /// behind it (a restart then re-sends a little, which Apply absorbs),
     /// so that replication does not add a durable commit per batch.
     acked: u64,
+    /// The durable cursor as last read or written; `None` until read. Only
+    /// this pusher and Drop write it, so a cached copy saves a read
+    /// transaction per pass.
+    durable: Option<u64>,
     /// When the cursor was last made durable.
+    persisted_at: Option<Duration>,
+    /// The tree's change count (`Inner::changes`) at the start of the last
+    /// pass that left nothing to send: while it is current, a sweep has
+    /// nothing to find for this peer.
+    clean_at: Option<u64>,
+}
+
+impl PushState {
+    /// Whether a sweep should start a pass: something may be unsent, or the
+    /// durable cursor lags and is due to be written.
+    fn wants_pass(&self, changes: u64, now: Duration, period: Duration) -> bool {
+        let lagging = self.durable.is_some_and(|durable| self.acked > durable);
+        let due = self
+            .persisted_at
+            .is_none_or(|at| now.saturating_sub(at) >= period);
+        self.clean_at != Some(changes) || (lagging && due)
+    }
+}
+
+/// The pull cursor of one (tree, peer), kept in memory and made durable
+/// lazily like the push cursor: a lagging durable copy only costs a re-pull
+/// after a restart, which is filtered against the log before any write.
+#[derive(Clone, Copy, Default)]
+struct PullState {
+    cursor: u64,
+    durable: u64,
     persisted_at: Option<Duration>,
 }
 
@@ -116,6 +150,11 @@ struct Inner {
     counters: Counters,
     push_slots: Arc<Semaphore>,
     pushers: Mutex<BTreeMap<PushKey, PushState>>,
+    /// Pull cursors by (tree, cursor peer).
+    pulls: Mutex<BTreeMap<PushKey, PullState>>,
+    /// Per tree, how many committed batches stored ops in it (local or
+    /// replicated) since start; bumped by the commit hook before any hint.
+    changes: Mutex<BTreeMap<TreeKey, u64>>,
     tree_locks: Mutex<BTreeMap<TreeKey, TreeLocks>>,
     /// Canary `ReplicationDropsOnFullQueue`: heights pushers skip to.
     push_skips: Arc<Mutex<BTreeMap<TreeKey, u64>>>,
@@ -180,6 +219,8 @@ impl Service {
             batcher,
             counters: Counters::default(),
             pushers: Mutex::default(),
+            pulls: Mutex::default(),
+            changes: Mutex::default(),
             tree_locks: Mutex::default(),
             push_skips: Arc::default(),
             closed: AtomicBool::new(false),
@@ -249,6 +290,7 @@ impl Service {
             sync_rounds: c.sync_rounds.load(Ordering::Relaxed),
             pending_writes: batcher.pending,
             push_failures: c.push_failures.load(Ordering::Relaxed),
+            push_passes: c.push_passes.load(Ordering::Relaxed),
             sync_peer_errors: c.sync_peer_errors.load(Ordering::Relaxed),
             hints_dropped: c.hints_dropped.load(Ordering::Relaxed),
             reopens: c.reopens.load(Ordering::Relaxed),
@@ -292,6 +334,9 @@ fn hint_hook(inner: &Arc<Inner>, hints: mpsc::Sender<TreeKey>) -> CommitHook {
     let weak = Arc::downgrade(inner);
     Arc::new(move |notice: &CommitNotice| {
         let Some(inner) = weak.upgrade() else { return };
+        // Replicated ops count too: a sync may bring back ops of our own
+        // origin (a replica restored from nothing), which need pushing.
+        inner.count_changes(notice.local_trees.iter().chain(&notice.applied_trees));
         for tree in &notice.local_trees {
             match hints.try_send(tree.clone()) {
                 Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
@@ -498,8 +543,12 @@ impl Inner {
             if trees.contains(&key.0) {
                 state.acked = 0;
                 state.persisted_at = None;
+                state.durable = None;
+                state.clean_at = None;
             }
         }
+        drop(pushers);
+        self.forget_pull_cursors(&trees);
         Ok(Response::Done)
     }
 
@@ -706,14 +755,16 @@ impl Inner {
     }
 
     /// At start (which resumes pushes a restart interrupted) and then every
-    /// `replication_timeout`, looks at every tree for unsent ops: this is
-    /// what makes a dropped hint harmless.
+    /// `replication_timeout`, starts a pass for every (tree, peer) that may
+    /// have unsent ops: this is what makes a dropped hint harmless. A pusher
+    /// whose last clean pass saw the tree's current change count is skipped
+    /// (the count moves before the hint is even sent).
     async fn run_sweeps(self: Arc<Self>) {
         loop {
             match self.forest.all_trees() {
                 Ok(trees) => {
                     for tree in trees.iter().filter(|t| self.replicates(&t.cid)) {
-                        self.schedule_push(tree);
+                        self.sweep_tree(tree);
                     }
                 }
                 Err(error) => tracing::warn!(%error, "replication sweep cannot list trees"),
@@ -727,23 +778,50 @@ impl Inner {
         }
     }
 
+    fn sweep_tree(self: &Arc<Self>, tree: &TreeKey) {
+        let changes = self.changes_of(tree);
+        let now = self.env.clock.now();
+        let period = self.config.tree.replication_timeout * CURSOR_PERIODS;
+        for peer in self.peers_of(&tree.cid) {
+            let key = (tree.clone(), peer);
+            if self.push_state(&key, |s| s.wants_pass(changes, now, period)) {
+                self.schedule_pusher(key);
+            }
+        }
+    }
+
     /// Marks every pusher of `tree` as having work, starting the idle ones.
     fn schedule_push(self: &Arc<Self>, tree: &TreeKey) {
+        for peer in self.peers_of(&tree.cid) {
+            self.schedule_pusher((tree.clone(), peer));
+        }
+    }
+
+    fn schedule_pusher(self: &Arc<Self>, key: PushKey) {
         if self.stopped() {
             return;
         }
-        for peer in self.peers_of(&tree.cid) {
-            let key = (tree.clone(), peer);
-            let start = {
-                let mut pushers = self.pushers.lock().expect("pushers");
-                let state = pushers.entry(key.clone()).or_default();
-                state.dirty = true;
-                !std::mem::replace(&mut state.running, true)
-            };
-            if start {
-                spawn(self, "pusher", self.clone().run_pusher(key));
-            }
+        let start = {
+            let mut pushers = self.pushers.lock().expect("pushers");
+            let state = pushers.entry(key.clone()).or_default();
+            state.dirty = true;
+            !std::mem::replace(&mut state.running, true)
+        };
+        if start {
+            spawn(self, "pusher", self.clone().run_pusher(key));
         }
+    }
+
+    fn count_changes<'a>(&self, trees: impl Iterator<Item = &'a TreeKey>) {
+        let mut changes = self.changes.lock().expect("changes");
+        for tree in trees {
+            *changes.entry(tree.clone()).or_default() += 1;
+        }
+    }
+
+    fn changes_of(&self, tree: &TreeKey) -> u64 {
+        let changes = self.changes.lock().expect("changes");
+        changes.get(tree).copied().unwrap_or(0)
     }
 
     /// One task per (tree, peer) while it has work; failures back off
@@ -798,10 +876,21 @@ impl Inner {
     /// Sends `peer` every op that originated here from its push cursor on,
     /// one page at a time; the cursor moves only over acknowledged pages.
     async fn push_to_peer(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
+        self.counters.push_passes.fetch_add(1, Ordering::Relaxed);
         let locks = self.locks(tree);
         let _no_drop = locks.drop_guard.read().await;
         let key = (tree.clone(), peer);
-        let durable = self.forest.cursor(tree, CursorKind::Push, peer)?;
+        // Read before the scan: a commit after this point moves the count
+        // again, so the pass is not mistaken for covering it.
+        let changes = self.changes_of(tree);
+        let durable = match self.push_state(&key, |s| s.durable) {
+            Some(durable) => durable,
+            None => {
+                let durable = self.forest.cursor(tree, CursorKind::Push, peer)?;
+                self.push_state(&key, |s| s.durable = Some(durable));
+                durable
+            }
+        };
         let start = durable.max(self.push_state(&key, |s| s.acked));
         let mut cursor = start;
         if let Some(&skip) = self.push_skips.lock().expect("push skips").get(tree) {
@@ -820,6 +909,10 @@ impl Inner {
             })
             .await
             .inspect_err(|error| self.note_error(error))?;
+            self.push_state(&key, |s| s.durable = Some(cursor));
+        }
+        if result.is_ok() {
+            self.push_state(&key, |s| s.clean_at = Some(changes));
         }
         result
     }
@@ -836,11 +929,11 @@ impl Inner {
 
     /// Records `cursor` as acknowledged; true when it should also be made
     /// durable now: `CURSOR_LAG_MAX` or more ahead of the durable cursor, or
-    /// not persisted for `PUSH_CURSOR_PERIODS` replication timeouts (the
-    /// sweep guarantees a pass every `replication_timeout`).
+    /// not persisted for `CURSOR_PERIODS` replication timeouts (the sweep
+    /// starts a pass for a lagging cursor when it is due).
     fn should_persist(&self, key: &PushKey, durable: u64, cursor: u64) -> bool {
         let now = self.env.clock.now();
-        let period = self.config.tree.replication_timeout * PUSH_CURSOR_PERIODS;
+        let period = self.config.tree.replication_timeout * CURSOR_PERIODS;
         self.push_state(key, |state| {
             state.acked = state.acked.max(cursor);
             let stale = state
@@ -996,6 +1089,7 @@ impl Inner {
                         if canary::active(Canary::SyncDropsTreeOnPeerError) {
                             // Planted bug: discard local data on a peer's hiccup.
                             let _ = self.forest.tree_drop(&tree.cid, Some(&tree.tree));
+                            self.forget_pull_cursors(std::slice::from_ref(&tree));
                         }
                     }
                 }
@@ -1052,23 +1146,48 @@ impl Inner {
 
     /// Pulls `peer`'s log of `tree` from the pull cursor, page by page,
     /// moving the cursor only over ops applied here. The durable cursor is
-    /// written at the end of the pass (also a failed one) and whenever it
-    /// lags `CURSOR_LAG_MAX` behind.
+    /// written whenever it lags `CURSOR_LAG_MAX` behind, and at the end of
+    /// a pass (also a failed one) when it was not written for
+    /// `CURSOR_PERIODS` replication timeouts.
     async fn pull_from(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
         let cursor_peer = if canary::active(Canary::SharedSyncCursor) {
             0 // Planted bug: every peer's heights share one cursor.
         } else {
             peer
         };
-        let mut durable = self.forest.cursor(tree, CursorKind::Pull, cursor_peer)?;
-        let mut cursor = durable;
-        let result = self
-            .pull_pages(tree, peer, cursor_peer, &mut cursor, &mut durable)
-            .await;
-        if cursor > durable {
-            self.persist_pull_cursor(tree, cursor_peer, cursor).await?;
-        }
-        result
+        let key = (tree.clone(), cursor_peer);
+        let known = self.pulls.lock().expect("pulls").get(&key).copied();
+        let mut state = match known {
+            Some(state) => state,
+            None => {
+                let durable = self.forest.cursor(tree, CursorKind::Pull, cursor_peer)?;
+                PullState {
+                    cursor: durable,
+                    durable,
+                    persisted_at: None,
+                }
+            }
+        };
+        let result = self.pull_pages(tree, peer, cursor_peer, &mut state).await;
+        let period = self.config.tree.replication_timeout * CURSOR_PERIODS;
+        let due = state
+            .persisted_at
+            .is_none_or(|at| self.env.clock.now().saturating_sub(at) >= period);
+        let persisted = if state.cursor > state.durable && due {
+            self.persist_pull_cursor(tree, cursor_peer, &mut state)
+                .await
+        } else {
+            Ok(())
+        };
+        self.pulls.lock().expect("pulls").insert(key, state);
+        persisted.and(result)
+    }
+
+    /// Forgets the in-memory pull cursors of dropped trees (their durable
+    /// ones went with the tree).
+    fn forget_pull_cursors(&self, trees: &[TreeKey]) {
+        let mut pulls = self.pulls.lock().expect("pulls");
+        pulls.retain(|(tree, _), _| !trees.contains(tree));
     }
 
     async fn pull_pages(
@@ -1076,19 +1195,17 @@ impl Inner {
         tree: &TreeKey,
         peer: ReplicaId,
         cursor_peer: ReplicaId,
-        cursor: &mut u64,
-        durable: &mut u64,
+        state: &mut PullState,
     ) -> Result<()> {
         for _ in 0..MAX_PULL_PAGES_PER_ROUND {
-            let entries = match self.fetch_page(tree, peer, *cursor).await? {
+            let entries = match self.fetch_page(tree, peer, state.cursor).await? {
                 Some(entries) if !entries.is_empty() => entries,
                 _ => return Ok(()),
             };
             let (applied_to, fresh, stop) = self.apply_page(tree, entries).await?;
-            *cursor = (*cursor).max(applied_to);
-            if *cursor - *durable >= CURSOR_LAG_MAX {
-                self.persist_pull_cursor(tree, cursor_peer, *cursor).await?;
-                *durable = *cursor;
+            state.cursor = state.cursor.max(applied_to);
+            if state.cursor - state.durable >= CURSOR_LAG_MAX {
+                self.persist_pull_cursor(tree, cursor_peer, state).await?;
             }
             self.counters.ops_pulled.fetch_add(fresh, Ordering::Relaxed);
             if let Some(error) = stop {
@@ -1105,15 +1222,19 @@ impl Inner {
         &self,
         tree: &TreeKey,
         cursor_peer: ReplicaId,
-        cursor: u64,
+        state: &mut PullState,
     ) -> Result<()> {
         let forest = self.forest.clone();
         let tree = tree.clone();
+        let cursor = state.cursor;
         blocking(&*self.env.runtime, move || {
             forest.set_cursor(&tree, CursorKind::Pull, cursor_peer, cursor)
         })
         .await
-        .inspect_err(|error| self.note_error(error))
+        .inspect_err(|error| self.note_error(error))?;
+        state.durable = cursor;
+        state.persisted_at = Some(self.env.clock.now());
+        Ok(())
     }
 
     /// One page of a peer's log from `from_height`; `None` when the peer

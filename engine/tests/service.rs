@@ -610,3 +610,64 @@ async fn replica_restored_from_nothing_pulls_its_own_ops_back() {
     assert_eq!(n1.stats().ops_pulled, 10);
     assert_eq!(dump(&n1, &t), dump(&n2, &t));
 }
+
+#[tokio::test(start_paused = true)]
+async fn idle_trees_cost_no_push_passes() {
+    let net = LocalNet::new();
+    let nodes = start_cluster(&net, cluster_configs(2));
+    let t = tree("t");
+    for i in 0..3 {
+        add(&nodes[0], &t, ROOT, &format!("n{i}")).await;
+    }
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    // Node 2's first sweep after applying looks once for ops of its own.
+    tokio::time::sleep(Duration::from_secs(2 * 60)).await;
+    let passes: Vec<u64> = nodes.iter().map(|n| n.stats().push_passes).collect();
+    assert!(passes[0] > 0);
+    // Ten sweeps (one per replication timeout) over a tree nothing changed.
+    tokio::time::sleep(Duration::from_secs(10 * 60)).await;
+    let later: Vec<u64> = nodes.iter().map(|n| n.stats().push_passes).collect();
+    assert_eq!(later, passes);
+    // A new write is still pushed.
+    add(&nodes[0], &t, ROOT, "late").await;
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    assert!(nodes[0].stats().push_passes > passes[0]);
+    assert_converged(&nodes, &[t]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pull_cursor_is_made_durable_lazily() {
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    // Listed, so node 2 looks for the tree before it holds it.
+    for c in &mut configs {
+        c.node.containers.push(ContainerConfig {
+            cid: cid(),
+            replicas: vec![1, 2],
+        });
+    }
+    let nodes = start_cluster(&net, configs);
+    let t = tree("t");
+    // Only pulls carry node 1's ops to node 2.
+    net.cut(1, 2, true);
+    for i in 0..3 {
+        add(&nodes[0], &t, ROOT, &format!("a{i}")).await;
+    }
+    let n2 = &nodes[1];
+    let durable = || n2.forest().cursor(&t, CursorKind::Pull, 1).unwrap();
+    n2.sync_now().await;
+    assert_eq!(durable(), 3, "the first pass writes the cursor");
+    for i in 0..2 {
+        add(&nodes[0], &t, ROOT, &format!("b{i}")).await;
+    }
+    n2.sync_now().await;
+    assert_eq!(n2.stats().ops_pulled, 5);
+    assert_eq!(durable(), 3, "a recent durable cursor is not rewritten");
+    // Pulling again goes on from the in-memory cursor: nothing is fetched
+    // twice, and once the durable copy is old enough it is written.
+    tokio::time::sleep(Duration::from_secs(17 * 60)).await;
+    n2.sync_now().await;
+    assert_eq!(n2.stats().ops_pulled, 5);
+    assert_eq!(durable(), 5);
+    assert_eq!(dump(&nodes[0], &t), dump(n2, &t));
+}
