@@ -10,7 +10,12 @@
 //!   else already queued, up to `max_commit_size` writes, so one sync serves
 //!   a whole backlog;
 //! - while a commit is in flight the next batch accumulates in the queue
-//!   (at most `max_pending` writes), ready the moment the commit returns.
+//!   (at most `max_pending` writes), ready the moment the commit returns;
+//! - replicated ops (a job of `Apply` writes only) have no client waiting on
+//!   them: with `replicated_batch_delay` set, such a job neither makes a
+//!   batch due by its size nor shortens its window below that delay, so the
+//!   pushes of several peers and trees share one commit, and one with the
+//!   next local write if it comes first.
 //!
 //! Guarantees, each relied on by the service and checked by the simulator:
 //! - the queue is bounded (`max_pending` ops); a full queue refuses at once
@@ -71,6 +76,9 @@ pub struct BatcherOptions {
     /// A batch with this many writes is committed without waiting further.
     pub max_batch_size: usize,
     pub max_batch_delay: Duration,
+    /// The window of a job of replicated ops only; zero: the same rules as
+    /// local writes (see the module comment).
+    pub replicated_batch_delay: Duration,
     pub max_pending: usize,
     /// The most writes one commit takes from a backlog; values below
     /// `max_batch_size` mean `max_batch_size` (no growth under load).
@@ -81,6 +89,24 @@ impl BatcherOptions {
     /// The effective per-commit bound.
     pub fn commit_cap(&self) -> usize {
         self.max_commit_size.max(self.max_batch_size)
+    }
+
+    /// How long after it was queued a job makes its batch due.
+    fn window(&self, replicated: bool) -> Duration {
+        if replicated {
+            self.max_batch_delay.max(self.replicated_batch_delay)
+        } else {
+            self.max_batch_delay
+        }
+    }
+
+    /// How many of a job's writes count toward `max_batch_size`.
+    fn urgent_writes(&self, replicated: bool, writes: usize) -> usize {
+        if replicated && !self.replicated_batch_delay.is_zero() {
+            0
+        } else {
+            writes
+        }
     }
 }
 
@@ -93,6 +119,18 @@ struct Job {
     /// When the job was queued, on the node's clock: the batch's delay
     /// window starts at its oldest job.
     queued_at: Duration,
+    /// Every request is a replicated op (`WriteOp::Apply`).
+    replicated: bool,
+}
+
+impl Job {
+    fn deadline(&self, options: &BatcherOptions) -> Duration {
+        self.queued_at + options.window(self.replicated)
+    }
+
+    fn urgent_writes(&self, options: &BatcherOptions) -> usize {
+        options.urgent_writes(self.replicated, self.requests.len())
+    }
 }
 
 /// The answer channel of a job and its share of the pending count, which
@@ -146,6 +184,7 @@ impl Batcher {
         let options = BatcherOptions {
             max_batch_size,
             max_batch_delay,
+            replicated_batch_delay: Duration::ZERO,
             max_pending,
             max_commit_size: max_batch_size,
         };
@@ -217,10 +256,14 @@ impl Batcher {
             sender,
             _pending: pending,
         };
+        let replicated = requests
+            .iter()
+            .all(|r| matches!(r.op, WriteOp::Apply { .. }));
         let job = Job {
             requests,
             reply,
             queued_at: self.env.clock.now(),
+            replicated,
         };
         match self.queue.try_send(job) {
             Ok(()) => {}
@@ -352,14 +395,17 @@ impl Worker {
     /// Adds jobs to `first` until the batch is due, then whatever else is
     /// already queued, up to the commit cap. A batch is due when it holds
     /// `max_batch_size` writes or `max_batch_delay` has passed since its
-    /// oldest job was queued (on the node's clock). `Err` (with the jobs
-    /// collected) on shutdown.
+    /// oldest job was queued (on the node's clock); replicated jobs count
+    /// with their own window and size (`BatcherOptions::window`). `Err`
+    /// (with the jobs collected) on shutdown.
     async fn collect(&mut self, first: Job) -> Result<Vec<Job>, Vec<Job>> {
-        let deadline = first.queued_at + self.options.max_batch_delay;
-        let cap = self.options.commit_cap();
+        let options = self.options;
+        let mut deadline = first.deadline(&options);
+        let cap = options.commit_cap();
         let mut size = first.requests.len();
+        let mut urgent = first.urgent_writes(&options);
         let mut batch = vec![first];
-        let mut due = size >= self.options.max_batch_size;
+        let mut due = urgent >= options.max_batch_size;
         while size < cap {
             let job = match self.receiver.try_recv() {
                 Ok(job) => job,
@@ -388,8 +434,10 @@ impl Worker {
                 break;
             }
             size += job.requests.len();
+            urgent += job.urgent_writes(&options);
+            deadline = deadline.min(job.deadline(&options));
             batch.push(job);
-            due = due || size >= self.options.max_batch_size;
+            due = due || urgent >= options.max_batch_size;
         }
         Ok(batch)
     }

@@ -39,6 +39,12 @@ pub struct TreeConfig {
 pub struct PiloramaConfig {
     pub max_batch_delay: Duration,
     pub max_batch_size: usize,
+    /// How long a batch holding only replicated ops (Apply, sync pages) may
+    /// wait for more writes before it commits; any local write joining it
+    /// brings its own, shorter deadline. Replicated ops have no client
+    /// waiting, so grouping them saves a durable commit per push. 0: they
+    /// batch like local writes.
+    pub replicated_batch_delay: Duration,
     pub path: PathBuf,
     /// Acknowledge before the batch is durable (operator's choice).
     pub no_sync: bool,
@@ -124,6 +130,7 @@ impl Default for PiloramaConfig {
         Self {
             max_batch_delay: Duration::from_millis(5),
             max_batch_size: 100,
+            replicated_batch_delay: Duration::ZERO,
             path: PathBuf::from("./data/tree.db"),
             no_sync: false,
             reopen_attempts_max: 20,
@@ -235,6 +242,14 @@ impl Config {
                 "tree.replication_timeout: must not be 0".into(),
             ));
         }
+        // A push waits for the peer's commit within one replication
+        // timeout; a window longer than half of it would time pushes out.
+        if self.pilorama.replicated_batch_delay * 2 > self.tree.replication_timeout {
+            return Err(Error::Config(
+                "pilorama.replicated_batch_delay: must be at most half of tree.replication_timeout"
+                    .into(),
+            ));
+        }
         // One node with the largest meta must fit into one message, or a
         // valid write could never be replicated.
         if self.limits.max_meta_bytes + MESSAGE_OVERHEAD_BYTES > self.limits.max_message_bytes {
@@ -313,6 +328,9 @@ fn parse_pilorama(mut s: Section) -> Result<PiloramaConfig> {
     let config = PiloramaConfig {
         max_batch_delay: s.duration("max_batch_delay")?.unwrap_or(d.max_batch_delay),
         max_batch_size: s.usize("max_batch_size")?.unwrap_or(d.max_batch_size),
+        replicated_batch_delay: s
+            .duration("replicated_batch_delay")?
+            .unwrap_or(d.replicated_batch_delay),
         path: s.string("path")?.map(PathBuf::from).unwrap_or(d.path),
         no_sync: s.bool("no_sync")?.unwrap_or(d.no_sync),
         reopen_attempts_max: s
@@ -530,6 +548,7 @@ tree:
 pilorama:
   max_batch_delay: 5ms
   max_batch_size: 100
+  replicated_batch_delay: 40ms
   path: /tmp/x.db
   no_sync: true
 node:
@@ -555,6 +574,7 @@ limits:
         assert_eq!(c.tree.replication_timeout, Duration::from_millis(250));
         assert_eq!(c.tree.sync_interval, Some(Duration::from_secs(300)));
         assert_eq!(c.pilorama.path, PathBuf::from("/tmp/x.db"));
+        assert_eq!(c.pilorama.replicated_batch_delay, Duration::from_millis(40));
         assert!(c.pilorama.no_sync);
         assert!(!c.forest_options().durable);
         assert_eq!(c.node.replica_id, 2);
@@ -625,6 +645,10 @@ limits:
                 "pilorama.max_batch_delay:",
             ),
             ("pilorama: { path: 3 }", "pilorama.path:"),
+            (
+                "tree: { replication_timeout: 1s }\npilorama: { replicated_batch_delay: 600ms }",
+                "pilorama.replicated_batch_delay:",
+            ),
             (
                 "limits: { max_message_bytes: 100 }",
                 "limits.max_message_bytes:",

@@ -204,6 +204,7 @@ impl Service {
             BatcherOptions {
                 max_batch_size: config.pilorama.max_batch_size,
                 max_batch_delay: config.pilorama.max_batch_delay,
+                replicated_batch_delay: config.pilorama.replicated_batch_delay,
                 max_pending: config.limits.max_pending_writes,
                 max_commit_size: config.limits.max_commit_size,
             },

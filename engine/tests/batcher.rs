@@ -57,6 +57,7 @@ impl Script {
                         node: parent,
                         ts: parent,
                     }),
+                    WriteOp::Apply { .. } => Ok(WriteOutcome::Applied { fresh: true }),
                     _ => unreachable!(),
                 })
                 .collect())
@@ -64,10 +65,112 @@ impl Script {
     }
 }
 
+/// A replicated op (as a push delivers it).
+fn replicated(tag: u64) -> WriteRequest {
+    WriteRequest {
+        tree: tree("t"),
+        op: WriteOp::Apply {
+            op: arbor::Move {
+                parent: 0,
+                child: tag,
+                meta: arbor::Meta {
+                    time: (tag << 16) | 2,
+                    items: vec![],
+                },
+            },
+        },
+    }
+}
+
+/// Batch size 1 without delay for local writes; replicated ops wait 50 ms.
+/// One commit takes up to 100 writes.
+fn lingering_options() -> BatcherOptions {
+    BatcherOptions {
+        max_batch_delay: Duration::ZERO,
+        replicated_batch_delay: Duration::from_millis(50),
+        max_commit_size: 100,
+        ..options(1, 100)
+    }
+}
+
+fn submit_later(
+    batcher: &Arc<Batcher>,
+    after: Duration,
+    requests: Vec<WriteRequest>,
+) -> tokio::task::JoinHandle<usize> {
+    let batcher = batcher.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let results = batcher.submit_all(requests).await.unwrap();
+        assert!(results.iter().all(Result::is_ok));
+        results.len()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn replicated_ops_share_a_commit_within_their_delay() {
+    let script = Script::new();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        lingering_options(),
+    ));
+    let start = tokio::time::Instant::now();
+    let pushes = [
+        submit_later(&batcher, Duration::ZERO, vec![replicated(1)]),
+        submit_later(&batcher, Duration::from_millis(20), vec![replicated(2)]),
+        submit_later(&batcher, Duration::from_millis(40), vec![replicated(3)]),
+        // After the first one's 50 ms: the next commit.
+        submit_later(&batcher, Duration::from_millis(60), vec![replicated(4)]),
+    ];
+    for push in pushes {
+        push.await.unwrap();
+    }
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![3, 1]);
+    assert_eq!(start.elapsed(), Duration::from_millis(110));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_local_write_takes_waiting_replicated_ops_along_at_once() {
+    let script = Script::new();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        lingering_options(),
+    ));
+    let start = tokio::time::Instant::now();
+    let push = submit_later(&batcher, Duration::ZERO, vec![replicated(1), replicated(2)]);
+    let local = submit_later(&batcher, Duration::from_millis(10), vec![request("t", 7)]);
+    assert_eq!(local.await.unwrap(), 1);
+    // The local write did not wait for the replicated ops' window.
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+    assert_eq!(push.await.unwrap(), 2);
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_replicated_delay_replicated_ops_batch_like_local_ones() {
+    let script = Script::new();
+    let batcher = Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        BatcherOptions {
+            replicated_batch_delay: Duration::ZERO,
+            ..lingering_options()
+        },
+    ));
+    let first = submit_later(&batcher, Duration::ZERO, vec![replicated(1)]);
+    let second = submit_later(&batcher, Duration::from_millis(20), vec![replicated(2)]);
+    first.await.unwrap();
+    second.await.unwrap();
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![1, 1]);
+}
+
 fn options(max_batch_size: usize, max_pending: usize) -> BatcherOptions {
     BatcherOptions {
         max_batch_size,
         max_batch_delay: Duration::from_millis(5),
+        replicated_batch_delay: Duration::ZERO,
         max_pending,
         max_commit_size: max_batch_size,
     }

@@ -43,6 +43,7 @@ async fn failed_batch(planted: bool) -> Option<Result<arbor::forest::WriteOutcom
     let options = BatcherOptions {
         max_batch_size: 10,
         max_batch_delay: Duration::from_millis(5),
+        replicated_batch_delay: Duration::ZERO,
         max_pending: 10,
         max_commit_size: 10,
     };

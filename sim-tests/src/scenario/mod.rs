@@ -279,7 +279,10 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
         .into_iter()
         .map(|(cid, replicas)| ContainerConfig { cid, replicas })
         .collect();
-    let configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
+    let mut configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
+    for config in &mut configs {
+        config.pilorama.replicated_batch_delay = swarm.replicated_batch_delay;
+    }
     let disk_config = |i: usize| {
         let mut config = DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
         config.latency = swarm.disk_latency;

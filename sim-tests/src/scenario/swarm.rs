@@ -120,7 +120,15 @@ pub struct Swarm {
     /// Torn writes at power failure, all run long.
     pub torn_write_probability: f64,
     pub disk_latency: DiskLatency,
+    /// `pilorama.replicated_batch_delay` of every node: zero keeps every
+    /// push its own commit. Drawn last, so adding it left the other draws
+    /// of a seed as they were.
+    pub replicated_batch_delay: Duration,
 }
+
+/// Choices of `replicated_batch_delay`, in ms, before the cap of a quarter
+/// of the replication timeout.
+const REPLICATED_BATCH_DELAYS_MS: [u64; 4] = [0, 25, 50, 100];
 
 fn pick<T: Copy>(rng: &mut SplitMix64, options: &[T]) -> T {
     options[(rng.next_u64() % options.len() as u64) as usize]
@@ -172,6 +180,7 @@ impl Swarm {
             disk_errors: weight(&mut rng, on * 0.6),
             push_blackout: weight(&mut rng, on * 0.6),
         };
+        let replication_timeout = knobs.replication_timeout;
         let mut swarm = Swarm {
             seed,
             profile,
@@ -200,6 +209,11 @@ impl Swarm {
                 per_sync: Duration::from_micros(pick(&mut rng, &[0, 100, 2_000])),
                 per_byte_nanos: pick(&mut rng, &[0, 1]),
             },
+            replicated_batch_delay: Duration::from_millis(pick(
+                &mut rng,
+                &REPLICATED_BATCH_DELAYS_MS,
+            ))
+            .min(replication_timeout / 4),
         };
         swarm.apply_profile(faults_on);
         swarm
@@ -270,9 +284,10 @@ impl fmt::Display for Swarm {
             .collect();
         write!(
             f,
-            "  clocks: {}; disk latency {:?}",
+            "  clocks: {}; disk latency {:?}; replicated_batch_delay {:?}",
             skews.join(", "),
-            self.disk_latency
+            self.disk_latency,
+            self.replicated_batch_delay
         )
     }
 }

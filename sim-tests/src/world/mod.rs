@@ -122,6 +122,7 @@ pub fn node_config(
         pilorama: PiloramaConfig {
             max_batch_delay: knobs.max_batch_delay,
             max_batch_size: knobs.max_batch_size,
+            replicated_batch_delay: Duration::ZERO,
             path: format!("sim://replica-{id}").into(),
             no_sync: false,
             reopen_attempts_max: 20,
