@@ -9,6 +9,7 @@ mod check;
 mod dir_cache;
 mod read;
 pub mod records;
+mod tree_numbers;
 mod write;
 
 use crate::error::{Error, Result};
@@ -137,6 +138,9 @@ pub struct Forest {
     /// directories holds this lock from before `begin_write` until after
     /// its commit, which keeps the cache equal to the committed state.
     dir_cache: Mutex<dir_cache::DirCache>,
+    /// Tree key -> number hints (see `tree_numbers`); a new epoch starts
+    /// under the `dir_cache` lock whenever numbers may be given again.
+    tree_numbers: tree_numbers::TreeNumbers,
 }
 
 /// A read snapshot of one existing tree.
@@ -251,6 +255,9 @@ impl Forest {
         let db = opener()?;
         create_tables(&db)?;
         *slot = Some(db);
+        // Lost non-durable commits may have created trees whose numbers
+        // the counter now gives again. Still under the directory lock.
+        self.tree_numbers.new_epoch();
         Ok(())
     }
 
@@ -276,6 +283,7 @@ impl Forest {
             opener: None,
             options,
             dir_cache: Mutex::default(),
+            tree_numbers: tree_numbers::TreeNumbers::default(),
         })
     }
 
@@ -344,7 +352,8 @@ impl Forest {
             .collect();
         let txn = self.begin_write()?;
         let changed = {
-            let mut writer = write::Writer::open(&txn, self.options.replica_id, dirs)?;
+            let mut writer =
+                write::Writer::open(&txn, self.options.replica_id, dirs, &self.tree_numbers)?;
             let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
             for (index, request) in requests.iter().enumerate() {
                 if let (None, WriteOp::Apply { op }) = (&results[index], &request.op) {
@@ -426,10 +435,19 @@ impl Forest {
 
     /// A read snapshot of an existing tree: its rows table and record.
     fn read_tree(&self, tree: &TreeKey) -> Result<TreeRead> {
+        let (epoch, hint) = self.tree_numbers.hint(tree);
         let txn = self.begin_read()?;
-        let number = tree_number(&txn.open_table(TREES)?, tree)?;
         let rows = txn.open_table(ROWS)?;
+        // A hint from an epoch that ended after it was taken may name
+        // another tree in this snapshot (see `tree_numbers`).
+        if let Some(number) = hint.filter(|_| self.tree_numbers.epoch() == epoch) {
+            if let Some(rec) = read::tree_state_if_present(&rows, number)? {
+                return Ok(TreeRead { txn, rows, rec });
+            }
+        }
+        let number = tree_number(&txn.open_table(TREES)?, tree)?;
         let rec = read::tree_state(&rows, number)?;
+        self.tree_numbers.learn(epoch, tree, number);
         Ok(TreeRead { txn, rows, rec })
     }
 
@@ -620,7 +638,7 @@ impl Forest {
                 assert_eq!(record.tail.height, height, "height index out of sync");
                 page.entries.push(LogEntry {
                     height,
-                    op: record.to_move(ts),
+                    op: record.into_move(ts),
                 });
             }
         }
@@ -748,7 +766,7 @@ impl Forest {
         value: u64,
     ) -> Result<()> {
         let txn = self.begin_write()?;
-        {
+        let moved = {
             let number = tree_number(&txn.open_table(TREES)?, tree)?;
             let mut cursors = txn.open_table(CURSORS)?;
             let key = (number, kind as u8, peer);
@@ -757,9 +775,18 @@ impl Forest {
                 value >= current,
                 "cursor {kind:?}/{peer} moved back from {current} to {value}"
             );
-            cursors.insert(key, value)?;
+            if value > current {
+                cursors.insert(key, value)?;
+            }
+            value > current
+        };
+        // A cursor already at `value` is durable as it is: a commit would
+        // cost a flush and change nothing.
+        if moved {
+            txn.commit()?;
+        } else {
+            txn.abort()?;
         }
-        txn.commit()?;
         Ok(())
     }
 
@@ -776,7 +803,7 @@ impl Forest {
         for row in rows.range(kind_range(t, RowKind::Log))? {
             let (key, value) = row?;
             dump.log
-                .push(decode_log(value.value())?.to_move(key.value().1));
+                .push(decode_log(value.value())?.into_move(key.value().1));
         }
         for row in rows.range(kind_range(t, RowKind::Node))? {
             let (key, value) = row?;
@@ -857,7 +884,11 @@ impl Forest {
         txn.delete_table(CURSORS)?;
         // Recreated at once: reads never meet a missing table.
         open_all_tables(&txn)?;
-        txn.commit()
+        let committed = txn.commit();
+        // Tree numbers start over (also after a commit that failed half
+        // way). Still under the directory lock.
+        self.tree_numbers.new_epoch();
+        committed
     }
 }
 
@@ -936,6 +967,46 @@ mod tests {
             Ok(_) => panic!("a database of another layout was opened"),
             Err(e) => e,
         }
+    }
+
+    fn add(forest: &Forest, tree: &TreeKey) {
+        let request = WriteRequest {
+            tree: tree.clone(),
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: vec![],
+            },
+        };
+        let outcome = forest.write_batch(&[request]).unwrap().pop().unwrap();
+        assert!(outcome.is_ok(), "{outcome:?}");
+    }
+
+    #[test]
+    fn remembered_tree_numbers_never_name_another_tree() {
+        let forest = Forest::in_memory(ForestOptions::default()).unwrap();
+        let a = TreeKey::new(ContainerId([1; 32]), "a");
+        let b = TreeKey::new(ContainerId([1; 32]), "b");
+        add(&forest, &a);
+        assert_eq!(forest.next_height(&a), Ok(1), "a is remembered as tree 1");
+        forest.clear().unwrap();
+        // Numbering starts over: b becomes tree 1.
+        add(&forest, &b);
+        add(&forest, &b);
+        assert_eq!(forest.next_height(&b), Ok(2));
+        assert_eq!(forest.next_height(&a), Ok(0), "a is gone, not b");
+        assert!(!forest.tree_exists(&a).unwrap());
+        // The write path too: a is created afresh, not appended to b.
+        add(&forest, &a);
+        assert_eq!(forest.next_height(&a), Ok(1));
+        assert_eq!(forest.next_height(&b), Ok(2));
+        // A dropped tree's number is not reused; its hint leads nowhere.
+        forest.tree_drop(&a.cid, Some("a")).unwrap();
+        assert_eq!(forest.next_height(&a), Ok(0));
+        add(&forest, &a);
+        assert_eq!(forest.next_height(&a), Ok(1));
+        forest.check_invariants(&a).unwrap();
+        forest.check_invariants(&b).unwrap();
     }
 
     #[test]

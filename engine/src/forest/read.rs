@@ -133,6 +133,18 @@ pub(crate) fn node_record(
     }
 }
 
+/// The state row of tree `number` if the snapshot holds it (a remembered
+/// number is only a hint, see `tree_numbers`).
+pub(crate) fn tree_state_if_present(
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    number: u64,
+) -> Result<Option<TreeRecord>> {
+    if rows.get(state_key(number))?.is_none() {
+        return Ok(None);
+    }
+    tree_state(rows, number).map(Some)
+}
+
 /// The state row of tree `number`, which the trees table names: its
 /// absence or another number in it is damage, not a missing tree.
 pub(crate) fn tree_state(

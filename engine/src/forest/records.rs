@@ -239,6 +239,18 @@ pub struct LogRecord {
 }
 
 impl LogRecord {
+    /// [`LogRecord::to_move`] without copying the items.
+    pub fn into_move(self, ts: Timestamp) -> Move {
+        Move {
+            parent: self.body.parent,
+            child: self.body.child,
+            meta: Meta {
+                time: ts,
+                items: self.body.items,
+            },
+        }
+    }
+
     pub fn to_move(&self, ts: Timestamp) -> Move {
         Move {
             parent: self.body.parent,

@@ -4,6 +4,7 @@
 use super::dir_cache::DirCache;
 use super::read;
 use super::records::*;
+use super::tree_numbers::TreeNumbers;
 use super::{WriteOp, WriteOutcome};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
@@ -26,7 +27,10 @@ pub(super) struct Incoming<'a> {
 
 pub(super) struct Writer<'txn, 'c> {
     txn: &'txn WriteTransaction,
-    trees: Table<'txn, &'static [u8], u64>,
+    /// Opened on first need: a batch on known trees finds their numbers
+    /// in `numbers`.
+    trees: Option<Table<'txn, &'static [u8], u64>>,
+    numbers: &'c TreeNumbers,
     /// Log, node, state and height rows (see `ROWS`).
     rows: Table<'txn, RowKey, &'static [u8]>,
     children: Table<'txn, ChildKey, &'static [u8]>,
@@ -69,10 +73,12 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         txn: &'txn WriteTransaction,
         replica_id: ReplicaId,
         dirs: &'c mut DirCache,
+        numbers: &'c TreeNumbers,
     ) -> Result<Self> {
         Ok(Self {
             txn,
-            trees: txn.open_table(TREES)?,
+            trees: None,
+            numbers,
             rows: txn.open_table(ROWS)?,
             children: txn.open_table(CHILDREN)?,
             states: BTreeMap::new(),
@@ -106,7 +112,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             }
             let number = state.current.number;
             if state.stored.is_none() {
-                self.trees.insert(tree_key_bytes(&key).as_slice(), number)?;
+                self.trees()?
+                    .insert(tree_key_bytes(&key).as_slice(), number)?;
             }
             self.rows
                 .insert(state_key(number), encode_tree(&state.current).as_slice())?;
@@ -120,14 +127,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         if let Some(state) = self.states.get(key) {
             return Ok(Some(state.current));
         }
-        let number = self
-            .trees
-            .get(tree_key_bytes(key).as_slice())?
-            .map(|guard| guard.value());
-        let stored = match number {
-            Some(number) => Some(read::tree_state(&self.rows, number)?),
-            None => None,
-        };
+        let stored = self.stored_tree(key)?;
         let current = match stored {
             Some(record) => record,
             None if create => self.new_tree_record()?,
@@ -136,6 +136,37 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         self.states
             .insert(key.clone(), TreeState { stored, current });
         Ok(Some(current))
+    }
+
+    fn trees(&mut self) -> Result<&mut Table<'txn, &'static [u8], u64>> {
+        if self.trees.is_none() {
+            self.trees = Some(self.txn.open_table(TREES)?);
+        }
+        Ok(self.trees.as_mut().expect("opened above"))
+    }
+
+    /// The stored record of a tree, if it exists. The epoch of `numbers`
+    /// cannot change during a batch: a new one starts only under the
+    /// directory lock, which the batch holds.
+    fn stored_tree(&mut self, key: &TreeKey) -> Result<Option<TreeRecord>> {
+        let (epoch, hint) = self.numbers.hint(key);
+        if let Some(number) = hint {
+            if let Some(record) = read::tree_state_if_present(&self.rows, number)? {
+                return Ok(Some(record));
+            }
+        }
+        let number = self
+            .trees()?
+            .get(tree_key_bytes(key).as_slice())?
+            .map(|guard| guard.value());
+        let Some(number) = number else {
+            return Ok(None);
+        };
+        let record = read::tree_state(&self.rows, number)?;
+        // Committed before this batch (trees it creates are never looked
+        // up here), so right whether or not the batch commits.
+        self.numbers.learn(epoch, key, number);
+        Ok(Some(record))
     }
 
     /// The counter table is opened only here: most batches create no tree,
