@@ -79,7 +79,7 @@ mod tests {
     use crate::types::ContainerId;
 
     fn key(i: u32) -> TreeKey {
-        TreeKey::new(ContainerId([1; 32]), &i.to_string())
+        TreeKey::new(ContainerId([1; 32]), i.to_string())
     }
 
     #[test]
