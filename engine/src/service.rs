@@ -40,9 +40,12 @@ pub const MAX_PULL_PAGES_PER_ROUND: usize = 10_000;
 const CURSOR_LAG_MAX: u64 = 512;
 
 /// A push or pull cursor ahead of its durable copy is written at the latest
-/// after this many `replication_timeout`s, so that a quiet tree's resend or
-/// re-pull after a restart is bounded in time too.
+/// after this many `replication_timeout`s, and not before
+/// `CURSOR_PERSIST_PERIOD_MIN`, so that a quiet tree's resend or re-pull
+/// after a restart is bounded in time too (`CURSOR_LAG_MAX` bounds it in
+/// ops). Each write is a durable commit of its own.
 const CURSOR_PERIODS: u32 = 16;
+const CURSOR_PERSIST_PERIOD_MIN: Duration = Duration::from_secs(60);
 
 /// Estimated encoded bytes of a node or op beyond its meta (ids, timestamp,
 /// height, framing of the key/value list).
@@ -686,6 +689,10 @@ impl Inner {
             .clone()
     }
 
+    fn cursor_persist_period(&self) -> Duration {
+        (self.config.tree.replication_timeout * CURSOR_PERIODS).max(CURSOR_PERSIST_PERIOD_MIN)
+    }
+
     fn stopped(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
@@ -782,7 +789,7 @@ impl Inner {
     fn sweep_tree(self: &Arc<Self>, tree: &TreeKey) {
         let changes = self.changes_of(tree);
         let now = self.env.clock.now();
-        let period = self.config.tree.replication_timeout * CURSOR_PERIODS;
+        let period = self.cursor_persist_period();
         for peer in self.peers_of(&tree.cid) {
             let key = (tree.clone(), peer);
             if self.push_state(&key, |s| s.wants_pass(changes, now, period)) {
@@ -930,11 +937,11 @@ impl Inner {
 
     /// Records `cursor` as acknowledged; true when it should also be made
     /// durable now: `CURSOR_LAG_MAX` or more ahead of the durable cursor, or
-    /// not persisted for `CURSOR_PERIODS` replication timeouts (the sweep
+    /// not persisted for `cursor_persist_period` (the sweep
     /// starts a pass for a lagging cursor when it is due).
     fn should_persist(&self, key: &PushKey, durable: u64, cursor: u64) -> bool {
         let now = self.env.clock.now();
-        let period = self.config.tree.replication_timeout * CURSOR_PERIODS;
+        let period = self.cursor_persist_period();
         self.push_state(key, |state| {
             state.acked = state.acked.max(cursor);
             let stale = state
@@ -1149,7 +1156,7 @@ impl Inner {
     /// moving the cursor only over ops applied here. The durable cursor is
     /// written whenever it lags `CURSOR_LAG_MAX` behind, and at the end of
     /// a pass (also a failed one) when it was not written for
-    /// `CURSOR_PERIODS` replication timeouts.
+    /// `cursor_persist_period`.
     async fn pull_from(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
         let cursor_peer = if canary::active(Canary::SharedSyncCursor) {
             0 // Planted bug: every peer's heights share one cursor.
@@ -1170,7 +1177,7 @@ impl Inner {
             }
         };
         let result = self.pull_pages(tree, peer, cursor_peer, &mut state).await;
-        let period = self.config.tree.replication_timeout * CURSOR_PERIODS;
+        let period = self.cursor_persist_period();
         let due = state
             .persisted_at
             .is_none_or(|at| self.env.clock.now().saturating_sub(at) >= period);
