@@ -498,6 +498,17 @@ impl Forest {
         read::node_info(&rows, &rows, rec.number, node)
     }
 
+    /// `get_node` for many nodes in one read transaction: a checker that
+    /// looks up every acknowledged node would otherwise pay for a
+    /// transaction per node.
+    pub fn get_nodes(&self, tree: &TreeKey, nodes: &[NodeId]) -> Result<Vec<Option<NodeInfo>>> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        nodes
+            .iter()
+            .map(|&node| read::node_info(&rows, &rows, rec.number, node))
+            .collect()
+    }
+
     /// Children ids of a node, ascending.
     pub fn get_children(&self, tree: &TreeKey, node: NodeId) -> Result<Vec<NodeId>> {
         let TreeRead { txn, rec, .. } = self.read_tree(tree)?;
