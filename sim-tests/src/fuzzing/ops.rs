@@ -7,6 +7,7 @@ use crate::disk::{DiskConfig, SimDisk};
 use arbitrary::Arbitrary;
 use arbor::forest::{Forest, ForestOptions, TreeDump};
 use arbor::model::TreeModel;
+use arbor::Error;
 use arbor::{make_timestamp, ContainerId, KeyValue, Meta, Move, NodeId, TreeKey, ROOT, TRASH};
 use std::sync::OnceLock;
 
@@ -178,16 +179,17 @@ pub fn clear_between_inputs(forest: &Forest, number: u64) {
 }
 
 /// The dump of the fuzz tree, or an empty one if the tree was never
-/// created (every op of the input was refused).
+/// created (every op of the input was refused). One read transaction:
+/// asking `tree_exists` first would cost a second one.
 pub fn dump_or_empty(forest: &Forest) -> TreeDump {
-    let tree = fuzz_tree();
-    if !forest.tree_exists(&tree).expect("tree_exists") {
-        return TreeDump {
+    match forest.dump(&fuzz_tree()) {
+        Ok(dump) => dump,
+        Err(Error::TreeNotFound) => TreeDump {
             nodes: Vec::new(),
             log: Vec::new(),
-        };
+        },
+        Err(e) => panic!("dump: {e}"),
     }
-    forest.dump(&tree).expect("dump")
 }
 
 /// Cuts `len` items into batch sizes taken from `sizes` (each a power of
