@@ -1154,3 +1154,54 @@ fn late_creations_behind_newer_ops_keep_undo_records_exact() {
         .collect();
     assert_eq!(heights, expected);
 }
+
+/// `get_by_paths` answers each query as `get_by_path` does (duplicate
+/// directories, `latest_only`, missing paths), and refuses a bad path.
+#[test]
+fn get_by_paths_agrees_with_get_by_path() {
+    let f = forest();
+    let (r1, r2) = (ts(1, 1), ts(1, 2));
+    // Two directories named "a" (concurrent creation) with files under both.
+    apply(
+        &f,
+        &[
+            op(r1, ROOT, 10, name("a")),
+            op(r2, ROOT, 11, name("a")),
+            op(ts(2, 1), 10, 12, name("x")),
+            op(ts(3, 1), 11, 13, name("x")),
+            op(ts(4, 2), 10, 14, name("x")),
+        ],
+    );
+    let paths = [
+        path(&["a"]),
+        path(&["a", "x"]),
+        path(&["b"]),
+        path(&["a", "x", "y"]),
+    ];
+    let queries: Vec<(&[String], bool)> = paths
+        .iter()
+        .flat_map(|p| [(p.as_slice(), false), (p.as_slice(), true)])
+        .collect();
+    let found = f.get_by_paths(&tree(), ATTR_FILE_NAME, &queries).unwrap();
+    assert_eq!(found.len(), queries.len());
+    for (&(p, latest_only), found) in queries.iter().zip(&found) {
+        let one = f
+            .get_by_path(&tree(), ATTR_FILE_NAME, p, latest_only)
+            .unwrap();
+        assert_eq!(found, &one, "path {p:?} latest_only {latest_only}");
+    }
+    assert_eq!(found[0].len(), 2, "both directories named a");
+    assert_eq!(found[3].len(), 1, "the newest x under the chosen a");
+    assert!(found[4].is_empty() && found[6].is_empty());
+    let empty = path(&[]);
+    assert!(f
+        .get_by_paths(
+            &tree(),
+            ATTR_FILE_NAME,
+            &[(&paths[0], false), (&empty, false)]
+        )
+        .is_err());
+    assert!(f
+        .get_by_paths(&tree(), "Color", &[(&paths[0], false)])
+        .is_err());
+}

@@ -460,35 +460,30 @@ impl Forest {
         latest_only: bool,
     ) -> Result<Vec<NodeInfo>> {
         read::check_path(attr, path, self.options.max_path_len)?;
-        let TreeRead {
-            txn,
-            rows: log,
-            rec,
-        } = self.read_tree(tree)?;
-        let children = txn.open_table(CHILDREN)?;
-        let (dirs, last) = path.split_at(path.len() - 1);
-        let (dir, found) = read::resolve_dirs(&children, &log, rec.number, dirs)?;
-        if found < dirs.len() {
-            return Ok(Vec::new());
+        let read = self.read_tree(tree)?;
+        let children = read.txn.open_table(CHILDREN)?;
+        path_lookup(&children, &read, path, latest_only)
+    }
+
+    /// `get_by_path` for many `(path, latest_only)` queries against one
+    /// snapshot, for checkers that ask many paths of one state (the
+    /// fuzz targets): one read transaction instead of one per query. The
+    /// first invalid path fails the whole call.
+    pub fn get_by_paths(
+        &self,
+        tree: &TreeKey,
+        attr: &str,
+        queries: &[(&[String], bool)],
+    ) -> Result<Vec<Vec<NodeInfo>>> {
+        for (path, _) in queries {
+            read::check_path(attr, path, self.options.max_path_len)?;
         }
-        let mut matches =
-            read::children_named(&children, rec.number, dir, &component_key(&last[0]))?;
-        if latest_only {
-            // Newest meta wins; times are unique, the id only breaks
-            // impossible ties deterministically.
-            matches.sort_by_key(|&(id, time, _)| (std::cmp::Reverse(time), id));
-            matches.truncate(1);
-        }
-        let mut out = Vec::with_capacity(matches.len());
-        for (id, time, _) in matches {
-            let items = read::log_record(&log, rec.number, time)?.body.items;
-            out.push(NodeInfo {
-                id,
-                parent: dir,
-                meta: Meta { time, items },
-            });
-        }
-        Ok(out)
+        let read = self.read_tree(tree)?;
+        let children = read.txn.open_table(CHILDREN)?;
+        queries
+            .iter()
+            .map(|&(path, latest_only)| path_lookup(&children, &read, path, latest_only))
+            .collect()
     }
 
     /// One node, or `None` if the tree has no such node. ROOT and TRASH are
@@ -901,6 +896,38 @@ impl Forest {
         self.tree_numbers.new_epoch();
         committed
     }
+}
+
+/// The body of `get_by_path` on an open snapshot (`path` already checked).
+fn path_lookup(
+    children: &impl ReadableTable<ChildKey, &'static [u8]>,
+    read: &TreeRead,
+    path: &[String],
+    latest_only: bool,
+) -> Result<Vec<NodeInfo>> {
+    let (log, number) = (&read.rows, read.rec.number);
+    let (dirs, last) = path.split_at(path.len() - 1);
+    let (dir, found) = read::resolve_dirs(children, log, number, dirs)?;
+    if found < dirs.len() {
+        return Ok(Vec::new());
+    }
+    let mut matches = read::children_named(children, number, dir, &component_key(&last[0]))?;
+    if latest_only {
+        // Newest meta wins; times are unique, the id only breaks
+        // impossible ties deterministically.
+        matches.sort_by_key(|&(id, time, _)| (std::cmp::Reverse(time), id));
+        matches.truncate(1);
+    }
+    let mut out = Vec::with_capacity(matches.len());
+    for (id, time, _) in matches {
+        let items = read::log_record(log, number, time)?.body.items;
+        out.push(NodeInfo {
+            id,
+            parent: dir,
+            meta: Meta { time, items },
+        });
+    }
+    Ok(out)
 }
 
 fn check_local_child(child: Option<NodeId>) -> Result<()> {

@@ -11,7 +11,7 @@ use super::ops::{
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::forest::{Forest, WriteOp, WriteOutcome, WriteRequest};
 use arbor::model::TreeModel;
-use arbor::{Move, NodeId, Timestamp};
+use arbor::{Move, NodeId, NodeInfo, Timestamp};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -229,27 +229,37 @@ fn apply_request(op: &Move) -> WriteRequest {
 }
 
 /// Paths over the names the ops use ("a", "b"): both replicas must resolve
-/// them as the model does, duplicates and all. Only for a tree that
-/// exists (the input had a valid op).
+/// them as the model does, duplicates and all, with and without
+/// `latest_only`. Only for a tree that exists (the input had a valid op).
+/// Each replica answers every query from one snapshot (`get_by_paths`).
 fn check_paths(a: &Forest, b: &Forest, model: &TreeModel) {
-    let tree = fuzz_tree();
-    for path in [
+    let paths: Vec<Vec<String>> = [
         &["a"][..],
         &["b"],
         &["a", "a"],
         &["a", "b"],
         &["b", "a"],
         &["a", "b", "a"],
-    ] {
-        let path: Vec<String> = path.iter().map(|c| c.to_string()).collect();
-        for latest_only in [false, true] {
-            let expected = model.get_by_path(&path, latest_only);
-            for forest in [a, b] {
-                let found = forest
-                    .get_by_path(&tree, "FileName", &path, latest_only)
-                    .expect("get_by_path");
-                assert_eq!(found, expected, "path {path:?} latest_only {latest_only}");
-            }
+    ]
+    .iter()
+    .map(|path| path.iter().map(|c| c.to_string()).collect())
+    .collect();
+    let queries: Vec<(&[String], bool)> = paths
+        .iter()
+        .flat_map(|path| [(path.as_slice(), false), (path.as_slice(), true)])
+        .collect();
+    let expected: Vec<Vec<NodeInfo>> = queries
+        .iter()
+        .map(|&(path, latest_only)| model.get_by_path(path, latest_only))
+        .collect();
+    for forest in [a, b] {
+        let found = forest
+            .get_by_paths(&fuzz_tree(), "FileName", &queries)
+            .expect("get_by_paths");
+        for ((path, latest_only), (found, expected)) in
+            queries.iter().zip(found.iter().zip(&expected))
+        {
+            assert_eq!(found, expected, "path {path:?} latest_only {latest_only}");
         }
     }
 }
