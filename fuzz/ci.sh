@@ -25,9 +25,8 @@ fi
 # - entropic=0: the entropic schedule's per-feature bookkeeping costs ~30%
 #   of an apply_oplog/crash_recovery run (redb makes every run hit ~10k
 #   features); the plain schedule buys that much more runs.
-# - use_memcmp=0: the memcmp calls of these two targets are redb's key
-#   and page comparisons, whose hints are noise; intercepting them cost
-#   2-3% of a run.
+# - no: this libFuzzer has no such flag (it only printed
+#   "unrecognized flag"); its memcmp hooks stay on for every target.
 # - reload=0 (all targets, below): no other process writes to the scratch
 #   corpus, and rereading it every second was 4% of an apply_oplog run.
 # - sim: madsim replaces the clock while a simulation runs, which confuses
@@ -37,8 +36,8 @@ fi
 #   "new" coverage.
 target_flags() {
     case "$1" in
-        apply_oplog) echo "-max_len=400 -entropic=0 -use_memcmp=0 -timeout=10" ;;
-        crash_recovery) echo "-max_len=1024 -entropic=0 -use_memcmp=0 -timeout=10" ;;
+        apply_oplog) echo "-max_len=400 -entropic=0 -timeout=10" ;;
+        crash_recovery) echo "-max_len=1024 -entropic=0 -timeout=10" ;;
         sim) echo "-max_len=512 -len_control=0 -timeout=0" ;;
         *) echo "-timeout=10" ;;
     esac
