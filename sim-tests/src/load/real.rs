@@ -400,12 +400,14 @@ mod tests {
         for r in partial.write_batch(&copied).expect("batch commits") {
             r.expect("apply succeeds");
         }
-        let v = verify(&[full.clone()], &[scenario.clone()], &[ids.clone()]);
+        let scenarios = std::slice::from_ref(&scenario);
+        let acked = std::slice::from_ref(&ids);
+        let v = verify(std::slice::from_ref(&full), scenarios, acked);
         assert_eq!(
             (v.acked, v.found, v.missing),
             (count as u64, count as u64, 0)
         );
-        let v = verify(&[full, partial], &[scenario], &[ids.clone()]);
+        let v = verify(&[full, partial], scenarios, acked);
         assert_eq!(
             (v.acked, v.found, v.missing),
             (count as u64, count as u64 - 3, 3)
