@@ -93,6 +93,14 @@ fn lingering_options() -> BatcherOptions {
     }
 }
 
+fn start_lingering(script: &Arc<Script>, options: BatcherOptions) -> Arc<Batcher> {
+    Arc::new(Batcher::start_with_commit(
+        script.commit_fn(),
+        test_env(),
+        options,
+    ))
+}
+
 fn submit_later(
     batcher: &Arc<Batcher>,
     after: Duration,
@@ -110,11 +118,7 @@ fn submit_later(
 #[tokio::test(start_paused = true)]
 async fn replicated_ops_share_a_commit_within_their_delay() {
     let script = Script::new();
-    let batcher = Arc::new(Batcher::start_with_commit(
-        script.commit_fn(),
-        test_env(),
-        lingering_options(),
-    ));
+    let batcher = start_lingering(&script, lingering_options());
     let start = tokio::time::Instant::now();
     let pushes = [
         submit_later(&batcher, Duration::ZERO, vec![replicated(1)]),
@@ -133,11 +137,7 @@ async fn replicated_ops_share_a_commit_within_their_delay() {
 #[tokio::test(start_paused = true)]
 async fn a_local_write_takes_waiting_replicated_ops_along_at_once() {
     let script = Script::new();
-    let batcher = Arc::new(Batcher::start_with_commit(
-        script.commit_fn(),
-        test_env(),
-        lingering_options(),
-    ));
+    let batcher = start_lingering(&script, lingering_options());
     let start = tokio::time::Instant::now();
     let push = submit_later(&batcher, Duration::ZERO, vec![replicated(1), replicated(2)]);
     let local = submit_later(&batcher, Duration::from_millis(10), vec![request("t", 7)]);
@@ -151,14 +151,13 @@ async fn a_local_write_takes_waiting_replicated_ops_along_at_once() {
 #[tokio::test(start_paused = true)]
 async fn without_a_replicated_delay_replicated_ops_batch_like_local_ones() {
     let script = Script::new();
-    let batcher = Arc::new(Batcher::start_with_commit(
-        script.commit_fn(),
-        test_env(),
+    let batcher = start_lingering(
+        &script,
         BatcherOptions {
             replicated_batch_delay: Duration::ZERO,
             ..lingering_options()
         },
-    ));
+    );
     let first = submit_later(&batcher, Duration::ZERO, vec![replicated(1)]);
     let second = submit_later(&batcher, Duration::from_millis(20), vec![replicated(2)]);
     first.await.unwrap();

@@ -3,7 +3,7 @@
 
 mod service_support;
 
-use arbor::config::ContainerConfig;
+use arbor::config::{Config, ContainerConfig};
 use arbor::forest::{CursorKind, Forest};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
@@ -63,6 +63,17 @@ fn assert_converged(nodes: &[Arc<Service>], trees: &[TreeKey]) {
 
 fn all_idle(nodes: &[Arc<Service>]) -> bool {
     nodes.iter().all(|n| n.replication_idle())
+}
+
+/// Lists the test container on nodes 1 and 2, so that sync looks for its
+/// trees on a node that does not hold them yet.
+fn list_container_on_both(configs: &mut [Config]) {
+    for c in configs {
+        c.node.containers.push(ContainerConfig {
+            cid: cid(),
+            replicas: vec![1, 2],
+        });
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -147,12 +158,7 @@ async fn periodic_sync_repairs_without_pushes() {
     let mut configs = cluster_configs(2);
     configs[1].tree.sync_interval = Some(Duration::from_secs(30));
     // Listed, so node 2 looks for its trees before it holds any of them.
-    for c in &mut configs {
-        c.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
-    }
+    list_container_on_both(&mut configs);
     let nodes = start_cluster(&net, configs);
     let t = tree("t");
     // Node 1 cannot reach node 2 (its pushes are lost), but node 2 can
@@ -586,12 +592,7 @@ async fn replica_restored_from_nothing_pulls_its_own_ops_back() {
     let net = LocalNet::new();
     let mut configs = cluster_configs(2);
     // Listed, so the emptied node looks for the tree it no longer holds.
-    for c in &mut configs {
-        c.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
-    }
+    list_container_on_both(&mut configs);
     let n1 = start_node(&net, configs[0].clone(), memory_forest(&configs[0]));
     let n2 = start_node(&net, configs[1].clone(), memory_forest(&configs[1]));
     let t = tree("t");
@@ -640,12 +641,7 @@ async fn pull_cursor_is_made_durable_lazily() {
     let net = LocalNet::new();
     let mut configs = cluster_configs(2);
     // Listed, so node 2 looks for the tree before it holds it.
-    for c in &mut configs {
-        c.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
-    }
+    list_container_on_both(&mut configs);
     let nodes = start_cluster(&net, configs);
     let t = tree("t");
     // Only pulls carry node 1's ops to node 2.
