@@ -100,6 +100,10 @@ pub struct Limits {
     /// Heights of the local log a pusher looks at per page while it skips
     /// the ops other replicas originated (it sends only its own).
     pub push_scan_heights: usize,
+    /// Stamps (height and timestamp, no op) per GetOpLogStamps page: a
+    /// sync pull lists a peer's log this way and asks only for the ops it
+    /// lacks.
+    pub sync_stamp_page_size: usize,
     /// Largest GetSubTree answer, in nodes.
     pub max_subtree_nodes: usize,
     /// Concurrent inbound connections (TCP).
@@ -149,6 +153,7 @@ impl Default for Limits {
             max_commit_size: 1000,
             sync_page_size: 1000,
             push_scan_heights: 16_000,
+            sync_stamp_page_size: 16_384,
             max_subtree_nodes: 100_000,
             max_connections: 256,
             connect_timeout: Duration::from_secs(2),
@@ -223,6 +228,10 @@ impl Config {
             ("limits.max_commit_size", self.limits.max_commit_size),
             ("limits.sync_page_size", self.limits.sync_page_size),
             ("limits.push_scan_heights", self.limits.push_scan_heights),
+            (
+                "limits.sync_stamp_page_size",
+                self.limits.sync_stamp_page_size,
+            ),
             ("limits.max_subtree_nodes", self.limits.max_subtree_nodes),
             ("limits.max_connections", self.limits.max_connections),
             ("limits.max_path_len", self.limits.max_path_len),
@@ -357,6 +366,9 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
         max_commit_size: s.usize("max_commit_size")?.unwrap_or(d.max_commit_size),
         sync_page_size: s.usize("sync_page_size")?.unwrap_or(d.sync_page_size),
         push_scan_heights: s.usize("push_scan_heights")?.unwrap_or(d.push_scan_heights),
+        sync_stamp_page_size: s
+            .usize("sync_stamp_page_size")?
+            .unwrap_or(d.sync_stamp_page_size),
         max_subtree_nodes: s.usize("max_subtree_nodes")?.unwrap_or(d.max_subtree_nodes),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
         connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
@@ -564,6 +576,7 @@ limits:
   max_pending_writes: 7
   max_commit_size: 300
   push_scan_heights: 40
+  sync_stamp_page_size: 64
   connect_timeout: 1s
 "#;
 
@@ -585,6 +598,7 @@ limits:
         assert_eq!(c.limits.max_pending_writes, 7);
         assert_eq!(c.limits.max_commit_size, 300);
         assert_eq!(c.limits.push_scan_heights, 40);
+        assert_eq!(c.limits.sync_stamp_page_size, 64);
         assert_eq!(c.limits.connect_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.sync_page_size, Limits::default().sync_page_size);
     }
@@ -652,6 +666,10 @@ limits:
             (
                 "limits: { max_message_bytes: 100 }",
                 "limits.max_message_bytes:",
+            ),
+            (
+                "limits: { sync_stamp_page_size: 0 }",
+                "limits.sync_stamp_page_size:",
             ),
             ("extra: 1", "extra: unknown key"),
             ("tree: 3", "tree: expected a mapping"),

@@ -70,6 +70,13 @@ pub enum Request {
         /// `None` drops every tree of the container.
         tree: Option<String>,
     },
+    /// The heights and timestamps of the stored ops from `from_height` on,
+    /// without the ops: a puller asks for the ops it lacks with `GetOpLog`.
+    GetOpLogStamps {
+        tree: TreeKey,
+        from_height: u64,
+        limit: u32,
+    },
 }
 
 /// A response of the service API.
@@ -98,6 +105,11 @@ pub enum Response {
         replica_id: ReplicaId,
     },
     Error(Error),
+    OpLogStamps {
+        stamps: Vec<LogStamp>,
+        /// The height after the last stamp: `from_height` of the next page.
+        next_height: u64,
+    },
 }
 
 /// A request or response with the caller's correlation id.

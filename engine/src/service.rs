@@ -51,6 +51,14 @@ const CURSOR_PERSIST_PERIOD_MIN: Duration = Duration::from_secs(60);
 /// height, framing of the key/value list).
 const ITEM_OVERHEAD_BYTES: usize = 64;
 
+/// Largest encoding of one `LogStamp` (two varint-encoded u64).
+const LOG_STAMP_BYTES_MAX: usize = 20;
+
+/// Held heights between two missing ones that a puller fetches anyway, so
+/// that scattered gaps cost one GetOpLog call, not one each. The held ops
+/// in between are filtered out before any write.
+const PULL_GAP_HEIGHTS_MAX: u64 = 32;
+
 /// Counters a node exposes (checkers, load reports).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceStats {
@@ -460,6 +468,11 @@ impl Inner {
                 from_height,
                 limit,
             } => self.op_log(&tree, from_height, limit),
+            Request::GetOpLogStamps {
+                tree,
+                from_height,
+                limit,
+            } => self.op_log_stamps(&tree, from_height, limit),
             Request::Healthcheck => Ok(Response::Health {
                 replica_id: self.config.node.replica_id,
             }),
@@ -518,6 +531,20 @@ impl Inner {
         Ok(Response::OpLog {
             entries,
             next_height,
+        })
+    }
+
+    fn op_log_stamps(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
+        self.check_tree_readable(tree)?;
+        let fits = self.answer_budget_bytes() / LOG_STAMP_BYTES_MAX;
+        let limit = (limit as usize)
+            .min(self.config.limits.sync_stamp_page_size)
+            .min(fits)
+            .max(1);
+        let page = self.forest.get_op_log_stamps(tree, from_height, limit)?;
+        Ok(Response::OpLogStamps {
+            stamps: page.stamps,
+            next_height: page.next_height,
         })
     }
 
@@ -707,6 +734,61 @@ impl Inner {
             () = sleep => self.stopped(),
         }
     }
+}
+
+/// What a pull of one stamp page did.
+struct Pulled {
+    /// Every height of the page below this is held or applied here.
+    applied_to: u64,
+    /// Ops that were new here.
+    fresh: u64,
+    /// The error that stopped the page early.
+    stop: Option<Error>,
+    /// False when the pass should end without an error (the peer lost the
+    /// tree meanwhile).
+    complete: bool,
+}
+
+/// Runs `(first, last)` of ascending `missing` heights; a run also covers
+/// gaps of at most `gap_max` heights between two missing ones.
+fn missing_runs(missing: &[u64], gap_max: u64) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &height in missing {
+        match runs.last_mut() {
+            Some((_, last)) if height - *last <= gap_max + 1 => *last = height,
+            _ => runs.push((height, height)),
+        }
+    }
+    runs
+}
+
+fn unexpected_answer(peer: ReplicaId, request: &str, answer: &Response) -> Error {
+    Error::Malformed(format!("peer {peer} answered {request} with {answer:?}"))
+}
+
+/// A peer's page is input like any other: heights ascending from
+/// `from_height`, and no more than asked for.
+fn check_page(
+    peer: ReplicaId,
+    from_height: u64,
+    heights: impl ExactSizeIterator<Item = u64>,
+    limit: usize,
+) -> Result<()> {
+    if heights.len() > limit {
+        return Err(Error::Malformed(format!(
+            "peer {peer} sent an oversized page"
+        )));
+    }
+    let mut expected_min = from_height;
+    for height in heights {
+        if height < expected_min {
+            return Err(Error::Malformed(format!(
+                "peer {peer} sent heights out of order"
+            )));
+        }
+        expected_min = height.saturating_add(1);
+    }
+    Ok(())
 }
 
 fn check_movable(node: NodeId) -> Result<()> {
@@ -1206,18 +1288,23 @@ impl Inner {
         state: &mut PullState,
     ) -> Result<()> {
         for _ in 0..MAX_PULL_PAGES_PER_ROUND {
-            let entries = match self.fetch_page(tree, peer, state.cursor).await? {
-                Some(entries) if !entries.is_empty() => entries,
+            let stamps = match self.fetch_stamps(tree, peer, state.cursor).await? {
+                Some(stamps) if !stamps.is_empty() => stamps,
                 _ => return Ok(()),
             };
-            let (applied_to, fresh, stop) = self.apply_page(tree, entries).await?;
-            state.cursor = state.cursor.max(applied_to);
+            let pulled = self.pull_missing(tree, peer, &stamps).await?;
+            state.cursor = state.cursor.max(pulled.applied_to);
             if state.cursor - state.durable >= CURSOR_LAG_MAX {
                 self.persist_pull_cursor(tree, cursor_peer, state).await?;
             }
-            self.counters.ops_pulled.fetch_add(fresh, Ordering::Relaxed);
-            if let Some(error) = stop {
+            self.counters
+                .ops_pulled
+                .fetch_add(pulled.fresh, Ordering::Relaxed);
+            if let Some(error) = pulled.stop {
                 return Err(error);
+            }
+            if !pulled.complete {
+                return Ok(());
             }
             if self.stopped() {
                 return Err(Error::ShuttingDown);
@@ -1245,46 +1332,140 @@ impl Inner {
         Ok(())
     }
 
-    /// One page of a peer's log from `from_height`; `None` when the peer
-    /// does not have the tree.
+    /// A sync read from `peer`: its answer, or `None` when the peer does
+    /// not have the tree.
+    async fn sync_call(&self, peer: ReplicaId, request: Request) -> Result<Option<Response>> {
+        let timeout = self.config.tree.replication_timeout;
+        match self.transport.call(peer, request, timeout).await? {
+            Response::Error(Error::TreeNotFound) => Ok(None),
+            Response::Error(error) => Err(error),
+            answer => Ok(Some(answer)),
+        }
+    }
+
+    /// One page of the heights and timestamps of a peer's log from
+    /// `from_height`; `None` when the peer does not have the tree.
+    async fn fetch_stamps(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        from_height: u64,
+    ) -> Result<Option<Vec<LogStamp>>> {
+        let limit = self.config.limits.sync_stamp_page_size;
+        let request = Request::GetOpLogStamps {
+            tree: tree.clone(),
+            from_height,
+            limit: limit.min(u32::MAX as usize) as u32,
+        };
+        let stamps = match self.sync_call(peer, request).await? {
+            None => return Ok(None),
+            Some(Response::OpLogStamps { stamps, .. }) => stamps,
+            Some(other) => return Err(unexpected_answer(peer, "GetOpLogStamps", &other)),
+        };
+        check_page(peer, from_height, stamps.iter().map(|s| s.height), limit)?;
+        Ok(Some(stamps))
+    }
+
+    /// At most `limit` (and `sync_page_size`) ops of a peer's log from
+    /// `from_height`; `None` when the peer does not have the tree.
     async fn fetch_page(
         &self,
         tree: &TreeKey,
         peer: ReplicaId,
         from_height: u64,
+        limit: u64,
     ) -> Result<Option<Vec<LogEntry>>> {
+        let limit = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .min(self.config.limits.sync_page_size);
         let request = Request::GetOpLog {
             tree: tree.clone(),
             from_height,
-            limit: self.config.limits.sync_page_size.min(u32::MAX as usize) as u32,
+            limit: limit.min(u32::MAX as usize) as u32,
         };
-        let timeout = self.config.tree.replication_timeout;
-        let entries = match self.transport.call(peer, request, timeout).await? {
-            Response::OpLog { entries, .. } => entries,
-            Response::Error(Error::TreeNotFound) => return Ok(None),
-            Response::Error(error) => return Err(error),
-            other => {
-                return Err(Error::Malformed(format!(
-                    "peer {peer} answered GetOpLog with {other:?}"
-                )))
-            }
+        let entries = match self.sync_call(peer, request).await? {
+            None => return Ok(None),
+            Some(Response::OpLog { entries, .. }) => entries,
+            Some(other) => return Err(unexpected_answer(peer, "GetOpLog", &other)),
         };
-        // A peer's answer is input like any other: check before trusting.
-        let mut expected_min = from_height;
-        for entry in &entries {
-            if entry.height < expected_min {
-                return Err(Error::Malformed(format!(
-                    "peer {peer} sent heights out of order"
-                )));
-            }
-            expected_min = entry.height + 1;
-        }
-        if entries.len() > self.config.limits.sync_page_size {
-            return Err(Error::Malformed(format!(
-                "peer {peer} sent an oversized page"
-            )));
-        }
+        check_page(peer, from_height, entries.iter().map(|e| e.height), limit)?;
         Ok(Some(entries))
+    }
+
+    /// Fetches and applies the ops of a page of `peer`'s stamps that the
+    /// local log lacks, in height order. Held ops are neither fetched nor
+    /// submitted: pushes deliver nearly all of a peer's log before a round.
+    async fn pull_missing(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        stamps: &[LogStamp],
+    ) -> Result<Pulled> {
+        let timestamps: Vec<Timestamp> = stamps.iter().map(|s| s.ts).collect();
+        let held = self
+            .forest
+            .stored_stamps(tree, &timestamps)
+            .inspect_err(|error| self.note_error(error))?;
+        let missing: Vec<u64> = stamps
+            .iter()
+            .zip(held)
+            .filter(|(_, held)| !held)
+            .map(|(stamp, _)| stamp.height)
+            .collect();
+        let mut pulled = Pulled {
+            applied_to: stamps[0].height,
+            fresh: 0,
+            stop: None,
+            complete: true,
+        };
+        for (first, last) in missing_runs(&missing, PULL_GAP_HEIGHTS_MAX) {
+            // Everything below `first` in this page is held or applied.
+            pulled.applied_to = pulled.applied_to.max(first);
+            self.pull_run(tree, peer, first, last, &mut pulled).await?;
+            if pulled.stop.is_some() || !pulled.complete {
+                return Ok(pulled);
+            }
+        }
+        let last = stamps.last().expect("a page is not empty");
+        pulled.applied_to = last.height + 1;
+        Ok(pulled)
+    }
+
+    /// Fetches and applies heights `first..=last` of `peer`'s log, moving
+    /// `pulled.applied_to` over what was applied.
+    async fn pull_run(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        first: u64,
+        last: u64,
+        pulled: &mut Pulled,
+    ) -> Result<()> {
+        let mut from = first;
+        while from <= last {
+            let entries = match self.fetch_page(tree, peer, from, last - from + 1).await? {
+                Some(mut entries) => {
+                    entries.retain(|e| e.height <= last);
+                    entries
+                }
+                None => Vec::new(),
+            };
+            if entries.is_empty() {
+                // The peer dropped the tree since it listed the stamps:
+                // end the pass, the cursor stays before what is unapplied.
+                pulled.complete = false;
+                return Ok(());
+            }
+            let (applied_to, fresh, stop) = self.apply_page(tree, entries).await?;
+            pulled.fresh += fresh;
+            pulled.applied_to = pulled.applied_to.max(applied_to);
+            if stop.is_some() {
+                pulled.stop = stop;
+                return Ok(());
+            }
+            from = applied_to;
+        }
+        Ok(())
     }
 
     /// Applies a pulled page; returns the height the cursor may move to, how
@@ -1414,5 +1595,33 @@ impl Inner {
         let base = (cap / 32).max(Duration::from_millis(1));
         base.saturating_mul(1u32 << attempt.min(16).saturating_sub(1))
             .min(cap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_runs_bridge_small_gaps_only() {
+        assert_eq!(missing_runs(&[], 2), vec![]);
+        assert_eq!(missing_runs(&[5], 2), vec![(5, 5)]);
+        // 5 -> 8 skips two held heights (bridged), 8 -> 12 skips three.
+        assert_eq!(
+            missing_runs(&[5, 8, 12, 13, 100], 2),
+            vec![(5, 8), (12, 13), (100, 100)]
+        );
+        assert_eq!(missing_runs(&[0, 1, 2], 0), vec![(0, 2)]);
+    }
+
+    #[test]
+    fn peer_pages_are_checked() {
+        assert!(check_page(2, 10, [10, 11, 15].into_iter(), 3).is_ok());
+        assert!(check_page(2, 10, std::iter::empty(), 0).is_ok());
+        let malformed = |r: Result<()>| matches!(r, Err(Error::Malformed(_)));
+        assert!(malformed(check_page(2, 10, [10, 11].into_iter(), 1)));
+        assert!(malformed(check_page(2, 10, [9].into_iter(), 5)));
+        assert!(malformed(check_page(2, 10, [12, 12].into_iter(), 5)));
+        assert!(malformed(check_page(2, 10, [13, 11].into_iter(), 5)));
     }
 }

@@ -178,6 +178,14 @@ pub struct LogEntry {
     pub op: Move,
 }
 
+/// Where an op sits in a replica's log, without the op: what a puller needs
+/// to tell whether it already holds it (timestamps are unique).
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Debug)]
+pub struct LogStamp {
+    pub height: u64,
+    pub ts: Timestamp,
+}
+
 /// A node as read back: id, parent and meta.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Debug)]
 pub struct NodeInfo {

@@ -1078,6 +1078,53 @@ fn stored_ops_recognises_exactly_the_logged_ops() {
 }
 
 #[test]
+fn op_log_stamps_page_through_the_log_as_stored() {
+    let (f, whole) = mixed_origin_log();
+    let expected: Vec<LogStamp> = whole
+        .iter()
+        .map(|e| LogStamp {
+            height: e.height,
+            ts: e.op.ts(),
+        })
+        .collect();
+    for limit in [1, 7, 64, 10_000] {
+        for start in [0, 1, 33] {
+            let mut from = start;
+            let mut got = Vec::new();
+            loop {
+                let page = f.get_op_log_stamps(&tree(), from, limit).unwrap();
+                assert!(page.stamps.len() <= limit);
+                if page.stamps.is_empty() {
+                    assert_eq!(page.next_height, from);
+                    break;
+                }
+                assert_eq!(page.next_height, page.stamps.last().unwrap().height + 1);
+                got.extend(page.stamps);
+                from = page.next_height;
+            }
+            assert_eq!(
+                got,
+                expected[start as usize..],
+                "limit {limit} from {start}"
+            );
+        }
+    }
+    let held: Vec<Timestamp> = expected.iter().map(|s| s.ts).collect();
+    assert!(f.stored_stamps(&tree(), &held).unwrap().iter().all(|h| *h));
+    let probes = [held[3], ts(9999, 2), held[0], ts(1, 9)];
+    assert_eq!(
+        f.stored_stamps(&tree(), &probes).unwrap(),
+        vec![true, false, true, false]
+    );
+    let missing = TreeKey::new(ContainerId([9; 32]), "none");
+    assert_eq!(f.stored_stamps(&missing, &probes).unwrap(), vec![false; 4]);
+    assert_eq!(
+        f.get_op_log_stamps(&missing, 0, 10),
+        Err(Error::TreeNotFound)
+    );
+}
+
+#[test]
 fn late_op_moving_a_node_that_already_has_children_is_redone_in_order() {
     // Node 10 is never created before the late op, but already has a
     // child: doing the late op on top of the newer ones would see a cycle

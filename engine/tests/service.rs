@@ -587,6 +587,52 @@ async fn sync_does_not_resubmit_ops_pushes_delivered() {
     assert_converged(&nodes, &[t]);
 }
 
+/// A pull lists the peer's log by stamps and fetches only what it lacks:
+/// here node 3 holds node 2's ops (pushed) and lacks node 1's (its pushes
+/// to node 3 are lost), scattered between them in both peers' logs.
+#[tokio::test(start_paused = true)]
+async fn sync_fetches_only_the_ops_it_lacks() {
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(3);
+    for c in &mut configs {
+        c.limits.sync_page_size = 4;
+        c.limits.sync_stamp_page_size = 16;
+    }
+    let nodes = start_cluster(&net, configs);
+    let t = tree("t");
+    net.cut(1, 3, true);
+    let mut lacking = 0;
+    for (from_2, from_1) in [(40, 1), (40, 2), (5, 1), (3, 0)] {
+        for i in 0..from_2 {
+            add(&nodes[1], &t, ROOT, &format!("b{lacking}-{i}")).await;
+        }
+        for i in 0..from_1 {
+            add(&nodes[0], &t, ROOT, &format!("a{lacking}-{i}")).await;
+            lacking += 1;
+        }
+        // Node 1's ops reach node 2, so both peers' logs interleave them.
+        eventually("node 2 pushed", PATIENCE, || nodes[1].replication_idle()).await;
+    }
+    let log_len = dump(&nodes[0], &t).unwrap().log.len() as u64;
+    assert_eq!(
+        dump(&nodes[2], &t).unwrap().log.len() as u64,
+        log_len - lacking
+    );
+    let sent_before = net.oplog_entries();
+    nodes[2].sync_now().await;
+    assert_eq!(nodes[2].stats().ops_pulled, lacking);
+    assert_eq!(nodes[2].stats().sync_peer_errors, 0);
+    assert_eq!(dump(&nodes[2], &t), dump(&nodes[0], &t));
+    // The four missing ops sit in two runs of node 1's log (one alone, three
+    // within 8 heights); node 2's log then lacks nothing. Pulling whole
+    // logs would have sent 2 x 92 ops.
+    let sent = net.oplog_entries() - sent_before;
+    assert!((lacking..=12).contains(&sent), "{sent} ops fetched");
+    net.cut(1, 3, false);
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    assert_converged(&nodes, &[t]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn replica_restored_from_nothing_pulls_its_own_ops_back() {
     let net = LocalNet::new();

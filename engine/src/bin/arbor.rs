@@ -279,6 +279,12 @@ fn print_response(response: Response) -> Result<(), String> {
         } => {
             println!("{} ops, next height {next_height}", entries.len())
         }
+        Response::OpLogStamps {
+            stamps,
+            next_height,
+        } => {
+            println!("{} stamps, next height {next_height}", stamps.len())
+        }
         Response::Health { replica_id } => println!("ok replica {replica_id}"),
         Response::Error(error) => return Err(error.to_string()),
     }

@@ -9,6 +9,7 @@ mod check;
 mod dir_cache;
 mod read;
 pub mod records;
+mod stamps;
 mod tree_numbers;
 mod write;
 
@@ -21,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
+pub use stamps::StampPage;
 
 /// Limits and identity of one forest.
 #[derive(Clone, Debug)]
@@ -610,17 +612,8 @@ impl Forest {
         if from_height >= rec.next_height {
             return Ok(page);
         }
-        // Runs are keyed newest first: the run holding `from_height` (the
-        // newest one starting at or before it) is the first key at or
-        // after `from_height`'s own, and the newer runs come before it.
         let t = rec.number;
-        let start = match rows
-            .range(height_key(t, from_height)..=height_key(t, 0))?
-            .next()
-        {
-            Some(row) => height_of_key(row?.0.value()),
-            None => from_height,
-        };
+        let start = stamps::run_holding(&rows, t, from_height)?;
         let mut scanned = 0usize;
         for row in rows
             .range(height_key(t, u64::MAX)..=height_key(t, start))?

@@ -52,8 +52,11 @@ pub struct LocalNet {
     calls: Mutex<u64>,
     /// One-way links that lose every call: (from, to).
     cut: Mutex<std::collections::BTreeSet<(ReplicaId, ReplicaId)>>,
-    /// Nodes whose GetOpLog calls are lost (everything else gets through).
+    /// Nodes whose sync reads (GetOpLog, GetOpLogStamps) are lost
+    /// (everything else gets through).
     oplog_down: Mutex<std::collections::BTreeSet<ReplicaId>>,
+    /// Ops sent in GetOpLog answers.
+    oplog_entries: Mutex<u64>,
 }
 
 impl LocalNet {
@@ -68,7 +71,7 @@ impl LocalNet {
         })
     }
 
-    /// Loses (or lets through) every GetOpLog call to `id`.
+    /// Loses (or lets through) every GetOpLog and GetOpLogStamps call to `id`.
     pub fn set_oplog_down(&self, id: ReplicaId, down: bool) {
         let mut nodes = self.oplog_down.lock().unwrap();
         if down {
@@ -120,6 +123,11 @@ impl LocalNet {
         *self.calls.lock().unwrap()
     }
 
+    /// Ops sent in GetOpLog answers so far.
+    pub fn oplog_entries(&self) -> u64 {
+        *self.oplog_entries.lock().unwrap()
+    }
+
     fn route(&self, from: ReplicaId, peer: ReplicaId) -> Result<Arc<Service>, Error> {
         *self.calls.lock().unwrap() += 1;
         if self.cut.lock().unwrap().contains(&(from, peer)) {
@@ -156,12 +164,15 @@ impl Transport for LocalTransport {
         request: Request,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Response, Error>> {
-        let oplog_lost = matches!(request, Request::GetOpLog { .. })
-            && self.net.oplog_down.lock().unwrap().contains(&peer);
+        let oplog_lost = matches!(
+            request,
+            Request::GetOpLog { .. } | Request::GetOpLogStamps { .. }
+        ) && self.net.oplog_down.lock().unwrap().contains(&peer);
         let routed = match oplog_lost {
             true => Err(Error::Timeout),
             false => self.net.route(self.from, peer),
         };
+        let net = self.net.clone();
         Box::pin(async move {
             let service = routed?;
             // Through the wire format, as TCP would.
@@ -169,6 +180,9 @@ impl Transport for LocalTransport {
             let response = tokio::time::timeout(timeout, service.handle(request))
                 .await
                 .map_err(|_| Error::Timeout)?;
+            if let Response::OpLog { entries, .. } = &response {
+                *net.oplog_entries.lock().unwrap() += entries.len() as u64;
+            }
             Ok(proto::decode::<Response>(&proto::encode(7, &response), WIRE_MAX)?.body)
         })
     }

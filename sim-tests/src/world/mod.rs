@@ -142,6 +142,8 @@ pub fn node_config(
             max_commit_size: Limits::default().max_commit_size,
             sync_page_size: knobs.sync_page_size,
             push_scan_heights: Limits::default().push_scan_heights,
+            // Small stamp pages in tests, so paging is exercised.
+            sync_stamp_page_size: knobs.sync_page_size,
             max_subtree_nodes: 100_000,
             max_connections: 4096,
             connect_timeout: Duration::from_secs(1),

@@ -1,0 +1,87 @@
+//! What a sync puller asks before it asks for ops: which timestamps sit at
+//! which heights of a peer's log, and which of them the local log holds.
+//! Both answers come from keys alone (the height index, the log's keys), so
+//! a round over a log that pushes already delivered reads and sends no op.
+
+use super::records::*;
+use super::{Forest, TreeRead};
+use crate::error::{Error, Result};
+use crate::types::*;
+use redb::ReadableTable;
+
+/// A page of the op log's stamps (see [`Forest::get_op_log_stamps`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StampPage {
+    pub stamps: Vec<LogStamp>,
+    /// The first height not in the page.
+    pub next_height: u64,
+}
+
+/// The first height of the height run of tree `t` that holds `height`.
+/// Runs are keyed newest first: that run (the newest one starting at or
+/// before `height`) is the first key at or after `height`'s own, and the
+/// newer runs come before it.
+pub(super) fn run_holding(
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    t: u64,
+    height: u64,
+) -> Result<u64> {
+    match rows.range(height_key(t, height)..=height_key(t, 0))?.next() {
+        Some(row) => Ok(height_of_key(row?.0.value())),
+        None => Ok(height),
+    }
+}
+
+impl Forest {
+    /// The heights and timestamps of at most `limit` stored ops from
+    /// `from_height` on, in storage order, read from the height index only.
+    pub fn get_op_log_stamps(
+        &self,
+        tree: &TreeKey,
+        from_height: u64,
+        limit: usize,
+    ) -> Result<StampPage> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let mut page = StampPage {
+            stamps: Vec::new(),
+            next_height: from_height,
+        };
+        if from_height >= rec.next_height || limit == 0 {
+            return Ok(page);
+        }
+        let t = rec.number;
+        let start = run_holding(&rows, t, from_height)?;
+        for row in rows
+            .range(height_key(t, u64::MAX)..=height_key(t, start))?
+            .rev()
+        {
+            let (key, run) = row?;
+            let first = height_of_key(key.value());
+            let stamps = (first..).zip(decode_height_run(run.value())?);
+            for (height, ts) in stamps.skip_while(|(height, _)| *height < from_height) {
+                if page.stamps.len() >= limit {
+                    return Ok(page);
+                }
+                page.stamps.push(LogStamp { height, ts });
+                page.next_height = height + 1;
+            }
+        }
+        Ok(page)
+    }
+
+    /// For each timestamp, whether the tree's log holds an op with it. An
+    /// absent tree holds none. Timestamps are unique across replicas
+    /// (DESIGN §3), so a held timestamp is a held op.
+    pub fn stored_stamps(&self, tree: &TreeKey, stamps: &[Timestamp]) -> Result<Vec<bool>> {
+        let (txn, number) = match self.read_tree_number(tree) {
+            Ok(found) => found,
+            Err(Error::TreeNotFound) => return Ok(vec![false; stamps.len()]),
+            Err(e) => return Err(e),
+        };
+        let rows = txn.open_table(ROWS)?;
+        stamps
+            .iter()
+            .map(|&ts| Ok(rows.get(log_key(number, ts))?.is_some()))
+            .collect()
+    }
+}
