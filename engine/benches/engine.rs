@@ -1,7 +1,7 @@
 //! Forest benchmark: a binary printing a table (no timed assertions).
 //!
 //! `cargo bench -p arbor-engine --bench engine -- [--ops N] [--batch B]
-//! [--reapply N] [--only NAME] [--no-sync] [--late K,K..]`
+//! [--reapply N] [--only NAME] [--no-sync] [--memory] [--late K,K..]`
 //!
 //! Every scenario runs on a fresh temp-file database with durable commits
 //! (`Durability::Immediate`), as the service runs it by default; `--no-sync`
@@ -22,6 +22,9 @@ struct Args {
     no_sync: bool,
     /// Lateness of the apply scenarios (0 = in order).
     late: Vec<usize>,
+    /// Durable commits on an in-memory backend: redb's whole commit path
+    /// without a real fsync, the shape of cost the simulator pays.
+    memory: bool,
 }
 
 fn parse_args() -> Args {
@@ -32,6 +35,7 @@ fn parse_args() -> Args {
         only: None,
         no_sync: false,
         late: vec![0, 10, 100],
+        memory: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -42,6 +46,7 @@ fn parse_args() -> Args {
             "--reapply" => args.reapply_ops = value().parse().expect("--reapply N"),
             "--only" => args.only = Some(value()),
             "--no-sync" => args.no_sync = true,
+            "--memory" => args.memory = true,
             "--late" => {
                 args.late = value()
                     .split(',')
@@ -119,14 +124,14 @@ struct Row {
     written_bytes: u64,
 }
 
-/// A file backend that counts what redb writes, to explain commit cost.
+/// A backend that counts what redb writes, to explain commit cost.
 #[derive(Debug)]
-struct CountingBackend {
-    inner: redb::backends::FileBackend,
+struct CountingBackend<B> {
+    inner: B,
     written_bytes: Arc<AtomicU64>,
 }
 
-impl redb::StorageBackend for CountingBackend {
+impl<B: redb::StorageBackend> redb::StorageBackend for CountingBackend<B> {
     fn len(&self) -> Result<u64, std::io::Error> {
         self.inner.len()
     }
@@ -187,12 +192,22 @@ fn percentiles(samples: &[Duration]) -> (Duration, Duration) {
     (at(0.50), at(0.99))
 }
 
-/// A forest on a temp file, with a counter of the bytes written to it.
+/// A forest on a temp file (in memory with `--memory`), with a counter of
+/// the bytes written to it.
 fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
     let options = ForestOptions {
         durable: !args.no_sync,
         ..ForestOptions::default()
     };
+    let written_bytes = Arc::new(AtomicU64::new(0));
+    if args.memory {
+        let backend = CountingBackend {
+            inner: redb::backends::InMemoryBackend::new(),
+            written_bytes: written_bytes.clone(),
+        };
+        let forest = Forest::open_with_backend(backend, options).unwrap();
+        return (forest, written_bytes);
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -200,7 +215,6 @@ fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
         .truncate(false)
         .open(dir.path().join("bench.redb"))
         .unwrap();
-    let written_bytes = Arc::new(AtomicU64::new(0));
     let backend = CountingBackend {
         inner: redb::backends::FileBackend::new(file).unwrap(),
         written_bytes: written_bytes.clone(),
@@ -398,8 +412,16 @@ fn main() {
     let args = parse_args();
     let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.starts_with(o));
     println!(
-        "ops={} batch={} reapply={} durable={} (temp file)",
-        args.ops, args.batch, args.reapply_ops, !args.no_sync
+        "ops={} batch={} reapply={} durable={} ({})",
+        args.ops,
+        args.batch,
+        args.reapply_ops,
+        !args.no_sync,
+        if args.memory {
+            "in memory"
+        } else {
+            "temp file"
+        }
     );
     println!(
         "| {:<36} | {:>8} | {:>10} | {:>9} | {:>9} | {:>9} | {:>10} |",

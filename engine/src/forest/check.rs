@@ -7,7 +7,7 @@ use super::records::*;
 use super::TreeRead;
 use crate::error::Result;
 use crate::types::*;
-use redb::{ReadTransaction, ReadableTable};
+use redb::ReadableTable;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Outer error: storage failed; inner error: the violated invariant.
@@ -15,14 +15,14 @@ use std::collections::{BTreeMap, BTreeSet};
 /// checked against that one pass instead of a point lookup per node and
 /// per height (the simulator runs this on every tree every few seconds).
 pub(super) fn check_tree(read: &TreeRead) -> Result<Result<(), String>> {
-    let (txn, rec, log) = (&read.txn, &read.rec, &read.rows);
+    let (rec, log) = (&read.rec, &read.rows);
     let t = rec.number;
     let nodes = load_nodes(log, t)?;
     let mut heights_by_ts = Vec::new();
     let verdict = check_node_count(rec, &nodes)
         .and_then(|()| check_max_parent(rec, &nodes))
         .and_then(|()| scan_log(log, t, &nodes, &mut heights_by_ts).map_err(|e| e.to_string())?)
-        .and_then(|()| check_children_index(txn, t, &nodes).map_err(|e| e.to_string())?)
+        .and_then(|()| check_children_index(log, t, &nodes).map_err(|e| e.to_string())?)
         .and_then(|()| check_acyclic(&nodes))
         .and_then(|()| check_heights(log, rec, &heights_by_ts).map_err(|e| e.to_string())?);
     Ok(verdict)
@@ -44,9 +44,8 @@ fn scan_log(
     by_time.sort_unstable();
     let mut unmatched = by_time.into_iter().peekable();
     let mut name = Vec::new();
-    for row in log.range(kind_range(t, RowKind::Log))? {
-        let (key, value) = row?;
-        let ts = key.value().1;
+    for row in read::rows_of_kind(log, t, RowKind::Log)? {
+        let (ts, value) = row?;
         let op = LogView::parse(value.value())?;
         while let Some(&(time, id)) = unmatched.peek() {
             if time < ts {
@@ -81,9 +80,9 @@ fn load_nodes(
     t: u64,
 ) -> Result<BTreeMap<NodeId, NodeRecord>> {
     let mut nodes = BTreeMap::new();
-    for row in table.range(kind_range(t, RowKind::Node))? {
-        let (key, value) = row?;
-        nodes.insert(key.value().1, decode_node(value.value())?);
+    for row in read::rows_of_kind(table, t, RowKind::Node)? {
+        let (id, value) = row?;
+        nodes.insert(id, decode_node(value.value())?);
     }
     Ok(nodes)
 }
@@ -147,14 +146,12 @@ fn check_nodes_against_log(
 
 /// The children index holds exactly one row per node, under its parent.
 fn check_children_index(
-    txn: &ReadTransaction,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
 ) -> Result<Result<(), String>> {
-    let children = txn.open_table(CHILDREN)?;
-    let range: std::ops::Range<ChildKey> = (t, 0, 0, 0)..(t + 1, 0, 0, 0);
     let mut seen = BTreeSet::new();
-    for row in children.range(range)? {
+    for row in rows.range(region_range(t, RowKind::Child))? {
         let (key, value) = row?;
         let (_, parent, hash, id) = key.value();
         let entry = decode_child(value.value())?;
@@ -181,7 +178,7 @@ fn check_children_index(
     }
     // Path lookups go through the same rows; spot-check one read path.
     if let Some((&id, node)) = nodes.iter().next() {
-        let found = read::children_of(&children, t, node.parent)?;
+        let found = read::children_of(rows, t, node.parent)?;
         if !found.iter().any(|c| c.0 == id) {
             return Ok(Err(format!(
                 "node {id} not found among its parent's children"
@@ -224,7 +221,7 @@ fn check_heights(
     let t = rec.number;
     let mut expected = 0u64;
     // Runs are keyed newest first: backwards is oldest first.
-    for row in heights.range(kind_range(t, RowKind::Height))?.rev() {
+    for row in heights.range(region_range(t, RowKind::Height))?.rev() {
         let (key, stamps) = row?;
         if height_of_key(key.value()) != expected {
             return Ok(Err(format!("height {expected} missing")));
@@ -263,7 +260,6 @@ fn check_heights(
 pub(super) fn check_touched(read: &TreeRead, touched: &[NodeId]) -> Result<Result<(), String>> {
     let (rec, log, table) = (&read.rec, &read.rows, &read.rows);
     let t = rec.number;
-    let children = read.txn.open_table(CHILDREN)?;
     for &id in touched {
         // A move of a node not seen here yet under itself is a logged
         // no-op: the node may legitimately be absent.
@@ -275,8 +271,8 @@ pub(super) fn check_touched(read: &TreeRead, touched: &[NodeId]) -> Result<Resul
         if let Err(broken) = check_nodes_against_log(log, t, &single)? {
             return Ok(Err(broken));
         }
-        let key = (t, node.parent, name_hash(&node.name_key), id);
-        let same = match children.get(key)? {
+        let key = child_key(t, node.parent, name_hash(&node.name_key), id);
+        let same = match table.get(key)? {
             Some(row) => {
                 let entry = decode_child(row.value())?;
                 entry.time == node.time
@@ -326,7 +322,7 @@ fn check_newest_height(
 ) -> Result<Result<(), String>> {
     let t = rec.number;
     // Runs are keyed newest first.
-    let last_run = log.range(kind_range(t, RowKind::Height))?.next();
+    let last_run = log.range(region_range(t, RowKind::Height))?.next();
     let Some(row) = last_run else {
         if rec.next_height == 0 {
             return Ok(Ok(()));

@@ -147,8 +147,8 @@ pub struct Forest {
 
 /// A read snapshot of one existing tree.
 pub(crate) struct TreeRead {
-    txn: redb::ReadTransaction,
-    /// The forest's `ROWS` table in that snapshot.
+    /// The forest's `ROWS` table in that snapshot (the table keeps the
+    /// snapshot alive on its own).
     rows: redb::ReadOnlyTable<RowKey, &'static [u8]>,
     rec: TreeRecord,
 }
@@ -444,13 +444,13 @@ impl Forest {
         // another tree in this snapshot (see `tree_numbers`).
         if let Some(number) = hint.filter(|_| self.tree_numbers.epoch() == epoch) {
             if let Some(rec) = read::tree_state_if_present(&rows, number)? {
-                return Ok(TreeRead { txn, rows, rec });
+                return Ok(TreeRead { rows, rec });
             }
         }
         let number = tree_number(&txn.open_table(TREES)?, tree)?;
         let rec = read::tree_state(&rows, number)?;
         self.tree_numbers.learn(epoch, tree, number);
-        Ok(TreeRead { txn, rows, rec })
+        Ok(TreeRead { rows, rec })
     }
 
     /// Nodes reached by `path` (see DESIGN §4); empty when nothing matches.
@@ -463,8 +463,7 @@ impl Forest {
     ) -> Result<Vec<NodeInfo>> {
         read::check_path(attr, path, self.options.max_path_len)?;
         let read = self.read_tree(tree)?;
-        let children = read.txn.open_table(CHILDREN)?;
-        path_lookup(&children, &read, path, latest_only)
+        path_lookup(&read, path, latest_only)
     }
 
     /// `get_by_path` for many `(path, latest_only)` queries against one
@@ -481,10 +480,9 @@ impl Forest {
             read::check_path(attr, path, self.options.max_path_len)?;
         }
         let read = self.read_tree(tree)?;
-        let children = read.txn.open_table(CHILDREN)?;
         queries
             .iter()
-            .map(|&(path, latest_only)| path_lookup(&children, &read, path, latest_only))
+            .map(|&(path, latest_only)| path_lookup(&read, path, latest_only))
             .collect()
     }
 
@@ -492,7 +490,7 @@ impl Forest {
     /// not stored nodes: they give `None`.
     pub fn get_node(&self, tree: &TreeKey, node: NodeId) -> Result<Option<NodeInfo>> {
         let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
-        read::node_info(&rows, &rows, rec.number, node)
+        read::node_info(&rows, rec.number, node)
     }
 
     /// `get_node` for many nodes in one read transaction: a checker that
@@ -502,15 +500,14 @@ impl Forest {
         let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
         nodes
             .iter()
-            .map(|&node| read::node_info(&rows, &rows, rec.number, node))
+            .map(|&node| read::node_info(&rows, rec.number, node))
             .collect()
     }
 
     /// Children ids of a node, ascending.
     pub fn get_children(&self, tree: &TreeKey, node: NodeId) -> Result<Vec<NodeId>> {
-        let TreeRead { txn, rec, .. } = self.read_tree(tree)?;
-        let children = txn.open_table(CHILDREN)?;
-        let mut ids: Vec<NodeId> = read::children_of(&children, rec.number, node)?
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let mut ids: Vec<NodeId> = read::children_of(&rows, rec.number, node)?
             .into_iter()
             .map(|c| c.0)
             .collect();
@@ -529,16 +526,14 @@ impl Forest {
         depth: u32,
         limit: usize,
     ) -> Result<Vec<NodeInfo>> {
-        let TreeRead { txn, rows, rec } = self.read_tree(tree)?;
-        let children = txn.open_table(CHILDREN)?;
-        let (nodes, log) = (&rows, &rows);
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
         let first = match root {
             ROOT | TRASH => NodeInfo {
                 id: root,
                 parent: root,
                 meta: Meta::default(),
             },
-            _ => read::node_info(nodes, log, rec.number, root)?.ok_or(Error::NodeNotFound(root))?,
+            _ => read::node_info(&rows, rec.number, root)?.ok_or(Error::NodeNotFound(root))?,
         };
         let mut out = Vec::new();
         let mut stack = vec![(first, 1u32)];
@@ -551,13 +546,13 @@ impl Forest {
                 });
             }
             if depth == 0 || level < depth {
-                let mut ids: Vec<NodeId> = read::children_of(&children, rec.number, info.id)?
+                let mut ids: Vec<NodeId> = read::children_of(&rows, rec.number, info.id)?
                     .into_iter()
                     .map(|c| c.0)
                     .collect();
                 ids.sort_unstable();
                 for id in ids.into_iter().rev() {
-                    let child = read::node_info(nodes, log, rec.number, id)?
+                    let child = read::node_info(&rows, rec.number, id)?
                         .expect("children index points at a stored node");
                     stack.push((child, level + 1));
                 }
@@ -799,19 +794,18 @@ impl Forest {
             nodes: Vec::new(),
             log: Vec::new(),
         };
-        for row in rows.range(kind_range(t, RowKind::Log))? {
-            let (key, value) = row?;
-            dump.log
-                .push(decode_log(value.value())?.into_move(key.value().1));
+        for row in read::rows_of_kind(&rows, t, RowKind::Log)? {
+            let (ts, value) = row?;
+            dump.log.push(decode_log(value.value())?.into_move(ts));
         }
-        for row in rows.range(kind_range(t, RowKind::Node))? {
-            let (key, value) = row?;
+        for row in read::rows_of_kind(&rows, t, RowKind::Node)? {
+            let (id, value) = row?;
             let node = decode_node(value.value())?;
             let Ok(at) = dump.log.binary_search_by_key(&node.time, |op| op.meta.time) else {
                 panic!("tree {t}: log entry {} is missing", node.time);
             };
             dump.nodes.push(NodeInfo {
-                id: key.value().1,
+                id,
                 parent: node.parent,
                 meta: dump.log[at].meta.clone(),
             });
@@ -843,7 +837,7 @@ impl Forest {
         let rows = txn.open_table(ROWS)?;
         let mut count = 0u64;
         for (_, number) in self.trees_from(&[])? {
-            for row in rows.range(kind_range(number, RowKind::Log))? {
+            for row in read::rows_of_kind(&rows, number, RowKind::Log)? {
                 row?;
                 count += 1;
             }
@@ -879,7 +873,6 @@ impl Forest {
         txn.delete_table(TREES)?;
         txn.delete_table(META)?;
         txn.delete_table(ROWS)?;
-        txn.delete_table(CHILDREN)?;
         txn.delete_table(CURSORS)?;
         // Recreated at once: reads never meet a missing table.
         open_all_tables(&txn)?;
@@ -892,19 +885,14 @@ impl Forest {
 }
 
 /// The body of `get_by_path` on an open snapshot (`path` already checked).
-fn path_lookup(
-    children: &impl ReadableTable<ChildKey, &'static [u8]>,
-    read: &TreeRead,
-    path: &[String],
-    latest_only: bool,
-) -> Result<Vec<NodeInfo>> {
-    let (log, number) = (&read.rows, read.rec.number);
+fn path_lookup(read: &TreeRead, path: &[String], latest_only: bool) -> Result<Vec<NodeInfo>> {
+    let (rows, number) = (&read.rows, read.rec.number);
     let (dirs, last) = path.split_at(path.len() - 1);
-    let (dir, found) = read::resolve_dirs(children, log, number, dirs)?;
+    let (dir, found) = read::resolve_dirs(rows, number, dirs)?;
     if found < dirs.len() {
         return Ok(Vec::new());
     }
-    let mut matches = read::children_named(children, number, dir, &component_key(&last[0]))?;
+    let mut matches = read::children_named(rows, number, dir, &component_key(&last[0]))?;
     if latest_only {
         // Newest meta wins; times are unique, the id only breaks
         // impossible ties deterministically.
@@ -913,7 +901,7 @@ fn path_lookup(
     }
     let mut out = Vec::with_capacity(matches.len());
     for (id, time, _) in matches {
-        let items = read::log_record(log, number, time)?.body.items;
+        let items = read::log_record(rows, number, time)?.body.items;
         out.push(NodeInfo {
             id,
             parent: dir,
@@ -953,35 +941,35 @@ fn create_tables(db: &Database) -> Result<()> {
 }
 
 /// Opens (creating if absent) every table of the forest in `txn`, and
-/// refuses a database laid out by another format version. (A file of the
-/// first layout fails earlier: its trees table has another value type.)
+/// refuses a database laid out by another format version. The version is
+/// checked first: an older layout may hold a table of the same name with
+/// other key types. (A file of the first layout, which had no version,
+/// fails on its trees table, whose value type differs.)
 fn open_all_tables(txn: &redb::WriteTransaction) -> Result<()> {
-    txn.open_table(TREES)?;
-    txn.open_table(ROWS)?;
-    txn.open_table(CHILDREN)?;
-    txn.open_table(CURSORS)?;
-    let mut meta = txn.open_table(META)?;
-    let stored = meta.get(FORMAT_VERSION)?.map(|g| g.value());
-    match stored {
-        None => {
-            meta.insert(FORMAT_VERSION, FORMAT_VERSION_CURRENT)?;
-        }
-        Some(FORMAT_VERSION_CURRENT) => {}
-        Some(other) => {
-            return Err(Error::Storage(format!(
-                "database format version {other}; this build reads version {FORMAT_VERSION_CURRENT}"
-            )))
+    {
+        let mut meta = txn.open_table(META)?;
+        let stored = meta.get(FORMAT_VERSION)?.map(|g| g.value());
+        match stored {
+            None => {
+                meta.insert(FORMAT_VERSION, FORMAT_VERSION_CURRENT)?;
+            }
+            Some(FORMAT_VERSION_CURRENT) => {}
+            Some(other) => {
+                return Err(Error::Storage(format!(
+                    "database format version {other}; this build reads version {FORMAT_VERSION_CURRENT}"
+                )))
+            }
         }
     }
+    txn.open_table(TREES)?;
+    txn.open_table(ROWS)?;
+    txn.open_table(CURSORS)?;
     Ok(())
 }
 
 fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
     txn.open_table(ROWS)?
         .retain_in(tree_rows(t), |_, _| false)?;
-    let children_range: std::ops::Range<ChildKey> = (t, 0, 0, 0)..(t + 1, 0, 0, 0);
-    txn.open_table(CHILDREN)?
-        .retain_in(children_range, |_, _| false)?;
     txn.open_table(CURSORS)?
         .retain_in((t, 0, 0)..=(t, u8::MAX, u16::MAX), |_, _| false)?;
     txn.open_table(TREES)?
@@ -1038,6 +1026,91 @@ mod tests {
         assert_eq!(forest.next_height(&a), Ok(1));
         forest.check_invariants(&a).unwrap();
         forest.check_invariants(&b).unwrap();
+    }
+
+    #[test]
+    fn a_version_2_file_is_refused() {
+        // Version 2 kept the children index in its own table and keyed
+        // `rows` by two integers; the typed refusal must come before any
+        // table of the new layout is opened over those.
+        const V2_ROWS: redb::TableDefinition<(u64, u64), &[u8]> =
+            redb::TableDefinition::new("rows");
+        const V2_CHILDREN: redb::TableDefinition<(u64, u64, u64, u64), &[u8]> =
+            redb::TableDefinition::new("children");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forest.redb");
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(FORMAT_VERSION, 2)
+                .unwrap();
+            txn.open_table(V2_ROWS)
+                .unwrap()
+                .insert((4, 0), &[0u8; 40][..])
+                .unwrap();
+            txn.open_table(V2_CHILDREN)
+                .unwrap()
+                .insert((1, 0, 7, 9), &[0u8; 10][..])
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let error = open_error(&path);
+        assert!(
+            matches!(&error, Error::Storage(m) if m.contains("format version 2")),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn dropping_a_tree_removes_its_children_rows_only() {
+        let forest = Forest::in_memory(ForestOptions::default()).unwrap();
+        let a = TreeKey::new(ContainerId([1; 32]), "a");
+        let b = TreeKey::new(ContainerId([1; 32]), "b");
+        for tree in [&a, &b] {
+            add(&forest, tree);
+            add(&forest, tree);
+            // A child of TRASH (the largest parent id) too.
+            let node = forest.get_children(tree, ROOT).unwrap()[0];
+            let remove = WriteRequest {
+                tree: tree.clone(),
+                op: WriteOp::Remove { node },
+            };
+            forest
+                .write_batch(&[remove])
+                .unwrap()
+                .pop()
+                .unwrap()
+                .unwrap();
+            assert_eq!(forest.get_children(tree, TRASH).unwrap(), vec![node]);
+        }
+        let (_, number_a) = forest.read_tree_number(&a).unwrap();
+        forest.tree_drop(&a.cid, Some("a")).unwrap();
+        let txn = forest.begin_read().unwrap();
+        let rows = txn.open_table(ROWS).unwrap();
+        assert!(rows.range(tree_rows(number_a)).unwrap().next().is_none());
+        assert_eq!(forest.get_children(&b, ROOT).unwrap().len(), 1);
+        assert_eq!(forest.get_children(&b, TRASH).unwrap().len(), 1);
+        forest.check_invariants(&b).unwrap();
+    }
+
+    #[test]
+    fn a_row_key_of_no_kind_is_a_typed_error() {
+        let forest = Forest::in_memory(ForestOptions::default()).unwrap();
+        let tree = TreeKey::new(ContainerId([1; 32]), "a");
+        add(&forest, &tree);
+        let (_, t) = forest.read_tree_number(&tree).unwrap();
+        let txn = forest.begin_write().unwrap();
+        {
+            let (prefix, _, _, _) = node_key(t, 0);
+            let mut rows = txn.open_table(ROWS).unwrap();
+            rows.insert((prefix, 1, 7, 0), &[0u8; 4][..]).unwrap();
+        }
+        txn.commit().unwrap();
+        let error = forest.dump(&tree).unwrap_err();
+        assert!(matches!(error, Error::Malformed(_)), "{error:?}");
+        assert!(forest.check_invariants(&tree).is_err());
     }
 
     #[test]

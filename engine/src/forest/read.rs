@@ -8,28 +8,15 @@ use crate::error::{Error, Result};
 use crate::types::*;
 use redb::ReadableTable;
 
-/// Bounds of every children-index row of `(tree, parent)`.
-pub(crate) fn children_bounds(tree: u64, parent: NodeId) -> (ChildKey, std::ops::Bound<ChildKey>) {
-    let lower = (tree, parent, 0, 0);
-    // TRASH is u64::MAX: its upper bound is the start of the next tree.
-    let upper = match parent.checked_add(1) {
-        Some(next) => std::ops::Bound::Excluded((tree, next, 0, 0)),
-        None => std::ops::Bound::Excluded((tree + 1, 0, 0, 0)),
-    };
-    (lower, upper)
-}
-
 /// Children of `parent` as `(id, meta time, internal)`, in index order
 /// (name hash, then id).
 pub(crate) fn children_of(
-    children: &impl ReadableTable<ChildKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     parent: NodeId,
 ) -> Result<Vec<(NodeId, Timestamp, bool)>> {
-    let (lower, upper) = children_bounds(tree, parent);
-    let range = children.range::<ChildKey>((std::ops::Bound::Included(lower), upper))?;
     let mut out = Vec::new();
-    for row in range {
+    for row in rows.range(children_range(tree, parent))? {
         let (key, value) = row?;
         let entry = decode_child(value.value())?;
         out.push((key.value().3, entry.time, entry.internal));
@@ -40,15 +27,13 @@ pub(crate) fn children_of(
 /// Children of `parent` whose name key is `name`, as `(id, meta time,
 /// internal)`, ascending by id.
 pub(crate) fn children_named(
-    children: &impl ReadableTable<ChildKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     parent: NodeId,
     name: &[u8],
 ) -> Result<Vec<(NodeId, Timestamp, bool)>> {
-    let hash = name_hash(name);
-    let range = children.range((tree, parent, hash, 0)..=(tree, parent, hash, u64::MAX))?;
     let mut out = Vec::new();
-    for row in range {
+    for row in rows.range(children_hash_range(tree, parent, name_hash(name)))? {
         let (key, value) = row?;
         let entry = decode_child(value.value())?;
         if entry.name_key == name {
@@ -62,29 +47,28 @@ pub(crate) fn children_named(
 /// same-name directory on two replicas leaves both; every replica must
 /// pick the same one, so the smallest id wins.
 pub(crate) fn find_dir(
-    children: &impl ReadableTable<ChildKey, &'static [u8]>,
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     parent: NodeId,
     name_key: &[u8],
 ) -> Result<Option<NodeId>> {
-    let candidates = children_named(children, tree, parent, name_key)?;
+    let candidates = children_named(rows, tree, parent, name_key)?;
     let mut dirs = candidates.into_iter().filter(|c| c.2);
     if canary::active(Canary::PathByArrivalOrder) {
-        return first_stored(log, tree, dirs.collect());
+        return first_stored(rows, tree, dirs.collect());
     }
     Ok(dirs.next().map(|c| c.0))
 }
 
 /// Planted bug: the directory whose current meta was stored first here.
 fn first_stored(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     dirs: Vec<(NodeId, Timestamp, bool)>,
 ) -> Result<Option<NodeId>> {
     let mut best: Option<(u64, NodeId)> = None;
     for (id, time, _) in dirs {
-        let height = log_record(log, tree, time)?.tail.height;
+        let height = log_record(rows, tree, time)?.tail.height;
         if best.is_none_or(|b| height < b.0) {
             best = Some((height, id));
         }
@@ -95,14 +79,13 @@ fn first_stored(
 /// Follows `dirs` from ROOT. Returns the deepest directory found and how
 /// many components were resolved.
 pub(crate) fn resolve_dirs(
-    children: &impl ReadableTable<ChildKey, &'static [u8]>,
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     dirs: &[String],
 ) -> Result<(NodeId, usize)> {
     let mut current = ROOT;
     for (i, component) in dirs.iter().enumerate() {
-        match find_dir(children, log, tree, current, &component_key(component))? {
+        match find_dir(rows, tree, current, &component_key(component))? {
             Some(next) => current = next,
             None => return Ok((current, i)),
         }
@@ -110,24 +93,48 @@ pub(crate) fn resolve_dirs(
     Ok((current, dirs.len()))
 }
 
+/// The rows of `kind` (node or log rows, which share a region) of one
+/// tree in key order, as `(id or timestamp, value)`.
+pub(crate) fn rows_of_kind<'t>(
+    rows: &'t impl ReadableTable<RowKey, &'static [u8]>,
+    tree: u64,
+    kind: RowKind,
+) -> Result<impl Iterator<Item = Result<(u64, redb::AccessGuard<'t, &'static [u8]>)>> + 't> {
+    let range = rows.range(region_range(tree, kind))?;
+    Ok(range.filter_map(move |row| {
+        let (key, value) = match row {
+            Ok(row) => row,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let key = key.value();
+        match key_kind(key) {
+            Some(found) if found == kind => Some(Ok((key.1, value))),
+            Some(_) => None,
+            None => Some(Err(Error::Malformed(format!(
+                "tree {tree}: row key {key:?} of no kind"
+            )))),
+        }
+    }))
+}
+
 /// The log record at `ts`; its absence means a node or undo entry points
 /// at an op that was never stored, a broken invariant.
 pub(crate) fn log_record(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     ts: Timestamp,
 ) -> Result<LogRecord> {
-    let guard = log.get(log_key(tree, ts))?;
+    let guard = rows.get(log_key(tree, ts))?;
     let guard = guard.unwrap_or_else(|| panic!("tree {tree}: log entry {ts} is missing"));
     decode_log(guard.value())
 }
 
 pub(crate) fn node_record(
-    nodes: &impl ReadableTable<RowKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     node: NodeId,
 ) -> Result<Option<NodeRecord>> {
-    match nodes.get(node_key(tree, node))? {
+    match rows.get(node_key(tree, node))? {
         None => Ok(None),
         Some(guard) => decode_node(guard.value()).map(Some),
     }
@@ -139,10 +146,10 @@ pub(crate) fn tree_state_if_present(
     rows: &impl ReadableTable<RowKey, &'static [u8]>,
     number: u64,
 ) -> Result<Option<TreeRecord>> {
-    if rows.get(state_key(number))?.is_none() {
-        return Ok(None);
+    match rows.get(state_key(number))? {
+        Some(guard) => checked_state(guard.value(), number).map(Some),
+        None => Ok(None),
     }
-    tree_state(rows, number).map(Some)
 }
 
 /// The state row of tree `number`, which the trees table names: its
@@ -154,7 +161,12 @@ pub(crate) fn tree_state(
     let Some(guard) = rows.get(state_key(number))? else {
         return Err(Error::Malformed(format!("tree {number} has no state row")));
     };
-    let record = decode_tree(guard.value())?;
+    checked_state(guard.value(), number)
+}
+
+/// Decodes the state row stored under tree `number`'s key.
+fn checked_state(bytes: &[u8], number: u64) -> Result<TreeRecord> {
+    let record = decode_tree(bytes)?;
     if record.number != number {
         return Err(Error::Malformed(format!(
             "state row of tree {number} names tree {}",
@@ -166,15 +178,14 @@ pub(crate) fn tree_state(
 
 /// A node with its meta (read from the op that set it).
 pub(crate) fn node_info(
-    nodes: &impl ReadableTable<RowKey, &'static [u8]>,
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     node: NodeId,
 ) -> Result<Option<NodeInfo>> {
-    let Some(record) = node_record(nodes, tree, node)? else {
+    let Some(record) = node_record(rows, tree, node)? else {
         return Ok(None);
     };
-    let items = log_record(log, tree, record.time)?.body.items;
+    let items = log_record(rows, tree, record.time)?.body.items;
     Ok(Some(NodeInfo {
         id: node,
         parent: record.parent,

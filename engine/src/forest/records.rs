@@ -23,67 +23,120 @@ pub const TREES: TableDefinition<&[u8], u64> = TableDefinition::new("trees");
 /// Forest-wide counters, e.g. [`NEXT_TREE_NUMBER`].
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// Every per-tree row except the children index, in one b-tree, keyed by
-/// `(tree number << 2 | kind, id)` (see [`RowKind`]).
+/// Every per-tree row, in one b-tree, keyed by `(tree number << 2 |
+/// region, a, b, c)` (see [`RowKind`] for each kind's region and `a, b,
+/// c`).
 ///
 /// Why one table: a commit pays per b-tree page it dirties (a fresh page,
 /// its checksum, the write to storage, the old page's release) and per
-/// table whose root changes. The batches of a replicated service are small
-/// (often one op), and one op used to dirty a root-to-leaf path in each of
-/// five tables. In one key space the paths share their branch pages, and
-/// the rows every appending batch rewrites sit side by side: the log's tail
-/// (newest timestamps), then the tree's state row, then the newest height
-/// run (heights are keyed in descending order for this), so an in-order
-/// batch usually dirties one leaf for all three.
+/// table whose root changes (a table-tree update, a table open per
+/// transaction). The batches of a replicated service are small (often one
+/// op), and one op used to dirty a root-to-leaf path in each of six
+/// tables. In one key space the paths share their branch pages, and the
+/// rows an appending batch writes sit side by side: node and log rows
+/// share one region ordered by id/timestamp, so the node a create op makes
+/// (its id is the op's timestamp) lands next to the op's log row at the
+/// region's end; the tree's state row follows, then the newest height run
+/// (heights are keyed in descending order for this). An in-order batch of
+/// creations usually dirties one leaf for all four, plus the children
+/// index leaf under each parent.
+///
+/// The key is four integers wide for the children index, which needs
+/// `(parent, name hash, child)`; the other kinds pad with zeros.
 pub const ROWS: TableDefinition<RowKey, &[u8]> = TableDefinition::new("rows");
 
 /// Key of [`ROWS`].
-pub type RowKey = (u64, u64);
+pub type RowKey = (u64, u64, u64, u64);
 
-/// What a [`ROWS`] row holds; the low bits of the key's first element.
+/// What a [`ROWS`] row holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowKind {
-    /// id = node: encoded [`NodeRecord`], the node's current state.
-    Node = 0,
-    /// id = timestamp: encoded log record (see [`LogRecord`]), the op log
-    /// in timestamp order.
-    Log = 1,
-    /// id = 0: encoded [`TreeRecord`].
-    State = 2,
-    /// id = `u64::MAX - first height`: the timestamps (8 bytes each, BE) of
-    /// the ops stored at heights `first, first + 1, ..`, the log in this
-    /// replica's storage order. One row per run of consecutive heights
-    /// written by one batch (at most [`HEIGHT_RUN_MAX`]) rather than one
-    /// per op.
-    Height = 3,
+    /// Ops region, `(a, b) = (node, 0)`: encoded [`NodeRecord`], the
+    /// node's current state.
+    Node,
+    /// Ops region, `(a, b) = (timestamp, 1)`: encoded log record (see
+    /// [`LogRecord`]), the op log in timestamp order.
+    Log,
+    /// State region, a = 0: encoded [`TreeRecord`].
+    State,
+    /// Height region, a = `u64::MAX - first height`: the timestamps (8
+    /// bytes each, BE) of the ops stored at heights `first, first + 1,
+    /// ..`, the log in this replica's storage order. One row per run of
+    /// consecutive heights written by one batch (at most
+    /// [`HEIGHT_RUN_MAX`]) rather than one per op.
+    Height,
+    /// Children region, `(a, b, c) = (parent, name hash, child)`: the
+    /// children index, an encoded [`ChildEntry`] (`meta time (8, BE) ++
+    /// internal (1) ++ name key`). The name key is `[0]` for a node
+    /// without `FileName` and `[1] ++ value` otherwise; the key holds only
+    /// its [`name_hash`], so every key has the same fixed width and the
+    /// full name in the value settles the rare hash collision. One range
+    /// serves "children of p" (prefix `(parent)`) and path lookup (prefix
+    /// `(parent, hash)`, filtered by name), and within one name rows are
+    /// in child order, so the smallest id of a duplicated directory comes
+    /// first.
+    Child,
 }
 
-const KIND_BITS: u32 = 2;
+/// The low bits of a key's first element.
+#[derive(Clone, Copy)]
+enum Region {
+    Ops = 0,
+    State = 1,
+    Height = 2,
+    Child = 3,
+}
 
-/// Largest tree number that fits beside a [`RowKind`] in a key.
-pub const TREE_NUMBER_MAX: u64 = u64::MAX >> KIND_BITS;
+const REGION_BITS: u32 = 2;
+/// The key's third element in the ops region.
+const OPS_NODE: u64 = 0;
+const OPS_LOG: u64 = 1;
 
-fn row_prefix(tree: u64, kind: RowKind) -> u64 {
+/// Largest tree number that fits beside a region in a key.
+pub const TREE_NUMBER_MAX: u64 = u64::MAX >> REGION_BITS;
+
+fn row_prefix(tree: u64, region: Region) -> u64 {
     assert!(tree <= TREE_NUMBER_MAX, "tree number {tree} out of range");
-    (tree << KIND_BITS) | kind as u64
+    (tree << REGION_BITS) | region as u64
+}
+
+fn region_of(kind: RowKind) -> Region {
+    match kind {
+        RowKind::Node | RowKind::Log => Region::Ops,
+        RowKind::State => Region::State,
+        RowKind::Height => Region::Height,
+        RowKind::Child => Region::Child,
+    }
+}
+
+/// What the row under `key` holds; `None` for a key no kind uses (damage).
+pub fn key_kind(key: RowKey) -> Option<RowKind> {
+    match (key.0 & ((1 << REGION_BITS) - 1), key.2) {
+        (0, OPS_NODE) => Some(RowKind::Node),
+        (0, OPS_LOG) => Some(RowKind::Log),
+        (0, _) => None,
+        (1, _) => Some(RowKind::State),
+        (2, _) => Some(RowKind::Height),
+        _ => Some(RowKind::Child),
+    }
 }
 
 pub fn node_key(tree: u64, node: NodeId) -> RowKey {
-    (row_prefix(tree, RowKind::Node), node)
+    (row_prefix(tree, Region::Ops), node, OPS_NODE, 0)
 }
 
 pub fn log_key(tree: u64, ts: Timestamp) -> RowKey {
-    (row_prefix(tree, RowKind::Log), ts)
+    (row_prefix(tree, Region::Ops), ts, OPS_LOG, 0)
 }
 
 pub fn state_key(tree: u64) -> RowKey {
-    (row_prefix(tree, RowKind::State), 0)
+    (row_prefix(tree, Region::State), 0, 0, 0)
 }
 
 /// Key of the height run starting at `first`: descending, so that the
 /// newest run is the first row after the state row.
 pub fn height_key(tree: u64, first: u64) -> RowKey {
-    (row_prefix(tree, RowKind::Height), u64::MAX - first)
+    (row_prefix(tree, Region::Height), u64::MAX - first, 0, 0)
 }
 
 /// The first height of the run stored under `key` (a [`height_key`]).
@@ -91,15 +144,38 @@ pub fn height_of_key(key: RowKey) -> u64 {
     u64::MAX - key.1
 }
 
-/// Every row of one kind of one tree.
-pub fn kind_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKey> {
-    let prefix = row_prefix(tree, kind);
-    (prefix, 0)..=(prefix, u64::MAX)
+/// Key of the children-index row of `child` under `parent`.
+pub fn child_key(tree: u64, parent: NodeId, name_hash: u64, child: NodeId) -> RowKey {
+    (row_prefix(tree, Region::Child), parent, name_hash, child)
+}
+
+/// Every children-index row of `parent`.
+pub fn children_range(tree: u64, parent: NodeId) -> std::ops::RangeInclusive<RowKey> {
+    child_key(tree, parent, 0, 0)..=child_key(tree, parent, u64::MAX, u64::MAX)
+}
+
+/// Every children-index row of `parent` whose name hashes to `name_hash`.
+pub fn children_hash_range(
+    tree: u64,
+    parent: NodeId,
+    name_hash: u64,
+) -> std::ops::RangeInclusive<RowKey> {
+    child_key(tree, parent, name_hash, 0)..=child_key(tree, parent, name_hash, u64::MAX)
+}
+
+/// Every row of the region that holds `kind` in one tree. Node and log
+/// rows share a region: a scan for either meets both and tells them
+/// apart with [`key_kind`].
+pub fn region_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKey> {
+    let prefix = row_prefix(tree, region_of(kind));
+    (prefix, 0, 0, 0)..=(prefix, u64::MAX, u64::MAX, u64::MAX)
 }
 
 /// Every [`ROWS`] row of one tree.
 pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKey> {
-    (row_prefix(tree, RowKind::Node), 0)..=(row_prefix(tree, RowKind::Height), u64::MAX)
+    let first = row_prefix(tree, Region::Ops);
+    let last = row_prefix(tree, Region::Child);
+    (first, 0, 0, 0)..=(last, u64::MAX, u64::MAX, u64::MAX)
 }
 
 /// Most timestamps in one height run (4 KiB of value).
@@ -115,19 +191,6 @@ pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = Timestamp>
     }
     Ok(bytes.chunks_exact(8).map(be_u64))
 }
-/// `(tree number, parent, name hash, child)` -> encoded [`ChildEntry`]
-/// (`meta time (8, BE) ++ internal (1) ++ name key`). The name key is `[0]`
-/// for a node without `FileName` and `[1] ++ value` otherwise; the key holds
-/// only its [`name_hash`], so every key has the same fixed width (cheap to
-/// compare and to place in a page) and the full name in the value settles
-/// the rare hash collision. One table serves both "children of p" (prefix
-/// range over `(tree, parent)`) and path lookup (range over `(tree, parent,
-/// hash)`, filtered by name), and within one name rows are in child order,
-/// so the smallest id of a duplicated directory comes first.
-pub const CHILDREN: TableDefinition<ChildKey, &[u8]> = TableDefinition::new("children");
-
-/// Key of [`CHILDREN`]: `(tree number, parent, name hash, child)`.
-pub type ChildKey = (u64, u64, u64, u64);
 /// `(tree number, cursor kind, peer)` -> cursor value.
 pub const CURSORS: TableDefinition<(u64, u8, u16), u64> = TableDefinition::new("cursors");
 
@@ -138,8 +201,9 @@ pub const NEXT_TREE_NUMBER: &str = "next_tree_number";
 pub const FORMAT_VERSION: &str = "format_version";
 
 /// Version 2: one [`ROWS`] table instead of separate log, node, height
-/// tables and tree records.
-pub const FORMAT_VERSION_CURRENT: u64 = 2;
+/// tables and tree records. Version 3: the children index moved into
+/// [`ROWS`] (four-integer keys), node and log rows share one region.
+pub const FORMAT_VERSION_CURRENT: u64 = 3;
 
 /// The key of a tree in [`TREES`].
 pub fn tree_key_bytes(tree: &TreeKey) -> Vec<u8> {
@@ -521,7 +585,7 @@ pub fn component_key(component: &str) -> Vec<u8> {
     key
 }
 
-/// The hash of a name key in [`CHILDREN`] keys: 64-bit FNV-1a, spelled out
+/// The hash of a name key in children-index keys: 64-bit FNV-1a, spelled out
 /// here because it is part of the stored format and must never change
 /// with a library version. Collisions cost a longer range scan, never a
 /// wrong answer (the value holds the full name).
@@ -533,7 +597,7 @@ pub fn name_hash(name_key: &[u8]) -> u64 {
     })
 }
 
-/// The value of a [`CHILDREN`] row, borrowed from the stored bytes.
+/// The value of a children-index row ([`RowKind::Child`]), borrowed from the stored bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChildEntry<'a> {
     /// Meta time of the child (see [`NodeRecord::time`]).
@@ -657,4 +721,57 @@ fn decode_exact<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Resul
         return Err(Error::Malformed(format!("{what}: trailing bytes")));
     }
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_each_trees_rows_together_and_in_order() {
+        let t = 5;
+        // A created node sits right before its creating op's log row.
+        assert!(node_key(t, 9) < log_key(t, 9));
+        assert!(log_key(t, 9) < node_key(t, 10));
+        // State after every op row, then heights newest first.
+        assert!(log_key(t, u64::MAX) < state_key(t));
+        assert!(state_key(t) < height_key(t, 7));
+        assert!(height_key(t, 7) < height_key(t, 3));
+        // Children: one parent's rows form one range, names grouped,
+        // children of one name in id order; TRASH's too.
+        for parent in [ROOT, 42, TRASH] {
+            let all = children_range(t, parent);
+            let named = children_hash_range(t, parent, 77);
+            assert!(all.contains(named.start()) && all.contains(named.end()));
+            assert!(child_key(t, parent, 77, 1) < child_key(t, parent, 77, 2));
+            assert!(all.contains(&child_key(t, parent, 0, 0)));
+            assert!(!all.contains(&child_key(t, parent.wrapping_add(1), 0, 0)));
+        }
+        // Every kind of tree t is in its range, nothing of its neighbours.
+        let rows = tree_rows(t);
+        for key in [
+            node_key(t, 0),
+            log_key(t, u64::MAX),
+            state_key(t),
+            height_key(t, 0),
+            child_key(t, TRASH, u64::MAX, u64::MAX),
+        ] {
+            assert!(rows.contains(&key), "{key:?}");
+        }
+        assert!(!rows.contains(&child_key(t - 1, TRASH, 0, 0)));
+        assert!(!rows.contains(&node_key(t + 1, 0)));
+        let last = tree_rows(TREE_NUMBER_MAX);
+        assert!(last.contains(&child_key(TREE_NUMBER_MAX, TRASH, 1, 1)));
+    }
+
+    #[test]
+    fn key_kinds_round_trip_and_unknown_ones_are_named() {
+        assert_eq!(key_kind(node_key(3, 8)), Some(RowKind::Node));
+        assert_eq!(key_kind(log_key(3, 8)), Some(RowKind::Log));
+        assert_eq!(key_kind(state_key(3)), Some(RowKind::State));
+        assert_eq!(key_kind(height_key(3, 8)), Some(RowKind::Height));
+        assert_eq!(key_kind(child_key(3, 1, 2, 8)), Some(RowKind::Child));
+        let (prefix, id, _, _) = node_key(3, 8);
+        assert_eq!(key_kind((prefix, id, 2, 0)), None);
+    }
 }

@@ -31,9 +31,8 @@ pub(super) struct Writer<'txn, 'c> {
     /// in `numbers`.
     trees: Option<Table<'txn, &'static [u8], u64>>,
     numbers: &'c TreeNumbers,
-    /// Log, node, state and height rows (see `ROWS`).
+    /// Every per-tree row (see `ROWS`).
     rows: Table<'txn, RowKey, &'static [u8]>,
-    children: Table<'txn, ChildKey, &'static [u8]>,
     states: BTreeMap<TreeKey, TreeState>,
     replica_id: ReplicaId,
     changed: bool,
@@ -80,7 +79,6 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             trees: None,
             numbers,
             rows: txn.open_table(ROWS)?,
-            children: txn.open_table(CHILDREN)?,
             states: BTreeMap::new(),
             replica_id,
             changed: false,
@@ -289,12 +287,17 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     fn logged_from(&self, rec: &TreeRecord, ts: Timestamp) -> Result<Vec<(Timestamp, Vec<u8>)>> {
         let tree = rec.number;
         let mut newer = Vec::new();
+        // Node rows share the range; they are passed over.
         for row in self
             .rows
             .range(log_key(tree, ts)..=log_key(tree, u64::MAX))?
         {
             let (key, value) = row?;
-            newer.push((key.value().1, value.value().to_vec()));
+            match key_kind(key.value()) {
+                Some(RowKind::Log) => newer.push((key.value().1, value.value().to_vec())),
+                Some(_) => {}
+                None => return Err(Error::Malformed(format!("tree {tree}: row key of no kind"))),
+            }
         }
         Ok(newer)
     }
@@ -402,8 +405,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         results: &mut [Option<Result<WriteOutcome>>],
     ) -> Result<Vec<Incoming<'a>>> {
         let tree = rec.number;
-        let oldest = match self.rows.range(kind_range(tree, RowKind::Log))?.next() {
-            Some(row) => row?.0.value().1,
+        let oldest = match read::rows_of_kind(&self.rows, tree, RowKind::Log)?.next() {
+            Some(row) => row?.0,
             None => return Ok(fresh),
         };
         let (older, rest): (Vec<_>, Vec<_>) = fresh.into_iter().partition(|i| i.op.ts() < oldest);
@@ -623,10 +626,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     }
 
     fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
-        let (lower, upper) = read::children_bounds(tree, node);
-        let mut range = self
-            .children
-            .range::<ChildKey>((std::ops::Bound::Included(lower), upper))?;
+        let mut range = self.rows.range(children_range(tree, node))?;
         Ok(range.next().transpose()?.is_some())
     }
 
@@ -668,8 +668,11 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         encode_child_into(&mut self.scratch.child, entry);
         let hash = name_hash(entry.name_key);
         let fresh = self
-            .children
-            .insert((tree, parent, hash, id), self.scratch.child.as_slice())?
+            .rows
+            .insert(
+                child_key(tree, parent, hash, id),
+                self.scratch.child.as_slice(),
+            )?
             .is_none();
         assert!(fresh, "tree {tree}: node {id} indexed twice");
         if entry.internal {
@@ -682,8 +685,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     fn remove_child_entry(&mut self, tree: u64, id: NodeId, node: &NodeRecord) -> Result<()> {
         let hash = name_hash(&node.name_key);
         let removed = self
-            .children
-            .remove((tree, node.parent, hash, id))?
+            .rows
+            .remove(child_key(tree, node.parent, hash, id))?
             .is_some();
         assert!(
             removed,
@@ -704,7 +707,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             let found = match self.dirs.get(tree, current, &name) {
                 Some(found) => found,
                 None => {
-                    let found = read::find_dir(&self.children, &self.rows, tree, current, &name)?;
+                    let found = read::find_dir(&self.rows, tree, current, &name)?;
                     self.dirs.put(tree, current, &name, found);
                     found
                 }
