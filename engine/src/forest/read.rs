@@ -93,13 +93,16 @@ pub(crate) fn resolve_dirs(
     Ok((current, dirs.len()))
 }
 
+/// A row's id (or timestamp) and its stored value.
+pub(crate) type KeyedRow<'t> = (u64, redb::AccessGuard<'t, &'static [u8]>);
+
 /// The rows of `kind` (node or log rows, which share a region) of one
-/// tree in key order, as `(id or timestamp, value)`.
+/// tree in key order.
 pub(crate) fn rows_of_kind<'t>(
     rows: &'t impl ReadableTable<RowKey, &'static [u8]>,
     tree: u64,
     kind: RowKind,
-) -> Result<impl Iterator<Item = Result<(u64, redb::AccessGuard<'t, &'static [u8]>)>> + 't> {
+) -> Result<impl Iterator<Item = Result<KeyedRow<'t>>> + 't> {
     let range = rows.range(region_range(tree, kind))?;
     Ok(range.filter_map(move |row| {
         let (key, value) = match row {
