@@ -103,6 +103,12 @@ fn round_trip_clog_and_filter() {
         // The filter drops one request kind only.
         filter.block(0, 1, RequestKind::Pull);
         let tree = TreeKey::new(cid, "t");
+        let stamps = Request::GetOpLogStamps {
+            tree: tree.clone(),
+            from_height: 0,
+            limit: 1,
+        };
+        assert_eq!(call(1, stamps).await.unwrap(), Err(Error::Timeout));
         let pull = Request::GetOpLog {
             tree,
             from_height: 0,

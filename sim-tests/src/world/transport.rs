@@ -33,7 +33,7 @@ impl Handler for arbor::service::Service {
 pub enum RequestKind {
     /// Replication pushes (`Apply`).
     Push,
-    /// Sync pulls (`GetOpLog`).
+    /// Sync pulls (`GetOpLogStamps`, `GetOpLog`).
     Pull,
     /// Everything else.
     Other,
@@ -43,7 +43,7 @@ impl RequestKind {
     pub fn of(request: &Request) -> Self {
         match request {
             Request::Apply { .. } => RequestKind::Push,
-            Request::GetOpLog { .. } => RequestKind::Pull,
+            Request::GetOpLog { .. } | Request::GetOpLogStamps { .. } => RequestKind::Pull,
             _ => RequestKind::Other,
         }
     }
