@@ -106,6 +106,10 @@ pub struct Common {
     /// Most writes one commit takes from a backlog (limits.max_commit_size).
     #[arg(long)]
     max_commit_size: Option<usize>,
+    /// How long a batch of replicated ops only waits for more writes
+    /// (pilorama.replicated_batch_delay; what-if, the reference has 0).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    replicated_batch_delay: Option<Duration>,
     /// Acknowledge before the batch is durable.
     #[arg(long)]
     no_sync: bool,
@@ -201,7 +205,11 @@ impl Common {
         if let Some(n) = self.max_commit_size {
             config.limits.max_commit_size = n;
         }
+        if let Some(d) = self.replicated_batch_delay {
+            config.pilorama.replicated_batch_delay = d;
+        }
         config.pilorama.no_sync |= self.no_sync;
+        config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
 
@@ -484,4 +492,32 @@ fn default_html_path() -> PathBuf {
         .to_string()
         .replace(':', "-");
     PathBuf::from("reports").join(format!("{stamp}.html"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: Common,
+    }
+
+    fn config_of(args: &[&str]) -> Result<Config, String> {
+        let argv = std::iter::once("load").chain(args.iter().copied());
+        Cli::try_parse_from(argv).unwrap().common.config()
+    }
+
+    #[test]
+    fn replicated_batch_delay_is_a_checked_what_if() {
+        let delay = |c: Config| c.pilorama.replicated_batch_delay;
+        assert_eq!(delay(config_of(&[]).unwrap()), Duration::ZERO);
+        let what_if = config_of(&["--replicated-batch-delay", "40ms"]).unwrap();
+        assert_eq!(delay(what_if), Duration::from_millis(40));
+        // More than half of the 5 s replication timeout is refused.
+        let error = config_of(&["--replicated-batch-delay", "10s"]).unwrap_err();
+        assert!(error.contains("pilorama.replicated_batch_delay"), "{error}");
+    }
 }

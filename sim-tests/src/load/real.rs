@@ -326,6 +326,12 @@ pub fn params(spec: &RunSpec, config: &Config) -> std::collections::BTreeMap<Str
             humantime::format_duration(config.pilorama.max_batch_delay)
         ),
     );
+    if !config.pilorama.replicated_batch_delay.is_zero() {
+        p.insert(
+            "pilorama.replicated_batch_delay".into(),
+            humantime::format_duration(config.pilorama.replicated_batch_delay).to_string(),
+        );
+    }
     p.insert(
         "pilorama.durable".into(),
         (!config.pilorama.no_sync).to_string(),

@@ -339,6 +339,7 @@ async fn run_in_world(spec: &RunSpec, options: &SimOptions) -> Result<RunReport,
         .map(|mut config| {
             config.pilorama.no_sync = options.config.pilorama.no_sync;
             config.limits.max_commit_size = options.config.limits.max_commit_size;
+            config.pilorama.replicated_batch_delay = options.config.pilorama.replicated_batch_delay;
             let disk = Arc::new(TimedMemDisk {
                 store: Arc::default(),
                 latency: options.disk_latency,
