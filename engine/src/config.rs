@@ -104,6 +104,10 @@ pub struct Limits {
     /// sync pull lists a peer's log this way and asks only for the ops it
     /// lacks.
     pub sync_stamp_page_size: usize,
+    /// Recently stored local ops kept in memory (over all trees) so that
+    /// the pushers of every peer share one log read of them; 0: off,
+    /// every push pass reads the log.
+    pub push_window_ops: usize,
     /// Largest GetSubTree answer, in nodes.
     pub max_subtree_nodes: usize,
     /// Concurrent inbound connections (TCP).
@@ -154,6 +158,7 @@ impl Default for Limits {
             sync_page_size: 1000,
             push_scan_heights: 16_000,
             sync_stamp_page_size: 16_384,
+            push_window_ops: 4096,
             max_subtree_nodes: 100_000,
             max_connections: 256,
             connect_timeout: Duration::from_secs(2),
@@ -369,6 +374,7 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
         sync_stamp_page_size: s
             .usize("sync_stamp_page_size")?
             .unwrap_or(d.sync_stamp_page_size),
+        push_window_ops: s.usize("push_window_ops")?.unwrap_or(d.push_window_ops),
         max_subtree_nodes: s.usize("max_subtree_nodes")?.unwrap_or(d.max_subtree_nodes),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
         connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
@@ -577,6 +583,7 @@ limits:
   max_commit_size: 300
   push_scan_heights: 40
   sync_stamp_page_size: 64
+  push_window_ops: 0
   connect_timeout: 1s
 "#;
 
@@ -599,6 +606,7 @@ limits:
         assert_eq!(c.limits.max_commit_size, 300);
         assert_eq!(c.limits.push_scan_heights, 40);
         assert_eq!(c.limits.sync_stamp_page_size, 64);
+        assert_eq!(c.limits.push_window_ops, 0);
         assert_eq!(c.limits.connect_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.sync_page_size, Limits::default().sync_page_size);
     }

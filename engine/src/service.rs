@@ -15,9 +15,10 @@ use crate::batcher::{Batcher, BatcherOptions, BatcherStats, CommitHook, CommitNo
 use crate::canary::{self, Canary};
 use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
 use crate::error::{Error, Result};
-use crate::forest::{CursorKind, Forest, WriteOp, WriteOutcome, WriteRequest};
+use crate::forest::{CursorKind, Forest, OpLogPage, WriteOp, WriteOutcome, WriteRequest};
 use crate::net::Transport;
 use crate::proto::{Request, Response};
+use crate::push_window::PushWindows;
 use crate::runtime::{blocking, Env};
 use crate::types::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -167,6 +168,8 @@ struct Inner {
     /// replicated) since start; bumped by the commit hook before any hint.
     changes: Mutex<BTreeMap<TreeKey, u64>>,
     tree_locks: Mutex<BTreeMap<TreeKey, TreeLocks>>,
+    /// Recently stored local-origin ops per tree, shared by the pushers.
+    windows: Arc<PushWindows>,
     /// Canary `ReplicationDropsOnFullQueue`: heights pushers skip to.
     push_skips: Arc<Mutex<BTreeMap<TreeKey, u64>>>,
     closed: AtomicBool,
@@ -199,15 +202,18 @@ impl Service {
             )));
         }
         let storage_failed = Arc::new(Notify::new());
+        let windows = Arc::new(PushWindows::new(config.limits.push_window_ops));
         let batcher = Batcher::start_with_commit(
             {
                 let forest = forest.clone();
                 let storage_failed = storage_failed.clone();
+                let windows = windows.clone();
                 Arc::new(move |requests| {
                     let result = forest.write_batch(requests);
                     if let Err(Error::Storage(_)) = &result {
                         storage_failed.notify_one();
                     }
+                    windows.note_stored(trees_written(requests, &result));
                     result
                 })
             },
@@ -224,6 +230,7 @@ impl Service {
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             push_slots: Arc::new(Semaphore::new(config.tree.replication_worker_count)),
+            windows,
             config,
             forest,
             env,
@@ -580,6 +587,7 @@ impl Inner {
         }
         drop(pushers);
         self.forget_pull_cursors(&trees);
+        self.windows.forget(&trees);
         Ok(Response::Done)
     }
 
@@ -789,6 +797,25 @@ fn check_page(
         expected_min = height.saturating_add(1);
     }
     Ok(())
+}
+
+/// The trees a commit stored ops in: local writes that succeeded and
+/// replicated ops that were new; every tree of a failed commit, whose
+/// outcome is unknown until the database is reopened.
+fn trees_written<'a>(
+    requests: &'a [WriteRequest],
+    result: &'a Result<Vec<Result<WriteOutcome>>>,
+) -> impl Iterator<Item = &'a TreeKey> {
+    requests.iter().enumerate().filter_map(move |(i, request)| {
+        let stored = match result {
+            Err(_) => true,
+            Ok(outcomes) => matches!(
+                outcomes.get(i),
+                Some(Ok(outcome)) if *outcome != WriteOutcome::Applied { fresh: false }
+            ),
+        };
+        stored.then_some(&request.tree)
+    })
 }
 
 fn check_movable(node: NodeId) -> Result<()> {
@@ -1043,9 +1070,7 @@ impl Inner {
         let mut page = self.config.limits.sync_page_size;
         let budget = self.answer_budget_bytes();
         loop {
-            let found = self
-                .forest
-                .get_op_log_of_origin(tree, *cursor, page, scan_max, own)?;
+            let found = self.own_ops_page(tree, *cursor, page, scan_max)?;
             if found.next_height == *cursor {
                 return Ok(());
             }
@@ -1080,6 +1105,41 @@ impl Inner {
         }
     }
 
+    /// What `Forest::get_op_log_of_origin` answers for this node's own ops,
+    /// from the tree's push window when it knows the answer: the pushers of
+    /// all peers then share one log read per stretch of new heights.
+    fn own_ops_page(
+        &self,
+        tree: &TreeKey,
+        from: u64,
+        limit: usize,
+        scan_max: usize,
+    ) -> Result<OpLogPage> {
+        let own = self.config.node.replica_id;
+        if let Some(page) = self.windows.page(tree, from, limit, scan_max) {
+            return Ok(page);
+        }
+        if let Some(ticket) = self.windows.refresh_ticket(tree, from) {
+            let found = self.forest.get_op_log_of_origin(
+                tree,
+                ticket.from_height,
+                self.windows.refresh_limit(),
+                scan_max,
+                own,
+            );
+            let failed = found.as_ref().err().cloned();
+            self.windows.store(tree, ticket, found, scan_max);
+            if let Some(error) = failed {
+                return Err(error);
+            }
+            if let Some(page) = self.windows.page(tree, from, limit, scan_max) {
+                return Ok(page);
+            }
+        }
+        self.forest
+            .get_op_log_of_origin(tree, from, limit, scan_max, own)
+    }
+
     async fn send_ops(&self, tree: &TreeKey, peer: ReplicaId, ops: Vec<Move>) -> Result<()> {
         let count = ops.len() as u64;
         let _slot = self
@@ -1105,23 +1165,21 @@ impl Inner {
     }
 
     fn replication_idle(&self) -> Result<bool> {
-        let own = self.config.node.replica_id;
         let scan_max = self.config.limits.push_scan_heights;
         for tree in self.forest.all_trees()? {
             if !self.replicates(&tree.cid) {
                 continue;
             }
             for peer in self.peers_of(&tree.cid) {
-                let acked = self.push_state(&(tree.clone(), peer), |s| s.acked);
-                let mut cursor = self
-                    .forest
-                    .cursor(&tree, CursorKind::Push, peer)?
-                    .max(acked);
+                let key = (tree.clone(), peer);
+                let (acked, durable) = self.push_state(&key, |s| (s.acked, s.durable));
+                let durable = match durable {
+                    Some(durable) => durable,
+                    None => self.forest.cursor(&tree, CursorKind::Push, peer)?,
+                };
+                let mut cursor = durable.max(acked);
                 loop {
-                    let found = match self
-                        .forest
-                        .get_op_log_of_origin(&tree, cursor, 1, scan_max, own)
-                    {
+                    let found = match self.own_ops_page(&tree, cursor, 1, scan_max) {
                         Err(Error::TreeNotFound) => break,
                         other => other?,
                     };
@@ -1180,6 +1238,7 @@ impl Inner {
                             // Planted bug: discard local data on a peer's hiccup.
                             let _ = self.forest.tree_drop(&tree.cid, Some(&tree.tree));
                             self.forget_pull_cursors(std::slice::from_ref(&tree));
+                            self.windows.forget(std::slice::from_ref(&tree));
                         }
                     }
                 }
@@ -1571,6 +1630,7 @@ impl Inner {
             let forest = self.forest.clone();
             match blocking(&*self.env.runtime, move || forest.reopen()).await {
                 Ok(()) => {
+                    self.windows.clear();
                     self.counters.reopens.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(attempt, "database reopened after a storage error");
                     return true;

@@ -144,6 +144,7 @@ pub fn node_config(
             push_scan_heights: Limits::default().push_scan_heights,
             // Small stamp pages in tests, so paging is exercised.
             sync_stamp_page_size: knobs.sync_page_size,
+            push_window_ops: Limits::default().push_window_ops,
             max_subtree_nodes: 100_000,
             max_connections: 4096,
             connect_timeout: Duration::from_secs(1),
