@@ -15,7 +15,15 @@ use std::collections::{BTreeMap, BTreeSet};
 /// checked against that one pass instead of a point lookup per node and
 /// per height (the simulator runs this on every tree every few seconds).
 pub(super) fn check_tree(read: &TreeRead) -> Result<Result<(), String>> {
-    let (rec, log) = (&read.rec, &read.rows);
+    check_tree_in(&read.rows, &read.rec)
+}
+
+/// `check_tree` on any view of the rows (a read snapshot, or a write
+/// transaction before it commits), for the tree whose record is `rec`.
+pub(super) fn check_tree_in(
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    rec: &TreeRecord,
+) -> Result<Result<(), String>> {
     let t = rec.number;
     let nodes = load_nodes(log, t)?;
     let mut heights_by_ts = Vec::new();
@@ -258,7 +266,16 @@ fn check_heights(
 /// stored yet without a cycle; the newest height points at the newest
 /// stored op. The full check stays for the periodic sweeps.
 pub(super) fn check_touched(read: &TreeRead, touched: &[NodeId]) -> Result<Result<(), String>> {
-    let (rec, log, table) = (&read.rec, &read.rows, &read.rows);
+    check_touched_in(&read.rows, &read.rec, touched)
+}
+
+/// `check_touched` on any view of the rows (see `check_tree_in`).
+pub(super) fn check_touched_in(
+    table: &impl ReadableTable<RowKey, &'static [u8]>,
+    rec: &TreeRecord,
+    touched: &[NodeId],
+) -> Result<Result<(), String>> {
+    let log = table;
     let t = rec.number;
     for &id in touched {
         // A move of a node not seen here yet under itself is a logged
@@ -361,7 +378,9 @@ fn check_height_entry(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Forest, ForestOptions, WriteOp, WriteOutcome, WriteRequest};
+    use super::super::{
+        Forest, ForestOptions, InvariantCheck, WriteOp, WriteOutcome, WriteRequest,
+    };
     use super::*;
     use redb::ReadableTable;
 
@@ -429,6 +448,79 @@ mod tests {
         let mut node = decode_node(nodes.get(key).unwrap().unwrap().value()).unwrap();
         f(&mut node);
         nodes.insert(key, encode_node(&node).as_slice()).unwrap();
+    }
+
+    fn add_named(name: &str) -> WriteRequest {
+        WriteRequest {
+            tree: tree(),
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: named(name),
+            },
+        }
+    }
+
+    #[test]
+    fn a_checked_batch_reports_a_break_and_stores_nothing() {
+        let (forest, t, x, _) = sample();
+        let txn = forest.begin_write().unwrap();
+        rewrite_node(&txn, t, x, |n| n.time += 1);
+        txn.txn.commit().unwrap();
+        let height = forest.next_height(&tree()).unwrap();
+        for check in [InvariantCheck::Touched(vec![x]), InvariantCheck::Whole] {
+            let batch = forest
+                .write_batch_checked(&[add_named("z")], |results| {
+                    assert!(matches!(results[0], Ok(WriteOutcome::Moved { .. })));
+                    vec![(tree(), check.clone())]
+                })
+                .unwrap();
+            let broken = batch.verdict.expect_err("the check sees node x");
+            assert!(broken.contains("not in the log"), "{check:?}: {broken}");
+            assert_eq!(forest.next_height(&tree()), Ok(height), "not committed");
+        }
+        // Nodes away from the break pass, and the batch commits.
+        let batch = forest
+            .write_batch_checked(&[add_named("z")], |_| {
+                vec![(tree(), InvariantCheck::Touched(vec![]))]
+            })
+            .unwrap();
+        assert_eq!(batch.verdict, Ok(()));
+        assert_eq!(forest.next_height(&tree()), Ok(height + 1));
+    }
+
+    #[test]
+    fn a_checked_batch_sees_its_own_writes() {
+        let forest = Forest::in_memory(ForestOptions::default()).unwrap();
+        let mut created = None;
+        let batch = forest
+            .write_batch_checked(&[add_named("a")], |results| {
+                if let Ok(WriteOutcome::Moved { node, .. }) = results[0] {
+                    created = Some(node);
+                }
+                vec![
+                    (tree(), InvariantCheck::Whole),
+                    (
+                        tree(),
+                        InvariantCheck::Touched(created.into_iter().collect()),
+                    ),
+                ]
+            })
+            .unwrap();
+        // The tree did not exist before this batch: the checks looked at
+        // the uncommitted state.
+        assert_eq!(batch.verdict, Ok(()));
+        assert!(created.is_some());
+        let other = TreeKey::new(ContainerId([4; 32]), "absent");
+        let batch = forest
+            .write_batch_checked(&[add_named("b")], |_| vec![(other, InvariantCheck::Whole)])
+            .unwrap();
+        assert!(batch.verdict.is_err(), "an absent tree fails its check");
+        assert_eq!(
+            forest.next_height(&tree()),
+            Ok(1),
+            "and the batch is not stored"
+        );
     }
 
     #[test]

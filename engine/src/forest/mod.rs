@@ -97,6 +97,28 @@ pub enum WriteOutcome {
     Applied { fresh: bool },
 }
 
+/// An invariant check that `write_batch_checked` runs on one tree inside
+/// the batch's write transaction, after the batch and before its commit:
+/// the same checks as `check_invariants_touched` and `check_invariants`
+/// on the state the commit would store, without a read transaction of
+/// their own (for checkers that test every batch, the fuzz targets).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InvariantCheck {
+    /// `check_invariants_touched` at these nodes.
+    Touched(Vec<NodeId>),
+    /// `check_invariants`: the whole tree.
+    Whole,
+}
+
+/// What `write_batch_checked` returns when the transaction worked.
+#[derive(Debug)]
+pub struct CheckedBatch {
+    /// One result per request, as `write_batch` gives them.
+    pub results: Vec<Result<WriteOutcome>>,
+    /// The first broken invariant; then nothing of the batch is stored.
+    pub verdict: Result<(), String>,
+}
+
 /// Which per-peer cursor: what we pulled from a peer (sync) or what a peer
 /// has acknowledged of our pushes (replication).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,6 +300,13 @@ impl Forest {
         Self::open_with_backend(redb::backends::InMemoryBackend::new(), options)
     }
 
+    /// A forest over a database the caller opened with its own redb
+    /// settings (the fuzz harness picks a smaller page size). Such a
+    /// forest cannot `reopen`.
+    pub fn from_database(db: Database, options: ForestOptions) -> Result<Self> {
+        Self::init(db, options)
+    }
+
     fn init(db: Database, options: ForestOptions) -> Result<Self> {
         create_tables(&db)?;
         Ok(Self {
@@ -332,10 +361,29 @@ impl Forest {
     /// with one undo back to the oldest new op; local ops follow in request
     /// order, each newer than everything before it.
     pub fn write_batch(&self, requests: &[WriteRequest]) -> Result<Vec<Result<WriteOutcome>>> {
+        let batch = self.write_batch_checked(requests, |_| Vec::new())?;
+        Ok(batch.results)
+    }
+
+    /// `write_batch`, plus the invariant checks `checks` asks for given
+    /// the batch's results, run inside the batch's transaction before it
+    /// commits. A broken invariant aborts the transaction (nothing of the
+    /// batch is stored) and is reported in `verdict`.
+    pub fn write_batch_checked(
+        &self,
+        requests: &[WriteRequest],
+        checks: impl FnOnce(&[Result<WriteOutcome>]) -> Vec<(TreeKey, InvariantCheck)>,
+    ) -> Result<CheckedBatch> {
         let mut dirs = self.lock_dir_cache();
         dirs.align_with_canary();
-        let outcome = self.write_batch_with(requests, &mut dirs);
-        if outcome.is_err() {
+        let outcome = self.write_batch_with(requests, &mut dirs, checks);
+        if !matches!(
+            outcome,
+            Ok(CheckedBatch {
+                verdict: Ok(()),
+                ..
+            })
+        ) {
             // Lookups made inside the failed transaction describe rows that
             // were never committed.
             dirs.clear();
@@ -347,13 +395,14 @@ impl Forest {
         &self,
         requests: &[WriteRequest],
         dirs: &mut dir_cache::DirCache,
-    ) -> Result<Vec<Result<WriteOutcome>>> {
+        checks: impl FnOnce(&[Result<WriteOutcome>]) -> Vec<(TreeKey, InvariantCheck)>,
+    ) -> Result<CheckedBatch> {
         let mut results: Vec<Option<Result<WriteOutcome>>> = requests
             .iter()
             .map(|r| self.check_request(&r.op).err().map(Err))
             .collect();
         let txn = self.begin_write()?;
-        let changed = {
+        let (changed, batch) = {
             let mut writer =
                 write::Writer::open(&txn, self.options.replica_id, dirs, &self.tree_numbers)?;
             let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
@@ -372,17 +421,29 @@ impl Forest {
                     results[index] = Some(writer.apply_local(&request.tree, &request.op)?);
                 }
             }
-            writer.finish()?
+            let changed = writer.flush()?;
+            let results: Vec<Result<WriteOutcome>> = results
+                .into_iter()
+                .map(|r| r.expect("every request has a result"))
+                .collect();
+            let mut verdict = Ok(());
+            for (tree, check) in checks(&results) {
+                verdict = writer.check(&tree, &check)?;
+                if verdict.is_err() {
+                    break;
+                }
+            }
+            (
+                changed && verdict.is_ok(),
+                CheckedBatch { results, verdict },
+            )
         };
         if changed {
             txn.commit()?;
         } else {
             txn.abort()?;
         }
-        Ok(results
-            .into_iter()
-            .map(|r| r.expect("every request has a result"))
-            .collect())
+        Ok(batch)
     }
 
     /// Everything that can be refused without looking at storage.

@@ -5,7 +5,7 @@ use super::dir_cache::DirCache;
 use super::read;
 use super::records::*;
 use super::tree_numbers::TreeNumbers;
-use super::{WriteOp, WriteOutcome};
+use super::{check, InvariantCheck, WriteOp, WriteOutcome};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::types::*;
@@ -90,8 +90,9 @@ impl<'txn, 'c> Writer<'txn, 'c> {
 
     /// Writes back the height runs and the changed tree records; true
     /// when the batch changed anything (otherwise the transaction need not
-    /// be committed).
-    pub fn finish(mut self) -> Result<bool> {
+    /// be committed). The tables stay open: `check` can look at the batch's result
+    /// before it commits.
+    pub fn flush(&mut self) -> Result<bool> {
         for run in std::mem::take(&mut self.height_runs) {
             let previous = self
                 .rows
@@ -118,6 +119,34 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             self.changed = true;
         }
         Ok(self.changed)
+    }
+
+    /// Runs an invariant check on a tree as this batch leaves it (call
+    /// after `flush`). Outer error: storage; inner: the broken invariant.
+    pub fn check(&mut self, key: &TreeKey, check: &InvariantCheck) -> Result<Result<(), String>> {
+        let Some(rec) = self.flushed_tree(key)? else {
+            return Ok(Err(Error::TreeNotFound.to_string()));
+        };
+        match check {
+            InvariantCheck::Whole => check::check_tree_in(&self.rows, &rec),
+            InvariantCheck::Touched(nodes) => check::check_touched_in(&self.rows, &rec, nodes),
+        }
+    }
+
+    /// The record of a tree as this batch leaves it (after `flush`). Unlike
+    /// `stored_tree` it learns no number: a tree this batch created is not
+    /// committed yet, and may never be.
+    fn flushed_tree(&mut self, key: &TreeKey) -> Result<Option<TreeRecord>> {
+        if let (_, Some(number)) = self.numbers.hint(key) {
+            if let Some(record) = read::tree_state_if_present(&self.rows, number)? {
+                return Ok(Some(record));
+            }
+        }
+        let number = self
+            .trees()?
+            .get(tree_key_bytes(key).as_slice())?
+            .map(|guard| guard.value());
+        number.map(|n| read::tree_state(&self.rows, n)).transpose()
     }
 
     /// The tree's record, created (with a fresh tree number) when `create`.

@@ -5,11 +5,11 @@
 //! hold as known (no change, `fresh: false`).
 
 use super::ops::{
-    batch_sizes, clear_between_inputs, dump_or_empty, fast_forest, fuzz_tree, is_valid,
-    memory_forest_no_sync, model_of, shuffled, FuzzMove, MAX_OPS,
+    batch_sizes, clear_between_inputs, dump_or_empty, fast_small_page_forest, fuzz_tree, is_valid,
+    memory_small_page_forest, model_of, shuffled, FuzzMove, MAX_OPS,
 };
 use arbitrary::{Arbitrary, Unstructured};
-use arbor::forest::{Forest, WriteOp, WriteOutcome, WriteRequest};
+use arbor::forest::{Forest, InvariantCheck, WriteOp, WriteOutcome, WriteRequest};
 use arbor::model::TreeModel;
 use arbor::{Move, NodeId, NodeInfo, Timestamp};
 use std::cell::Cell;
@@ -76,7 +76,7 @@ thread_local! {
     /// input: opening and closing two redb databases per input cost more
     /// than the input itself. Clearing restarts tree numbering too, so an
     /// input sees exactly what a fresh forest would show it.
-    static REPLICAS: (Forest, Forest) = (fast_forest(1), memory_forest_no_sync(2));
+    static REPLICAS: (Forest, Forest) = (fast_small_page_forest(1), memory_small_page_forest(2));
     /// Inputs run on this thread's replicas.
     static INPUTS_RUN: Cell<u64> = const { Cell::new(0) };
 }
@@ -147,8 +147,10 @@ struct Delivery {
 
 /// Delivers `ops` in batches, checking each outcome and the tree
 /// invariant: after every batch that applied something fresh, at the
-/// nodes that batch can have changed (`check_invariants_touched`), and
-/// over the whole tree once at the end (`check_invariants`). A batch of
+/// nodes that batch can have changed (the checks of
+/// `check_invariants_touched`, run inside the batch's own transaction
+/// before it commits: `write_batch_checked`), and over the whole committed
+/// tree once at the end (`check_invariants`). A batch of
 /// known or refused ops must change nothing; if it broke the tree anyway,
 /// the break persists into the final full check (the re-delivery pass
 /// compares whole dumps as well). Every valid op must be reported fresh
@@ -165,11 +167,21 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8], mut tree_exists: bool) -
         let batch = &ops[start..start + size];
         start += size;
         let requests: Vec<WriteRequest> = batch.iter().map(apply_request).collect();
-        let results = forest
-            .write_batch(&requests)
+        let mut touched = Vec::new();
+        let checked = forest
+            .write_batch_checked(&requests, |results| {
+                touched = touched_by(&applied, batch, results);
+                if touched.is_empty() {
+                    return Vec::new();
+                }
+                vec![(fuzz_tree(), InvariantCheck::Touched(touched.clone()))]
+            })
             .expect("a batch on a fault-free disk commits");
+        if let Err(e) = checked.verdict {
+            panic!("invariant broken after a batch at nodes {touched:?}: {e}");
+        }
+        let results = checked.results;
         assert_eq!(results.len(), batch.len(), "one result per request");
-        let fresh_before = fresh.len();
         for (op, result) in batch.iter().zip(results) {
             match (is_valid(op), result) {
                 (true, Ok(WriteOutcome::Applied { fresh: true })) => {
@@ -182,9 +194,6 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8], mut tree_exists: bool) -
             }
         }
         tree_exists |= batch.iter().any(is_valid);
-        if let Some(&oldest) = fresh[fresh_before..].iter().min() {
-            check_touched(forest, &touched_since(&applied, oldest));
-        }
     }
     if tree_exists {
         check_tree(forest, "after the last batch");
@@ -198,21 +207,31 @@ fn deliver(forest: &Forest, ops: &[Move], sizes: &[u8], mut tree_exists: bool) -
     Delivery { fresh }
 }
 
-/// The nodes a batch whose oldest fresh op is at `oldest` can have
-/// changed: undo/redo only reaches ops from `oldest` on, and an op only
-/// changes its child. `applied` holds every op of the forest's log when
-/// the delivery started from an empty forest, as the first deliveries
-/// do; the re-delivery, into a forest already holding everything, must
-/// find nothing fresh at all.
-fn touched_since(applied: &BTreeMap<Timestamp, NodeId>, oldest: Timestamp) -> Vec<NodeId> {
-    let children: BTreeSet<NodeId> = applied.range(oldest..).map(|(_, &c)| c).collect();
+/// The nodes a batch can have changed, given its `results`: none when it
+/// applied nothing fresh; otherwise, with its oldest fresh op at `oldest`,
+/// the children of every op from `oldest` on, the batch's own and those
+/// `applied` before it (undo/redo only reaches ops from `oldest` on, and
+/// an op only changes its child). `applied` holds every op of the
+/// forest's log when the delivery started from an empty forest, as the
+/// first deliveries do; the re-delivery, into a forest already holding
+/// everything, must find nothing fresh at all.
+fn touched_by(
+    applied: &BTreeMap<Timestamp, NodeId>,
+    batch: &[Move],
+    results: &[arbor::Result<WriteOutcome>],
+) -> Vec<NodeId> {
+    let fresh_now: Vec<&Move> = batch
+        .iter()
+        .zip(results)
+        .filter(|(_, result)| matches!(result, Ok(WriteOutcome::Applied { fresh: true })))
+        .map(|(op, _)| op)
+        .collect();
+    let Some(oldest) = fresh_now.iter().map(|op| op.ts()).min() else {
+        return Vec::new();
+    };
+    let mut children: BTreeSet<NodeId> = applied.range(oldest..).map(|(_, &c)| c).collect();
+    children.extend(fresh_now.iter().map(|op| op.child));
     children.into_iter().collect()
-}
-
-fn check_touched(forest: &Forest, touched: &[NodeId]) {
-    if let Err(e) = forest.check_invariants_touched(&fuzz_tree(), touched) {
-        panic!("invariant broken after a batch at nodes {touched:?}: {e}");
-    }
 }
 
 fn check_tree(forest: &Forest, when: &str) {

@@ -159,6 +159,58 @@ pub fn fast_forest(replica_id: u16) -> Forest {
     Forest::open_with_backend(disk.backend(), options).expect("the empty forest reopens")
 }
 
+/// redb page size of the `apply_oplog` forests. Their trees are tiny (at
+/// most `MAX_OPS` ops), and every commit copies and zeroes each page it
+/// touches: with redb's default 4 KiB pages that zeroing and copying was
+/// an eighth of a run; 1 KiB pages cut the run by 8% (512 B pages split
+/// the tables into more pages and cost more again). The forest does not
+/// see pages (it talks to redb in keys and values); smaller pages only
+/// make redb split and merge its B-trees more often.
+pub const FUZZ_PAGE_BYTES: usize = 1024;
+
+fn small_page_builder() -> redb::Builder {
+    let mut builder = redb::Builder::new();
+    builder.set_page_size(FUZZ_PAGE_BYTES);
+    builder
+}
+
+/// Options of a harness forest that commits without durability.
+fn no_sync_options(replica_id: u16) -> ForestOptions {
+    ForestOptions {
+        replica_id,
+        durable: false,
+        ..ForestOptions::default()
+    }
+}
+
+/// `fast_forest` with `FUZZ_PAGE_BYTES` pages: starts from the image of
+/// an empty small-page forest (built once per process), reopenable over
+/// the same simulated disk.
+pub fn fast_small_page_forest(replica_id: u16) -> Forest {
+    static EMPTY_IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
+    let image = EMPTY_IMAGE.get_or_init(|| {
+        let disk = SimDisk::new(DiskConfig::reliable(0));
+        drop(open_small_page_forest(&disk, ForestOptions::default()));
+        disk.durable_image()
+    });
+    let disk = SimDisk::with_image(DiskConfig::reliable(0), image.clone());
+    open_small_page_forest(&disk, no_sync_options(replica_id))
+}
+
+fn open_small_page_forest(disk: &SimDisk, options: ForestOptions) -> Forest {
+    let disk = disk.clone();
+    let opener = move || Ok(small_page_builder().create_with_backend(disk.backend())?);
+    Forest::open_reopenable(Box::new(opener), options).expect("a small-page forest opens")
+}
+
+/// `memory_forest_no_sync` with `FUZZ_PAGE_BYTES` pages.
+pub fn memory_small_page_forest(replica_id: u16) -> Forest {
+    let db = small_page_builder()
+        .create_with_backend(redb::backends::InMemoryBackend::new())
+        .expect("an in-memory database opens");
+    Forest::from_database(db, no_sync_options(replica_id)).expect("an in-memory forest opens")
+}
+
 /// Every this many inputs a harness forest is cleared durably; in between
 /// without sync.
 pub const DURABLE_CLEAR_EVERY: u64 = 64;
