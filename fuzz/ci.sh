@@ -25,7 +25,7 @@ fi
 # - entropic=0: the entropic schedule's per-feature bookkeeping costs ~30%
 #   of an apply_oplog/crash_recovery run (redb makes every run hit ~10k
 #   features); the plain schedule buys that much more runs.
-# - no: this libFuzzer has no such flag (it only printed
+# - no use_memcmp=0: this libFuzzer has no such flag (it only printed
 #   "unrecognized flag"); its memcmp hooks stay on for every target.
 # - reload=0 (all targets, below): no other process writes to the scratch
 #   corpus, and rereading it every second was 4% of an apply_oplog run.
