@@ -137,16 +137,25 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// `stored_tree` it learns no number: a tree this batch created is not
     /// committed yet, and may never be.
     fn flushed_tree(&mut self, key: &TreeKey) -> Result<Option<TreeRecord>> {
+        Ok(self.find_tree(key)?.map(|(record, _)| record))
+    }
+
+    /// A tree's record in this transaction, and whether its number came
+    /// from the trees table (true) rather than a remembered hint.
+    fn find_tree(&mut self, key: &TreeKey) -> Result<Option<(TreeRecord, bool)>> {
         if let (_, Some(number)) = self.numbers.hint(key) {
             if let Some(record) = read::tree_state_if_present(&self.rows, number)? {
-                return Ok(Some(record));
+                return Ok(Some((record, false)));
             }
         }
         let number = self
             .trees()?
             .get(tree_key_bytes(key).as_slice())?
             .map(|guard| guard.value());
-        number.map(|n| read::tree_state(&self.rows, n)).transpose()
+        let Some(number) = number else {
+            return Ok(None);
+        };
+        Ok(Some((read::tree_state(&self.rows, number)?, true)))
     }
 
     /// The tree's record, created (with a fresh tree number) when `create`.
@@ -176,24 +185,14 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// cannot change during a batch: a new one starts only under the
     /// directory lock, which the batch holds.
     fn stored_tree(&mut self, key: &TreeKey) -> Result<Option<TreeRecord>> {
-        let (epoch, hint) = self.numbers.hint(key);
-        if let Some(number) = hint {
-            if let Some(record) = read::tree_state_if_present(&self.rows, number)? {
-                return Ok(Some(record));
-            }
+        let epoch = self.numbers.epoch();
+        let found = self.find_tree(key)?;
+        if let Some((record, true)) = found {
+            // Committed before this batch (trees it creates are never
+            // looked up here), so right whether or not the batch commits.
+            self.numbers.learn(epoch, key, record.number);
         }
-        let number = self
-            .trees()?
-            .get(tree_key_bytes(key).as_slice())?
-            .map(|guard| guard.value());
-        let Some(number) = number else {
-            return Ok(None);
-        };
-        let record = read::tree_state(&self.rows, number)?;
-        // Committed before this batch (trees it creates are never looked
-        // up here), so right whether or not the batch commits.
-        self.numbers.learn(epoch, key, number);
-        Ok(Some(record))
+        Ok(found.map(|(record, _)| record))
     }
 
     /// The counter table is opened only here: most batches create no tree,
