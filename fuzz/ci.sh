@@ -58,7 +58,9 @@ trap 'rm -rf "$scratch"' EXIT
 # No compare tracing: it cost ~40% of every apply_oplog run (redb's page
 # and key comparisons), and the structured targets map bytes onto tiny
 # spaces where compare hints buy little; memcmp hooks still guide decode.
-build_args=(-s none --no-trace-compares)
+# -O: dependencies without debug assertions; our crates keep them (see
+# the profile overrides in fuzz/Cargo.toml).
+build_args=(-s none -O --no-trace-compares)
 if [ -n "${FUZZ_TARGET_DIR:-}" ]; then
     build_args+=(--target-dir "$FUZZ_TARGET_DIR")
 fi
