@@ -774,6 +774,63 @@ fn unexpected_answer(peer: ReplicaId, request: &str, answer: &Response) -> Error
     Error::Malformed(format!("peer {peer} answered {request} with {answer:?}"))
 }
 
+/// An item of a paged sync read: how it is asked for and found in the
+/// answer, and its height in the peer's log.
+trait SyncPage: Sized {
+    /// The request's name, for errors.
+    const REQUEST: &'static str;
+    fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request;
+    /// The page of a matching answer; any other answer is given back.
+    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response>;
+    fn height(&self) -> u64;
+}
+
+impl SyncPage for LogStamp {
+    const REQUEST: &'static str = "GetOpLogStamps";
+
+    fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request {
+        Request::GetOpLogStamps {
+            tree,
+            from_height,
+            limit,
+        }
+    }
+
+    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response> {
+        match answer {
+            Response::OpLogStamps { stamps, .. } => Ok(stamps),
+            other => Err(other),
+        }
+    }
+
+    fn height(&self) -> u64 {
+        self.height
+    }
+}
+
+impl SyncPage for LogEntry {
+    const REQUEST: &'static str = "GetOpLog";
+
+    fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request {
+        Request::GetOpLog {
+            tree,
+            from_height,
+            limit,
+        }
+    }
+
+    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response> {
+        match answer {
+            Response::OpLog { entries, .. } => Ok(entries),
+            other => Err(other),
+        }
+    }
+
+    fn height(&self) -> u64 {
+        self.height
+    }
+}
+
 /// A peer's page is input like any other: heights ascending from
 /// `from_height`, and no more than asked for.
 fn check_page(
@@ -1411,18 +1468,7 @@ impl Inner {
         from_height: u64,
     ) -> Result<Option<Vec<LogStamp>>> {
         let limit = self.config.limits.sync_stamp_page_size;
-        let request = Request::GetOpLogStamps {
-            tree: tree.clone(),
-            from_height,
-            limit: limit.min(u32::MAX as usize) as u32,
-        };
-        let stamps = match self.sync_call(peer, request).await? {
-            None => return Ok(None),
-            Some(Response::OpLogStamps { stamps, .. }) => stamps,
-            Some(other) => return Err(unexpected_answer(peer, "GetOpLogStamps", &other)),
-        };
-        check_page(peer, from_height, stamps.iter().map(|s| s.height), limit)?;
-        Ok(Some(stamps))
+        self.fetch_sync_page(tree, peer, from_height, limit).await
     }
 
     /// At most `limit` (and `sync_page_size`) ops of a peer's log from
@@ -1437,18 +1483,28 @@ impl Inner {
         let limit = usize::try_from(limit)
             .unwrap_or(usize::MAX)
             .min(self.config.limits.sync_page_size);
-        let request = Request::GetOpLog {
-            tree: tree.clone(),
-            from_height,
-            limit: limit.min(u32::MAX as usize) as u32,
-        };
-        let entries = match self.sync_call(peer, request).await? {
+        self.fetch_sync_page(tree, peer, from_height, limit).await
+    }
+
+    /// One page of `P` from `peer`, at most `limit` items from
+    /// `from_height`, checked like any other input; `None` when the peer
+    /// does not have the tree.
+    async fn fetch_sync_page<P: SyncPage>(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        from_height: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<P>>> {
+        let wire_limit = limit.min(u32::MAX as usize) as u32;
+        let request = P::request(tree.clone(), from_height, wire_limit);
+        let page = match self.sync_call(peer, request).await? {
             None => return Ok(None),
-            Some(Response::OpLog { entries, .. }) => entries,
-            Some(other) => return Err(unexpected_answer(peer, "GetOpLog", &other)),
+            Some(answer) => P::from_answer(answer)
+                .map_err(|other| unexpected_answer(peer, P::REQUEST, &other))?,
         };
-        check_page(peer, from_height, entries.iter().map(|e| e.height), limit)?;
-        Ok(Some(entries))
+        check_page(peer, from_height, page.iter().map(P::height), limit)?;
+        Ok(Some(page))
     }
 
     /// Fetches and applies the ops of a page of `peer`'s stamps that the

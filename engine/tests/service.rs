@@ -152,6 +152,125 @@ async fn peer_down_during_writes_catches_up_through_sync() {
     assert_converged(&nodes, &[t]);
 }
 
+/// Answers of a peer that breaks the sync protocol, one per way a page can
+/// be wrong; each rewrites one of the two reads and leaves the other alone.
+fn broken_sync_answers() -> Vec<(&'static str, SyncAnswerFilter)> {
+    vec![
+        ("another answer to GetOpLogStamps", |answer| match answer {
+            Response::OpLogStamps { next_height, .. } => Response::OpLog {
+                entries: Vec::new(),
+                next_height,
+            },
+            other => other,
+        }),
+        ("another answer to GetOpLog", |answer| match answer {
+            Response::OpLog { .. } => Response::Done,
+            other => other,
+        }),
+        ("stamps out of order", |answer| match answer {
+            Response::OpLogStamps {
+                mut stamps,
+                next_height,
+            } => {
+                stamps.reverse();
+                Response::OpLogStamps {
+                    stamps,
+                    next_height,
+                }
+            }
+            other => other,
+        }),
+        ("ops out of order", |answer| match answer {
+            Response::OpLog {
+                mut entries,
+                next_height,
+            } => {
+                entries.reverse();
+                Response::OpLog {
+                    entries,
+                    next_height,
+                }
+            }
+            other => other,
+        }),
+        ("more stamps than asked for", |answer| match answer {
+            Response::OpLogStamps {
+                mut stamps,
+                next_height,
+            } => {
+                let last = *stamps.last().expect("the peer has ops");
+                stamps.extend((1..=64).map(|i| arbor::LogStamp {
+                    height: last.height + i,
+                    ..last
+                }));
+                Response::OpLogStamps {
+                    stamps,
+                    next_height,
+                }
+            }
+            other => other,
+        }),
+        ("more ops than asked for", |answer| match answer {
+            Response::OpLog {
+                mut entries,
+                next_height,
+            } => {
+                let last = entries.last().expect("the peer has ops").clone();
+                entries.extend((1..=64).map(|i| arbor::LogEntry {
+                    height: last.height + i,
+                    ..last.clone()
+                }));
+                Response::OpLog {
+                    entries,
+                    next_height,
+                }
+            }
+            other => other,
+        }),
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn sync_refuses_malformed_pages_and_keeps_nothing_from_them() {
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    for c in &mut configs {
+        c.tree.sync_interval = None;
+        c.limits.sync_stamp_page_size = 8;
+        c.limits.sync_page_size = 8;
+    }
+    list_container_on_both(&mut configs);
+    let nodes = start_cluster(&net, configs);
+    let t = tree("t");
+    // Pushes from node 1 to node 2 are lost: only sync can deliver.
+    net.cut(1, 2, true);
+    for i in 0..20 {
+        add(&nodes[0], &t, ROOT, &format!("n{i}")).await;
+    }
+    for (what, filter) in broken_sync_answers() {
+        net.set_sync_answer_filter(Some(filter));
+        let errors_before = nodes[1].stats().sync_peer_errors;
+        nodes[1].sync_now().await;
+        let stats = nodes[1].stats();
+        assert_eq!(stats.sync_peer_errors, errors_before + 1, "{what}");
+        assert_eq!(stats.ops_pulled, 0, "{what}");
+        assert_eq!(
+            nodes[1].forest().cursor(&t, CursorKind::Pull, 1).unwrap(),
+            0,
+            "{what}"
+        );
+        assert!(
+            dump(&nodes[1], &t).is_none(),
+            "{what}: {:?}",
+            dump(&nodes[1], &t)
+        );
+    }
+    net.set_sync_answer_filter(None);
+    nodes[1].sync_now().await;
+    assert_eq!(nodes[1].stats().ops_pulled, 20);
+    assert_eq!(dump(&nodes[1], &t), dump(&nodes[0], &t));
+}
+
 #[tokio::test(start_paused = true)]
 async fn periodic_sync_repairs_without_pushes() {
     let net = LocalNet::new();

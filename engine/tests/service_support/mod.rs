@@ -57,7 +57,12 @@ pub struct LocalNet {
     oplog_down: Mutex<std::collections::BTreeSet<ReplicaId>>,
     /// Ops sent in GetOpLog answers.
     oplog_entries: Mutex<u64>,
+    /// Rewrites every answer to a sync read: a broken or lying peer.
+    sync_answer_filter: Mutex<Option<SyncAnswerFilter>>,
 }
+
+/// A rewrite of a sync read's answer (see `LocalNet::set_sync_answer_filter`).
+pub type SyncAnswerFilter = fn(Response) -> Response;
 
 impl LocalNet {
     pub fn new() -> Arc<Self> {
@@ -79,6 +84,12 @@ impl LocalNet {
         } else {
             nodes.remove(&id);
         }
+    }
+
+    /// Passes every answer to a GetOpLog or GetOpLogStamps call through
+    /// `filter` (`None`: answers arrive as sent).
+    pub fn set_sync_answer_filter(&self, filter: Option<SyncAnswerFilter>) {
+        *self.sync_answer_filter.lock().unwrap() = filter;
     }
 
     /// Cuts (or heals) the one-way link `from -> to`.
@@ -164,10 +175,15 @@ impl Transport for LocalTransport {
         request: Request,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Response, Error>> {
-        let oplog_lost = matches!(
+        let sync_read = matches!(
             request,
             Request::GetOpLog { .. } | Request::GetOpLogStamps { .. }
-        ) && self.net.oplog_down.lock().unwrap().contains(&peer);
+        );
+        let oplog_lost = sync_read && self.net.oplog_down.lock().unwrap().contains(&peer);
+        let filter = match sync_read {
+            true => *self.net.sync_answer_filter.lock().unwrap(),
+            false => None,
+        };
         let routed = match oplog_lost {
             true => Err(Error::Timeout),
             false => self.net.route(self.from, peer),
@@ -180,6 +196,10 @@ impl Transport for LocalTransport {
             let response = tokio::time::timeout(timeout, service.handle(request))
                 .await
                 .map_err(|_| Error::Timeout)?;
+            let response = match filter {
+                Some(filter) => filter(response),
+                None => response,
+            };
             if let Response::OpLog { entries, .. } = &response {
                 *net.oplog_entries.lock().unwrap() += entries.len() as u64;
             }
