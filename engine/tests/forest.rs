@@ -1252,3 +1252,66 @@ fn get_by_paths_agrees_with_get_by_path() {
         .get_by_paths(&tree(), "Color", &[(&paths[0], false)])
         .is_err());
 }
+
+/// A late op whose undo/redo pass changes some nodes, returns others to
+/// where they were (an undone and redone creation, a move undone and
+/// redone) and turns a logged move into a no-op: the stored state is the
+/// model's, children index included, after the batch and after a further
+/// write that reads it.
+#[test]
+fn undo_redo_pass_stores_exactly_the_final_state() {
+    let f = forest_as(9);
+    let early = [
+        op(ts(1, 2), ROOT, 10, name("a")),
+        op(ts(2, 2), ROOT, 11, name("b")),
+        op(ts(3, 2), ROOT, 13, name("d")),
+        // Newer than the late op: undone and redone around it.
+        op(ts(5, 2), 10, 11, name("b2")),
+        op(ts(6, 2), ROOT, 12, name("c")),
+        op(ts(7, 2), 11, 13, name("d")),
+    ];
+    // Moves 10 under 11, so redoing "11 under 10" would close a cycle.
+    let late = op(ts(4, 3), 11, 10, name("a2"));
+    for one in &early {
+        assert!(apply(&f, std::slice::from_ref(one))[0].is_ok());
+    }
+    assert_eq!(
+        apply(&f, std::slice::from_ref(&late))[0],
+        Ok(WriteOutcome::Applied { fresh: true })
+    );
+    let mut all: Vec<Move> = early.to_vec();
+    all.push(late.clone());
+    all.sort_by_key(|op| op.ts());
+    let model = model_of(&all);
+    let check = |f: &Forest, model: &TreeModel| {
+        f.check_invariants(&tree()).unwrap();
+        for id in [ROOT, 10, 11, 12, 13, TRASH] {
+            assert_eq!(
+                f.get_children(&tree(), id).unwrap(),
+                model.children(id),
+                "children of {id}"
+            );
+        }
+        for id in [10, 11, 12, 13] {
+            assert_eq!(
+                f.get_node(&tree(), id).unwrap(),
+                model.node(id),
+                "node {id}"
+            );
+        }
+    };
+    check(&f, &model);
+    // 11 stays under ROOT (its move under 10 became a no-op), 13 stayed
+    // under 11 through the pass.
+    assert_eq!(model.children(ROOT), vec![11, 12]);
+    assert_eq!(model.children(11), vec![10, 13]);
+    // The stored rows are what later writes build on: another late op
+    // that undoes the same ops again and renames 10 where it is (a
+    // change of meta alone).
+    let later = op(ts(4, 4), 11, 10, name("a3"));
+    assert!(apply(&f, std::slice::from_ref(&later))[0].is_ok());
+    all.push(later);
+    all.sort_by_key(|op| op.ts());
+    check(&f, &model_of(&all));
+    assert_eq!(f.dump(&tree()).unwrap().log, all);
+}

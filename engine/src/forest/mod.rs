@@ -7,6 +7,7 @@
 
 mod check;
 mod dir_cache;
+mod overlay;
 mod read;
 pub mod records;
 mod stamps;

@@ -2,6 +2,7 @@
 //! batch's write transaction and runs undo/do/redo on them.
 
 use super::dir_cache::DirCache;
+use super::overlay::Overlay;
 use super::read;
 use super::records::*;
 use super::tree_numbers::TreeNumbers;
@@ -42,6 +43,9 @@ pub(super) struct Writer<'txn, 'c> {
     scratch: Scratch,
     /// Heights given out in this batch, written to `ROWS` by `finish`.
     height_runs: Vec<HeightRun>,
+    /// Node states of an undo/redo pass, while one runs: node and
+    /// children rows are then written once, at its end.
+    overlay: Option<Overlay>,
 }
 
 /// Consecutive heights of one tree given out in this batch.
@@ -85,6 +89,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             dirs,
             scratch: Scratch::default(),
             height_runs: Vec::new(),
+            overlay: None,
         })
     }
 
@@ -244,16 +249,18 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             } else {
                 self.logged_from(&rec, first.op.ts())?
             };
-            if !newer.is_empty() && strict() && self.commute_with(&rec, &newer, &fresh)? {
+            if newer.is_empty() || (strict() && self.commute_with(&rec, &newer, &fresh)?) {
                 for incoming in &fresh {
                     let op = incoming.op;
                     self.append(&mut rec, op.ts(), op.parent, op.child, &op.meta.items)?;
                 }
             } else {
+                self.overlay = Some(Overlay::new(rec.number));
                 for (op_ts, bytes) in newer.iter().rev() {
                     self.undo_op(&mut rec, *op_ts, &LogView::parse(bytes)?)?;
                 }
                 self.redo_merged(&mut rec, newer, &fresh)?;
+                self.flush_overlay()?;
             }
         }
         for incoming in &fresh {
@@ -517,18 +524,11 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         // descent of the node table both reads the old state and writes the
         // new one. The check walks up from `parent` and stops on reaching
         // `child`, so it never reads the child's own (already new) row.
-        encode_node_into(&mut self.scratch.node, parent, ts, internal, name_key);
-        let old = match self
-            .rows
-            .insert(node_key(tree, child), self.scratch.node.as_slice())?
-        {
-            Some(guard) => Some(decode_node(guard.value())?),
-            None => None,
-        };
+        let old = self.put_node(tree, child, parent, ts, internal, name_key)?;
         // A child that was not stored and has no children cannot be above
         // `parent`: skip the ancestor walk.
         let may_be_above =
-            old.is_some() || (child <= rec.max_parent && self.has_children(tree, child)?);
+            old.is_some() || (child <= rec.max_parent && self.may_have_children(tree, child)?);
         if may_be_above && self.is_ancestor_or_self(rec, child, parent)? {
             self.restore_node(tree, child, old.as_ref())?;
             return Ok(Undo::NoEffect);
@@ -558,6 +558,10 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// Puts back the row `do_op` overwrote for an op that turned out to be
     /// a no-op.
     fn restore_node(&mut self, tree: u64, id: NodeId, old: Option<&NodeRecord>) -> Result<()> {
+        if self.overlay.is_some() {
+            self.overlay_set(tree, id, old.cloned())?;
+            return Ok(());
+        }
         match old {
             Some(old) => {
                 self.rows
@@ -578,10 +582,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         let current = match op.tail.undo {
             Undo::NoEffect => return Ok(()),
             Undo::Created => {
-                let current = match self.rows.remove(node_key(tree, child))? {
-                    Some(guard) => Some(decode_node(guard.value())?),
-                    None => None,
-                };
+                let current = self.remove_node(tree, child)?;
                 if current.is_some() {
                     rec.node_count -= 1;
                 }
@@ -641,21 +642,136 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             old_op.name_key_into(&mut self.scratch.name);
             old_op.is_internal()
         };
-        let name = &self.scratch.name;
-        encode_node_into(&mut self.scratch.node, old_parent, old_ts, internal, name);
-        let current = match self
-            .rows
-            .insert(node_key(tree, child), self.scratch.node.as_slice())?
-        {
-            Some(guard) => Some(decode_node(guard.value())?),
-            None => None,
-        };
-        Ok((current, internal))
+        let name = std::mem::take(&mut self.scratch.name);
+        let current = self.put_node(tree, child, old_parent, old_ts, internal, &name);
+        self.scratch.name = name;
+        Ok((current?, internal))
     }
 
     fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
         let mut range = self.rows.range(children_range(tree, node))?;
         Ok(range.next().transpose()?.is_some())
+    }
+
+    /// False only when `node` has no children. During an undo/redo pass
+    /// the stored children rows are stale, so a stored child that has
+    /// moved away still counts: a wrong "yes" costs an ancestor walk, a
+    /// wrong "no" would skip a needed one.
+    fn may_have_children(&self, tree: u64, node: NodeId) -> Result<bool> {
+        if self
+            .overlay
+            .as_ref()
+            .is_some_and(|overlay| overlay.has_children_now(node))
+        {
+            return Ok(true);
+        }
+        self.has_children(tree, node)
+    }
+
+    /// Stores the state of a node; returns the state it replaces. Into
+    /// the overlay during an undo/redo pass, else into `ROWS` (one descent
+    /// reads the old row and writes the new one).
+    fn put_node(
+        &mut self,
+        tree: u64,
+        id: NodeId,
+        parent: NodeId,
+        time: Timestamp,
+        internal: bool,
+        name_key: &[u8],
+    ) -> Result<Option<NodeRecord>> {
+        if self.overlay.is_some() {
+            let record = NodeRecord {
+                parent,
+                time,
+                internal,
+                name_key: name_key.to_vec(),
+            };
+            return self.overlay_set(tree, id, Some(record));
+        }
+        encode_node_into(&mut self.scratch.node, parent, time, internal, name_key);
+        match self
+            .rows
+            .insert(node_key(tree, id), self.scratch.node.as_slice())?
+        {
+            Some(guard) => Ok(Some(decode_node(guard.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Deletes a node's state; returns the state it had.
+    fn remove_node(&mut self, tree: u64, id: NodeId) -> Result<Option<NodeRecord>> {
+        if self.overlay.is_some() {
+            return self.overlay_set(tree, id, None);
+        }
+        match self.rows.remove(node_key(tree, id))? {
+            Some(guard) => Ok(Some(decode_node(guard.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Sets a node's state in the overlay, reading its stored state on
+    /// first touch; returns the state it replaces.
+    fn overlay_set(
+        &mut self,
+        tree: u64,
+        id: NodeId,
+        state: Option<NodeRecord>,
+    ) -> Result<Option<NodeRecord>> {
+        let overlay = self.overlay.as_ref().expect("an undo/redo pass is running");
+        assert_eq!(overlay.tree, tree, "overlay of another tree");
+        if !overlay.contains(id) {
+            let stored = read::node_record(&self.rows, tree, id)?;
+            self.overlay
+                .as_mut()
+                .expect("checked above")
+                .start(id, stored);
+        }
+        Ok(self.overlay.as_mut().expect("checked above").set(id, state))
+    }
+
+    /// The parent of a node now, `None` if it does not exist.
+    fn parent_of(&self, tree: u64, id: NodeId) -> Result<Option<NodeId>> {
+        if let Some(current) = self.overlay.as_ref().and_then(|o| o.current(id)) {
+            return Ok(current.map(|record| record.parent));
+        }
+        match self.rows.get(node_key(tree, id))? {
+            Some(guard) => Ok(Some(node_parent(guard.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Ends an undo/redo pass: writes the node and children rows of every
+    /// node whose state differs from the stored one, and nothing for the
+    /// nodes that ended where they started.
+    fn flush_overlay(&mut self) -> Result<()> {
+        let overlay = self.overlay.take().expect("an undo/redo pass is running");
+        let tree = overlay.tree;
+        for (id, change) in overlay.into_changes() {
+            if change.stored == change.current {
+                continue;
+            }
+            if let Some(stored) = &change.stored {
+                self.remove_child_entry(tree, id, stored)?;
+            }
+            match &change.current {
+                Some(now) => {
+                    self.rows
+                        .insert(node_key(tree, id), encode_node(now).as_slice())?;
+                    let entry = ChildEntry {
+                        time: now.time,
+                        internal: now.internal,
+                        name_key: &now.name_key,
+                    };
+                    self.insert_child_entry(tree, now.parent, id, entry)?;
+                }
+                None => {
+                    let removed = self.rows.remove(node_key(tree, id))?.is_some();
+                    assert!(removed, "tree {tree}: node {id} vanished during a pass");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// True when `ancestor` is `node` or one of its ancestors. The walk is
@@ -672,10 +788,10 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             if current == ancestor {
                 return Ok(true);
             }
-            let Some(guard) = self.rows.get(node_key(rec.number, current))? else {
+            let Some(parent) = self.parent_of(rec.number, current)? else {
                 return Ok(false);
             };
-            current = node_parent(guard.value())?;
+            current = parent;
             steps += 1;
             assert!(
                 steps <= rec.node_count,
@@ -693,6 +809,10 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         id: NodeId,
         entry: ChildEntry<'_>,
     ) -> Result<()> {
+        if self.overlay.is_some() {
+            // Written by `flush_overlay` from the node's final state.
+            return Ok(());
+        }
         encode_child_into(&mut self.scratch.child, entry);
         let hash = name_hash(entry.name_key);
         let fresh = self
@@ -711,6 +831,9 @@ impl<'txn, 'c> Writer<'txn, 'c> {
 
     /// Drops the children-index row of `node` (its current state).
     fn remove_child_entry(&mut self, tree: u64, id: NodeId, node: &NodeRecord) -> Result<()> {
+        if self.overlay.is_some() {
+            return Ok(());
+        }
         let hash = name_hash(&node.name_key);
         let removed = self
             .rows
