@@ -87,12 +87,13 @@ fn load_nodes(
     table: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
 ) -> Result<BTreeMap<NodeId, NodeRecord>> {
-    let mut nodes = BTreeMap::new();
-    for row in read::rows_of_kind(table, t, RowKind::Node)? {
-        let (id, value) = row?;
-        nodes.insert(id, decode_node(value.value())?);
-    }
-    Ok(nodes)
+    // Rows come in id order: collecting builds the map in one pass.
+    read::rows_of_kind(table, t, RowKind::Node)?
+        .map(|row| {
+            let (id, value) = row?;
+            Ok((id, decode_node(value.value())?))
+        })
+        .collect()
 }
 
 fn check_node_count(rec: &TreeRecord, nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
@@ -197,24 +198,25 @@ fn check_children_index(
 }
 
 /// Every node reaches ROOT, TRASH or a parent that is not stored (an op
-/// that arrived before its parent's creation) without a cycle.
+/// that arrived before its parent's creation) without a cycle. A walk that
+/// meets no anchored node within more steps than there are nodes has gone
+/// round a cycle; each node is walked over once when there is none.
 fn check_acyclic(nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
     let mut anchored: BTreeSet<NodeId> = BTreeSet::new();
+    let mut path = Vec::new();
     for &start in nodes.keys() {
-        let mut path = Vec::new();
-        let mut on_path = BTreeSet::new();
         let mut current = start;
         while let Some(node) = nodes.get(&current) {
             if anchored.contains(&current) {
                 break;
             }
-            if !on_path.insert(current) {
+            if path.len() > nodes.len() {
                 return Err(format!("cycle through node {current}"));
             }
             path.push(current);
             current = node.parent;
         }
-        anchored.extend(path);
+        anchored.extend(path.drain(..));
     }
     Ok(())
 }
@@ -374,6 +376,62 @@ fn check_height_entry(
         return Ok(Err(format!("op {ts} disagrees about its height {height}")));
     }
     Ok(Ok(()))
+}
+
+/// What a full check of one tree found, and the record it saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recheck {
+    /// The tree's record equals the one given: not checked again.
+    Unchanged,
+    /// Checked in full; the verdict and the record of that snapshot.
+    Checked {
+        rec: TreeRecord,
+        verdict: Result<(), String>,
+    },
+}
+
+impl super::Forest {
+    /// The full check of `check_invariants`, skipped when the tree's record
+    /// (op count, node count, newest counter, largest parent) equals
+    /// `seen`, the record of an earlier full check of this forest. Every
+    /// change the write path makes logs an op, which moves the record, so
+    /// an equal record means no op was stored since. One read snapshot for
+    /// the comparison and the check. The outer error is a storage error.
+    pub fn check_invariants_if_changed(
+        &self,
+        tree: &TreeKey,
+        seen: Option<&TreeRecord>,
+    ) -> Result<Recheck> {
+        let read = self.read_tree(tree)?;
+        if seen == Some(&read.rec) {
+            return Ok(Recheck::Unchanged);
+        }
+        let verdict = check_tree(&read)?;
+        Ok(Recheck::Checked {
+            rec: read.rec,
+            verdict,
+        })
+    }
+
+    /// Breaks the tree invariant on purpose for checker tests: node `node`
+    /// gets a meta time no logged op has, written straight to its row,
+    /// outside the op path (so the tree's record does not change).
+    #[doc(hidden)]
+    pub fn plant_broken_node(&self, tree: &TreeKey, node: NodeId) -> Result<()> {
+        let number = self.read_tree(tree)?.rec.number;
+        let txn = self.begin_write()?;
+        {
+            let mut rows = txn.open_table(ROWS)?;
+            let key = node_key(number, node);
+            let Some(bytes) = rows.get(key)?.map(|guard| guard.value().to_vec()) else {
+                return Err(crate::error::Error::NodeNotFound(node));
+            };
+            let mut record = decode_node(&bytes)?;
+            record.time += 1;
+            rows.insert(key, encode_node(&record).as_slice())?;
+        }
+        txn.commit()
+    }
 }
 
 #[cfg(test)]

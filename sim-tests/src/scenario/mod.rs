@@ -320,6 +320,7 @@ async fn simulate(
         faults_injected: faults.clone(),
         supervised: Mutex::default(),
         stopped: Default::default(),
+        checked: Mutex::default(),
     });
     run_workload(swarm, &workload, &nemesis, clients).await;
     let result = heal_and_check(swarm, &world, &workload, &nemesis).await;
@@ -393,7 +394,7 @@ async fn heal_and_check(
     if let Some(failure) = workload.failure.lock().unwrap().clone() {
         return Err(failure);
     }
-    nemesis.sweep_invariants();
+    nemesis.sweep_invariants(nemesis::Sweep::Full);
     if swarm.knobs.sync_interval.is_some() {
         // Sync must converge the cluster on its own: pushes are blocked
         // before the quiet period, so no push in flight can help.
