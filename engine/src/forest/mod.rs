@@ -1127,6 +1127,35 @@ mod tests {
     }
 
     #[test]
+    fn a_version_3_file_is_refused() {
+        // Version 3 keyed `rows` by redb's four-integer tuple: the same
+        // bytes as `RowKey`, another type name, so redb would refuse the
+        // table with a type mismatch; the version check refuses first.
+        const V3_ROWS: redb::TableDefinition<(u64, u64, u64, u64), &[u8]> =
+            redb::TableDefinition::new("rows");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forest.redb");
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(FORMAT_VERSION, 3)
+                .unwrap();
+            txn.open_table(V3_ROWS)
+                .unwrap()
+                .insert((4, 0, 0, 0), &[0u8; 40][..])
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let error = open_error(&path);
+        assert!(
+            matches!(&error, Error::Storage(m) if m.contains("format version 3")),
+            "{error:?}"
+        );
+    }
+
+    #[test]
     fn dropping_a_tree_removes_its_children_rows_only() {
         let forest = Forest::in_memory(ForestOptions::default()).unwrap();
         let a = TreeKey::new(ContainerId([1; 32]), "a");

@@ -1,7 +1,8 @@
 //! Stored record types, their tables and their byte encodings.
 //!
-//! Every table is declared here, once. Keys are redb tuples of integers,
-//! which redb orders element by element numerically, so range scans by
+//! Every table is declared here, once. Keys are tuples of integers
+//! (redb's, or [`RowKey`] for the rows), ordered element by element
+//! numerically, so range scans by
 //! prefix (`(tree, ..)`, `(tree, parent, ..)`) work without hand-made
 //! big-endian keys. Each tree is mapped to a small `u64` tree number (never
 //! reused) so that the per-tree tables do not repeat the 32-byte container
@@ -45,8 +46,89 @@ pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// `(parent, name hash, child)`; the other kinds pad with zeros.
 pub const ROWS: TableDefinition<RowKey, &[u8]> = TableDefinition::new("rows");
 
-/// Key of [`ROWS`].
-pub type RowKey = (u64, u64, u64, u64);
+/// The four integers of a [`ROWS`] key, as code handles them.
+pub type RowKeyParts = (u64, u64, u64, u64);
+
+/// Key type of [`ROWS`]: [`RowKeyParts`] stored as 32 bytes, each integer
+/// little-endian (the bytes redb gives the tuple `(u64, u64, u64, u64)`),
+/// ordered element by element.
+///
+/// Its own type rather than redb's tuple, for the cost of every row
+/// access: redb formats a tuple's type name anew on each table open (a
+/// `String` per element and one for the whole), serialises each tuple key
+/// into a fresh `Vec`, and compares tuples through per-element slices.
+/// This one encodes into an array, compares four loaded integers, and
+/// names itself with a constant. The stored type name differs from the
+/// tuple's, hence format version 4.
+#[derive(Debug)]
+pub struct RowKey;
+
+const ROW_KEY_BYTES: usize = 32;
+
+/// Integer `i` of an encoded row key. redb hands a fixed-width key
+/// exactly `fixed_width()` bytes. Written to stay cheap in builds with
+/// debug assertions too (the fuzz targets'): one bounds check, no
+/// `copy_from_slice` precondition checks. Millions of calls per second:
+/// every key comparison inside a b-tree page comes here.
+fn row_key_word(bytes: &[u8], i: usize) -> u64 {
+    let word: &[u8; 8] = bytes[8 * i..8 * i + 8]
+        .try_into()
+        .expect("8 bytes make a word");
+    u64::from_le_bytes(*word)
+}
+
+/// The four integers laid out as stored (each little-endian).
+#[derive(Debug)]
+pub struct RowKeyBytes([[u8; 8]; 4]);
+
+impl AsRef<[u8]> for RowKeyBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_flattened()
+    }
+}
+
+impl redb::Value for RowKey {
+    type SelfType<'a> = RowKeyParts;
+    type AsBytes<'a> = RowKeyBytes;
+
+    fn fixed_width() -> Option<usize> {
+        Some(ROW_KEY_BYTES)
+    }
+
+    fn from_bytes<'a>(data: &'a [u8]) -> RowKeyParts
+    where
+        Self: 'a,
+    {
+        let word = |i| row_key_word(data, i);
+        (word(0), word(1), word(2), word(3))
+    }
+
+    fn as_bytes<'a, 'b: 'a>(value: &'a RowKeyParts) -> RowKeyBytes
+    where
+        Self: 'b,
+    {
+        let (a, b, c, d) = *value;
+        RowKeyBytes([a, b, c, d].map(u64::to_le_bytes))
+    }
+
+    fn type_name() -> redb::TypeName {
+        redb::TypeName::new("arbor::RowKey")
+    }
+}
+
+impl redb::Key for RowKey {
+    fn compare(left: &[u8], right: &[u8]) -> std::cmp::Ordering {
+        // Rows of one tree share the first integer: decode only as far
+        // as the keys agree.
+        for i in 0..4 {
+            let order = row_key_word(left, i).cmp(&row_key_word(right, i));
+            if order.is_ne() {
+                return order;
+            }
+        }
+        std::cmp::Ordering::Equal
+    }
+}
 
 /// What a [`ROWS`] row holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +192,7 @@ fn region_of(kind: RowKind) -> Region {
 }
 
 /// What the row under `key` holds; `None` for a key no kind uses (damage).
-pub fn key_kind(key: RowKey) -> Option<RowKind> {
+pub fn key_kind(key: RowKeyParts) -> Option<RowKind> {
     match (key.0 & ((1 << REGION_BITS) - 1), key.2) {
         (0, OPS_NODE) => Some(RowKind::Node),
         (0, OPS_LOG) => Some(RowKind::Log),
@@ -121,36 +203,36 @@ pub fn key_kind(key: RowKey) -> Option<RowKind> {
     }
 }
 
-pub fn node_key(tree: u64, node: NodeId) -> RowKey {
+pub fn node_key(tree: u64, node: NodeId) -> RowKeyParts {
     (row_prefix(tree, Region::Ops), node, OPS_NODE, 0)
 }
 
-pub fn log_key(tree: u64, ts: Timestamp) -> RowKey {
+pub fn log_key(tree: u64, ts: Timestamp) -> RowKeyParts {
     (row_prefix(tree, Region::Ops), ts, OPS_LOG, 0)
 }
 
-pub fn state_key(tree: u64) -> RowKey {
+pub fn state_key(tree: u64) -> RowKeyParts {
     (row_prefix(tree, Region::State), 0, 0, 0)
 }
 
 /// Key of the height run starting at `first`: descending, so that the
 /// newest run is the first row after the state row.
-pub fn height_key(tree: u64, first: u64) -> RowKey {
+pub fn height_key(tree: u64, first: u64) -> RowKeyParts {
     (row_prefix(tree, Region::Height), u64::MAX - first, 0, 0)
 }
 
 /// The first height of the run stored under `key` (a [`height_key`]).
-pub fn height_of_key(key: RowKey) -> u64 {
+pub fn height_of_key(key: RowKeyParts) -> u64 {
     u64::MAX - key.1
 }
 
 /// Key of the children-index row of `child` under `parent`.
-pub fn child_key(tree: u64, parent: NodeId, name_hash: u64, child: NodeId) -> RowKey {
+pub fn child_key(tree: u64, parent: NodeId, name_hash: u64, child: NodeId) -> RowKeyParts {
     (row_prefix(tree, Region::Child), parent, name_hash, child)
 }
 
 /// Every children-index row of `parent`.
-pub fn children_range(tree: u64, parent: NodeId) -> std::ops::RangeInclusive<RowKey> {
+pub fn children_range(tree: u64, parent: NodeId) -> std::ops::RangeInclusive<RowKeyParts> {
     child_key(tree, parent, 0, 0)..=child_key(tree, parent, u64::MAX, u64::MAX)
 }
 
@@ -159,20 +241,20 @@ pub fn children_hash_range(
     tree: u64,
     parent: NodeId,
     name_hash: u64,
-) -> std::ops::RangeInclusive<RowKey> {
+) -> std::ops::RangeInclusive<RowKeyParts> {
     child_key(tree, parent, name_hash, 0)..=child_key(tree, parent, name_hash, u64::MAX)
 }
 
 /// Every row of the region that holds `kind` in one tree. Node and log
 /// rows share a region: a scan for either meets both and tells them
 /// apart with [`key_kind`].
-pub fn region_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKey> {
+pub fn region_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKeyParts> {
     let prefix = row_prefix(tree, region_of(kind));
     (prefix, 0, 0, 0)..=(prefix, u64::MAX, u64::MAX, u64::MAX)
 }
 
 /// Every [`ROWS`] row of one tree.
-pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKey> {
+pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKeyParts> {
     let first = row_prefix(tree, Region::Ops);
     let last = row_prefix(tree, Region::Child);
     (first, 0, 0, 0)..=(last, u64::MAX, u64::MAX, u64::MAX)
@@ -203,7 +285,9 @@ pub const FORMAT_VERSION: &str = "format_version";
 /// Version 2: one [`ROWS`] table instead of separate log, node, height
 /// tables and tree records. Version 3: the children index moved into
 /// [`ROWS`] (four-integer keys), node and log rows share one region.
-pub const FORMAT_VERSION_CURRENT: u64 = 3;
+/// Version 4: [`ROWS`] keyed by [`RowKey`] (same bytes and order as
+/// version 3's tuple, another redb type name).
+pub const FORMAT_VERSION_CURRENT: u64 = 4;
 
 /// The key of a tree in [`TREES`].
 pub fn tree_key_bytes(tree: &TreeKey) -> Vec<u8> {
@@ -726,6 +810,37 @@ fn decode_exact<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redb::{Key, Value};
+
+    type Tuple = (u64, u64, u64, u64);
+
+    /// `RowKey` stores the bytes redb gives the four-integer tuple and
+    /// orders them as the tuple orders its integers (so version 3's rows
+    /// sort the same, and the key functions' order is the stored one).
+    #[test]
+    fn row_keys_encode_and_order_as_the_tuple_did() {
+        let edges = [0, 1, 2, 255, 256, 1 << 32, u64::MAX - 1, u64::MAX];
+        let mut parts = Vec::new();
+        for &a in &edges {
+            for &b in &edges[..4] {
+                parts.push((a, b, edges[(a % 8) as usize], edges[(b % 8) as usize]));
+                parts.push((b, a, u64::MAX - a, a ^ b));
+            }
+        }
+        for x in &parts {
+            let encoded = RowKey::as_bytes(x);
+            let bytes = encoded.as_ref();
+            assert_eq!(bytes, Tuple::as_bytes(x).as_slice());
+            assert_eq!(RowKey::from_bytes(bytes), *x);
+            for y in &parts {
+                let other = RowKey::as_bytes(y);
+                let order = RowKey::compare(bytes, other.as_ref());
+                assert_eq!(order, x.cmp(y), "{x:?} {y:?}");
+                assert_eq!(order, Tuple::compare(bytes, other.as_ref()));
+            }
+        }
+        assert_eq!(RowKey::fixed_width(), Tuple::fixed_width());
+    }
 
     #[test]
     fn keys_keep_each_trees_rows_together_and_in_order() {
