@@ -49,6 +49,16 @@ pub fn generator_env() -> Env {
 /// A simulated disk large enough for long load runs.
 const LOAD_DISK_CAPACITY: u64 = 16 << 30;
 
+/// redb's page cache per simulated replica (redb's default is 1 GiB). The
+/// disk is memory too, so a cache that grows with the database only holds
+/// a second copy of it: a 6-minute run's peak RSS falls from 2.4 to 1.5 GB
+/// with 64 MiB, and its CPU time with it (the fewer fresh pages to fault
+/// in, the smaller LRU tables to search, against a 4 KiB copy per miss).
+/// Reads cost no simulated time, so only CPU changes, except that redb
+/// writes back part of a very large transaction early when its dirty pages
+/// pass half the cache, which the disk charges at that moment.
+const LOAD_REDB_CACHE_BYTES: usize = 64 << 20;
+
 /// How long (simulated) to wait after the load for replication to drain
 /// before verifying every replica.
 const REPLICATION_DRAIN_MAX: Duration = Duration::from_secs(120);
@@ -259,7 +269,10 @@ impl NodeDisk for TimedMemDisk {
             owed: self.owed.clone(),
             capacity_bytes: self.capacity_bytes,
         };
-        Forest::open_with_backend(backend, options)
+        let db = redb::Builder::new()
+            .set_cache_size(LOAD_REDB_CACHE_BYTES)
+            .create_with_backend(backend)?;
+        Forest::from_database(db, options)
     }
 
     fn power_fail(&self) {
