@@ -51,12 +51,13 @@ const LOAD_DISK_CAPACITY: u64 = 16 << 30;
 
 /// redb's page cache per simulated replica (redb's default is 1 GiB). The
 /// disk is memory too, so a cache that grows with the database only holds
-/// a second copy of it: a 6-minute run's peak RSS falls from 2.4 to 1.5 GB
-/// with 64 MiB, and its CPU time with it (the fewer fresh pages to fault
-/// in, the smaller LRU tables to search, against a 4 KiB copy per miss).
-/// Reads cost no simulated time, so only CPU changes, except that redb
-/// writes back part of a very large transaction early when its dirty pages
-/// pass half the cache, which the disk charges at that moment.
+/// a second copy of it: the 15-minute reference run's peak RSS falls from
+/// 6.0 to 3.2 GB and its system time by half (fewer fresh pages to fault
+/// in), while its user time stays within the host's noise (a miss costs a
+/// 4 KiB copy from the disk). Reads cost no simulated time, so the run's
+/// results barely move: redb writes back part of a very large transaction
+/// early when its dirty pages pass half the cache, which the disk charges
+/// at that moment.
 const LOAD_REDB_CACHE_BYTES: usize = 64 << 20;
 
 /// How long (simulated) to wait after the load for replication to drain
