@@ -1091,6 +1091,30 @@ mod tests {
         forest.check_invariants(&b).unwrap();
     }
 
+    /// Writes a file that claims format `version`, with the tables
+    /// `fill` creates in that version's layout, and asserts that opening it
+    /// is refused by the version check with a typed error.
+    fn assert_old_format_refused(version: u64, fill: impl FnOnce(&redb::WriteTransaction)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forest.redb");
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(FORMAT_VERSION, version)
+                .unwrap();
+            fill(&txn);
+            txn.commit().unwrap();
+        }
+        let error = open_error(&path);
+        let expected = format!("format version {version}");
+        assert!(
+            matches!(&error, Error::Storage(m) if m.contains(&expected)),
+            "{error:?}"
+        );
+    }
+
     #[test]
     fn a_version_2_file_is_refused() {
         // Version 2 kept the children index in its own table and keyed
@@ -1100,15 +1124,7 @@ mod tests {
             redb::TableDefinition::new("rows");
         const V2_CHILDREN: redb::TableDefinition<(u64, u64, u64, u64), &[u8]> =
             redb::TableDefinition::new("children");
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("forest.redb");
-        {
-            let db = redb::Database::create(&path).unwrap();
-            let txn = db.begin_write().unwrap();
-            txn.open_table(META)
-                .unwrap()
-                .insert(FORMAT_VERSION, 2)
-                .unwrap();
+        assert_old_format_refused(2, |txn| {
             txn.open_table(V2_ROWS)
                 .unwrap()
                 .insert((4, 0), &[0u8; 40][..])
@@ -1117,13 +1133,7 @@ mod tests {
                 .unwrap()
                 .insert((1, 0, 7, 9), &[0u8; 10][..])
                 .unwrap();
-            txn.commit().unwrap();
-        }
-        let error = open_error(&path);
-        assert!(
-            matches!(&error, Error::Storage(m) if m.contains("format version 2")),
-            "{error:?}"
-        );
+        });
     }
 
     #[test]
@@ -1133,26 +1143,12 @@ mod tests {
         // table with a type mismatch; the version check refuses first.
         const V3_ROWS: redb::TableDefinition<(u64, u64, u64, u64), &[u8]> =
             redb::TableDefinition::new("rows");
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("forest.redb");
-        {
-            let db = redb::Database::create(&path).unwrap();
-            let txn = db.begin_write().unwrap();
-            txn.open_table(META)
-                .unwrap()
-                .insert(FORMAT_VERSION, 3)
-                .unwrap();
+        assert_old_format_refused(3, |txn| {
             txn.open_table(V3_ROWS)
                 .unwrap()
                 .insert((4, 0, 0, 0), &[0u8; 40][..])
                 .unwrap();
-            txn.commit().unwrap();
-        }
-        let error = open_error(&path);
-        assert!(
-            matches!(&error, Error::Storage(m) if m.contains("format version 3")),
-            "{error:?}"
-        );
+        });
     }
 
     #[test]
