@@ -1315,3 +1315,77 @@ fn undo_redo_pass_stores_exactly_the_final_state() {
     check(&f, &model_of(&all));
     assert_eq!(f.dump(&tree()).unwrap().log, all);
 }
+
+/// A log with dense creations, a sparse stretch and moves (log rows
+/// without node rows), and the set of its timestamps.
+fn stamp_walk_log() -> (Forest, Vec<Timestamp>) {
+    let f = forest_as(1);
+    let created: Vec<u64> = (1..=120).chain((200..=1000).step_by(7)).collect();
+    let mut ops: Vec<Move> = created
+        .iter()
+        .map(|&c| op(ts(c, 2), ROOT, ts(c, 2), vec![]))
+        .collect();
+    ops.extend(
+        (1..=60)
+            .step_by(3)
+            .map(|c| op(ts(1000 + c, 3), ROOT, ts(c, 2), name("m"))),
+    );
+    for outcome in apply(&f, &ops) {
+        outcome.unwrap();
+    }
+    let mut stored: Vec<Timestamp> = ops.iter().map(Move::ts).collect();
+    stored.sort_unstable();
+    (f, stored)
+}
+
+#[test]
+fn stored_stamps_agree_with_a_lookup_per_stamp() {
+    let (f, stored) = stamp_walk_log();
+    let held = |probe: &[Timestamp]| -> Vec<bool> {
+        probe
+            .iter()
+            .map(|t| stored.binary_search(t).is_ok())
+            .collect()
+    };
+    let absent: Vec<Timestamp> = (1..1100).step_by(13).map(|c| ts(c, 9)).collect();
+    let mut pages: Vec<Vec<Timestamp>> = vec![
+        Vec::new(),
+        stored.clone(),
+        stored.iter().rev().copied().collect(),
+        stored.iter().step_by(5).copied().collect(),
+        stored.iter().step_by(40).copied().collect(),
+        absent.clone(),
+        stored
+            .iter()
+            .copied()
+            .zip(absent.iter().copied())
+            .flat_map(|(a, b)| [b, a])
+            .collect(),
+        vec![
+            stored[9],
+            stored[3],
+            stored[9],
+            ts(1, 9),
+            stored[3],
+            ts(5000, 1),
+        ],
+    ];
+    // Pairs `walk_gap` rows or so apart, around the distance at which the
+    // walk gives up and seeks: held and absent second stamps.
+    let reach = 3 * STAMP_WALK_GAP_MAX + 4;
+    for start in [0, 50, 118, 130] {
+        for d in 0..reach {
+            let (a, b) = (stored[start], stored[(start + d).min(stored.len() - 1)]);
+            pages.push(vec![a, b]);
+            pages.push(vec![a, b + 1, stored[start + 1]]);
+            pages.push(vec![b, a]);
+        }
+    }
+    for page in &pages {
+        assert_eq!(
+            f.stored_stamps(&tree(), page).unwrap(),
+            held(page),
+            "{page:?}"
+        );
+    }
+}

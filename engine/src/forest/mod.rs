@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use check::Recheck;
 pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
-pub use stamps::StampPage;
+pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
 
 /// Limits and identity of one forest.
 #[derive(Clone, Debug)]

@@ -79,9 +79,68 @@ impl Forest {
             Err(e) => return Err(e),
         };
         let rows = txn.open_table(ROWS)?;
-        stamps
-            .iter()
-            .map(|&ts| Ok(rows.get(log_key(number, ts))?.is_some()))
-            .collect()
+        held_stamps(&rows, number, stamps)
     }
+}
+
+/// How many rows a walk of the log region may step over without settling
+/// a stamp before it seeks again. A step is a few key comparisons, a seek
+/// a descent from the root, so a walk pays off only over short gaps; the
+/// bound keeps a page of scattered stamps from walking the log between
+/// them. Every create op holds two rows there (node and log), so a dense
+/// page settles a stamp every two rows or so.
+pub const STAMP_WALK_GAP_MAX: usize = 16;
+
+/// [`Forest::stored_stamps`] for tree number `t`. A sync page's stamps are
+/// a stretch of a peer's log, which the local log mostly holds as one
+/// stretch of its own timestamp order: one ordered walk over the keys of
+/// the log region settles them, where a lookup per stamp would descend
+/// the b-tree once each. The walk seeks afresh (one descent, like a
+/// lookup) whenever it steps over [`STAMP_WALK_GAP_MAX`] rows without
+/// settling a stamp, so no page costs much more than its lookups would.
+pub(super) fn held_stamps(
+    rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    t: u64,
+    stamps: &[Timestamp],
+) -> Result<Vec<bool>> {
+    let mut held = vec![false; stamps.len()];
+    // Positions in timestamp order; equal stamps settle together.
+    let mut order: Vec<usize> = (0..stamps.len()).collect();
+    order.sort_unstable_by_key(|&i| stamps[i]);
+    let ts_at = |k: usize| stamps[order[k]];
+    let Some(last) = order.last().map(|&i| stamps[i]) else {
+        return Ok(held);
+    };
+    let mut next = 0;
+    'seek: while next < order.len() {
+        let mut gap = 0;
+        for row in rows.range(log_key(t, ts_at(next))..=log_key(t, last))? {
+            let key = row?.0.value();
+            let row_ts = key.1;
+            while next < order.len() && ts_at(next) < row_ts {
+                next += 1;
+                gap = 0;
+            }
+            if next == order.len() {
+                break 'seek;
+            }
+            if ts_at(next) == row_ts && key == log_key(t, row_ts) {
+                while next < order.len() && ts_at(next) == row_ts {
+                    held[order[next]] = true;
+                    next += 1;
+                }
+                gap = 0;
+                continue;
+            }
+            gap += 1;
+            // A seek lands past this row only for a later timestamp: one
+            // to the same timestamp could find this row again.
+            if gap > STAMP_WALK_GAP_MAX && ts_at(next) > row_ts {
+                continue 'seek;
+            }
+        }
+        // The range ran out: no log row is left for the stamps not settled.
+        break;
+    }
+    Ok(held)
 }
