@@ -73,6 +73,48 @@ fn allocation_limit_is_enforced_in_this_binary() {
     assert!(fuzzing::alloc::enforced());
 }
 
+/// Set in the child that `oversized_allocation_aborts_the_process` starts.
+const ABORT_PROBE_ENV: &str = "ARBOR_ALLOC_ABORT_PROBE";
+const ABORT_PROBE_BYTES: usize = 3_000_017;
+
+/// An infallible allocation above the limit must end the process with
+/// std's allocation-failure abort (what libFuzzer records as a crash), not
+/// unwind out of the allocator. An abort cannot be observed from inside,
+/// so the test runs itself again in a child process that makes the
+/// allocation, and inspects how the child died.
+#[test]
+fn oversized_allocation_aborts_the_process() {
+    const NAME: &str = "oversized_allocation_aborts_the_process";
+    if std::env::var_os(ABORT_PROBE_ENV).is_some() {
+        eprintln!("probe: limit armed");
+        let len = fuzzing::alloc::with_limit(1 << 20, || {
+            std::hint::black_box(vec![0u8; ABORT_PROBE_BYTES]).len()
+        });
+        eprintln!("probe: survived with {len} bytes");
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().expect("own test binary"))
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ABORT_PROBE_ENV, "1")
+        .output()
+        .expect("test binary runs again");
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(
+        stderr.contains("probe: limit armed"),
+        "probe never ran: {stderr}"
+    );
+    assert!(!stderr.contains("probe: survived"), "{stderr}");
+    assert!(!child.status.success(), "{stderr}");
+    let message = format!("memory allocation of {ABORT_PROBE_BYTES} bytes failed");
+    assert!(stderr.contains(&message), "{stderr}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        const SIGABRT: i32 = 6;
+        assert_eq!(child.status.signal(), Some(SIGABRT), "{stderr}");
+    }
+}
+
 #[test]
 fn every_target_has_a_replay_test() {
     let names: Vec<&str> = fuzzing::TARGETS.iter().map(|(n, _)| *n).collect();

@@ -54,17 +54,21 @@ fn start_echo_servers() -> Vec<madsim::runtime::NodeHandle> {
         .collect()
 }
 
+fn start_client() -> madsim::runtime::NodeHandle {
+    Handle::current()
+        .create_node()
+        .name("client")
+        .ip("10.0.1.1".parse().unwrap())
+        .build()
+}
+
 #[test]
 fn round_trip_clog_and_filter() {
     let rt = Runtime::with_seed_and_config(7, Default::default());
     rt.block_on(async {
         let servers = start_echo_servers();
         let filter = Arc::new(MessageFilter::default());
-        let client = Handle::current()
-            .create_node()
-            .name("client")
-            .ip("10.0.1.1".parse().unwrap())
-            .build();
+        let client = start_client();
         madsim::time::sleep(Duration::from_millis(50)).await;
         let t = transport(0, filter.clone());
         let timeout = Duration::from_millis(500);
@@ -125,11 +129,7 @@ fn killed_server_times_out_and_restarts() {
     let rt = Runtime::with_seed_and_config(11, Default::default());
     rt.block_on(async {
         let servers = start_echo_servers();
-        let client = Handle::current()
-            .create_node()
-            .name("client")
-            .ip("10.0.1.1".parse().unwrap())
-            .build();
+        let client = start_client();
         madsim::time::sleep(Duration::from_millis(50)).await;
         let t = transport(0, Arc::new(MessageFilter::default()));
         let timeout = Duration::from_millis(300);
@@ -148,4 +148,102 @@ fn killed_server_times_out_and_restarts() {
             .unwrap();
         assert_eq!(answer, Ok(Response::Health { replica_id: 2 }));
     });
+}
+
+/// Answers tree lists with the container id it was asked for, so each
+/// answer names its call; the first request is held until after the
+/// caller's deadline.
+struct SlowFirst {
+    first_delay: Duration,
+    later_delay: Duration,
+    seen: std::sync::atomic::AtomicU64,
+}
+
+impl Handler for SlowFirst {
+    fn serve(self: Arc<Self>, request: Request) -> BoxFuture<'static, Response> {
+        let first = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0;
+        let delay = if first {
+            self.first_delay
+        } else {
+            self.later_delay
+        };
+        Box::pin(async move {
+            madsim::time::sleep(delay).await;
+            match request {
+                Request::TreeList { cid } => Response::Trees(vec![format!("{cid}")]),
+                _ => Response::Error(Error::InvalidOp("slow first".into())),
+            }
+        })
+    }
+}
+
+/// Which of a timed-out call's late answer and a later call's own answer
+/// reaches the caller's port first.
+#[derive(Clone, Copy, Debug)]
+enum StaleArrives {
+    /// While the next call, on the timed-out call's port, still waits.
+    BeforeNextAnswer,
+    /// After the next call was answered: into the spare endpoint, where the
+    /// call after that finds it waiting.
+    AfterNextAnswer,
+}
+
+/// A late answer to a timed-out call lands on the caller's port (madsim
+/// hands the freed port to the next endpoint bound); the call waiting
+/// there, or the next one to reuse that endpoint, must skip it and return
+/// its own answer.
+fn stale_answer_is_skipped(order: StaleArrives) {
+    let timeout = Duration::from_millis(500);
+    // The stale answer leaves the server 300 ms after the timeout.
+    let first_delay = timeout + Duration::from_millis(300);
+    let later_delay = match order {
+        // Answered after the stale answer comes in, before its own deadline.
+        StaleArrives::BeforeNextAnswer => Duration::from_millis(400),
+        StaleArrives::AfterNextAnswer => Duration::ZERO,
+    };
+    let rt = Runtime::with_seed_and_config(5, Default::default());
+    rt.block_on(async move {
+        let addr = replica_addr(0);
+        let handler = Arc::new(SlowFirst {
+            first_delay,
+            later_delay,
+            seen: Default::default(),
+        });
+        Handle::current()
+            .create_node()
+            .name("replica-1")
+            .ip(addr.ip())
+            .init(move || serve(addr, handler.clone(), 1 << 20, 8))
+            .build();
+        let client = start_client();
+        madsim::time::sleep(Duration::from_millis(50)).await;
+        let t = transport(0, Arc::new(MessageFilter::default()));
+        let list = |byte: u8| {
+            let t = t.clone();
+            let cid = ContainerId([byte; 32]);
+            let call =
+                client.spawn(async move { t.call(1, Request::TreeList { cid }, timeout).await });
+            async move { (call.await.unwrap(), Response::Trees(vec![format!("{cid}")])) }
+        };
+
+        let (answer, _) = list(1).await;
+        assert_eq!(answer, Err(Error::Timeout));
+        let (answer, own) = list(2).await;
+        assert_eq!(answer, Ok(own), "second call, stale answer {order:?}");
+        // Well past the stale answer's arrival, then a call that reuses the
+        // second call's endpoint.
+        madsim::time::sleep(first_delay).await;
+        let (answer, own) = list(3).await;
+        assert_eq!(answer, Ok(own), "third call, stale answer {order:?}");
+    });
+}
+
+#[test]
+fn stale_answer_arriving_while_the_next_call_waits_is_skipped() {
+    stale_answer_is_skipped(StaleArrives::BeforeNextAnswer);
+}
+
+#[test]
+fn stale_answer_left_in_a_spare_endpoint_is_skipped() {
+    stale_answer_is_skipped(StaleArrives::AfterNextAnswer);
 }

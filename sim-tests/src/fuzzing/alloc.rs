@@ -1,8 +1,17 @@
 //! An allocator wrapper that makes "never an unbounded allocation" a
-//! checkable property: while a limit is armed on the current thread, any
-//! single allocation above it panics, which the fuzzer reports as a crash.
+//! checkable property: while a limit is armed on the current thread, the
+//! allocator refuses (returns null for) any single request above it.
 //! libFuzzer's own `-malloc_limit_mb` needs sanitizer hooks that the stable
 //! (`-s none`) build does not have.
+//!
+//! A refusal never unwinds out of the allocator (that is undefined
+//! behaviour; release builds abort with "panic in a function that cannot
+//! unwind"). An infallible allocation (`Vec::with_capacity`, `vec![..]`)
+//! that is refused makes std print "memory allocation of N bytes failed"
+//! and abort the process, which libFuzzer records as a crash. A fallible
+//! one (`try_reserve`) gets its error, and `with_limit` then panics, in
+//! ordinary code, once the limited closure returns: asking is the bug,
+//! even when the asker copes with the refusal.
 //!
 //! Underneath is mimalloc rather than the system allocator: the redb-heavy
 //! targets allocate and free small pages and keys all the time, and glibc's
@@ -21,6 +30,9 @@ thread_local! {
     // Const-initialised and without a destructor, so reading it from inside
     // the allocator never allocates.
     static LIMIT_BYTES: Cell<usize> = const { Cell::new(usize::MAX) };
+    // Size of the first request refused since the limit was armed; 0 for
+    // none (a refused request is above a limit, so never 0 bytes).
+    static REFUSED_BYTES: Cell<usize> = const { Cell::new(0) };
 }
 
 pub struct LimitedAlloc;
@@ -40,7 +52,9 @@ fn plain_alignment_suffices(align: usize) -> bool {
 
 unsafe impl GlobalAlloc for LimitedAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        check_size(layout.size());
+        if !admits(layout.size()) {
+            return std::ptr::null_mut();
+        }
         if plain_alignment_suffices(layout.align()) {
             // SAFETY: a nonzero size (GlobalAlloc's contract); the
             // alignment holds by the check above.
@@ -51,7 +65,9 @@ unsafe impl GlobalAlloc for LimitedAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        check_size(layout.size());
+        if !admits(layout.size()) {
+            return std::ptr::null_mut();
+        }
         if plain_alignment_suffices(layout.align()) {
             // SAFETY: as in `alloc`.
             return unsafe { mi::mi_zalloc(layout.size()).cast() };
@@ -67,7 +83,10 @@ unsafe impl GlobalAlloc for LimitedAlloc {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        check_size(new_size);
+        if !admits(new_size) {
+            // Null leaves the old block allocated and untouched.
+            return std::ptr::null_mut();
+        }
         if plain_alignment_suffices(layout.align()) {
             // SAFETY: `ptr` came from mimalloc; the new block keeps the
             // alignment by the check above.
@@ -78,34 +97,86 @@ unsafe impl GlobalAlloc for LimitedAlloc {
     }
 }
 
-fn check_size(size: usize) {
+/// False for a request above the limit armed on this thread; the first
+/// one is remembered for `try_with_limit`. Must neither allocate nor panic.
+fn admits(size: usize) -> bool {
     let limit = LIMIT_BYTES.try_with(Cell::get).unwrap_or(usize::MAX);
-    if size > limit {
-        // Disarm first: the panic machinery allocates too.
-        let _ = LIMIT_BYTES.try_with(|l| l.set(usize::MAX));
-        panic!("allocation of {size} bytes exceeds the armed limit of {limit} bytes");
+    if size <= limit {
+        return true;
     }
+    let _ = REFUSED_BYTES.try_with(|refused| {
+        if refused.get() == 0 {
+            refused.set(size);
+        }
+    });
+    false
+}
+
+/// A single allocation request the limit refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub size_bytes: usize,
+    pub limit_bytes: usize,
 }
 
 /// Runs `f` with single allocations limited to `limit_bytes` on this thread
-/// (only enforced where `LimitedAlloc` is the global allocator).
-pub fn with_limit<T>(limit_bytes: usize, f: impl FnOnce() -> T) -> T {
-    struct Disarm(usize);
-    impl Drop for Disarm {
+/// (only enforced where `LimitedAlloc` is the global allocator), and
+/// reports the first request the limit refused (one `f` survived: a
+/// fallible allocation, or a refusal `f` did not notice).
+pub fn try_with_limit<T>(limit_bytes: usize, f: impl FnOnce() -> T) -> Result<T, Refused> {
+    struct Restore {
+        limit_bytes: usize,
+        refused_bytes: usize,
+    }
+    impl Drop for Restore {
         fn drop(&mut self) {
-            LIMIT_BYTES.with(|l| l.set(self.0));
+            LIMIT_BYTES.with(|l| l.set(self.limit_bytes));
+            REFUSED_BYTES.with(|r| r.set(self.refused_bytes));
         }
     }
-    let previous = LIMIT_BYTES.with(|l| l.replace(limit_bytes));
-    let _disarm = Disarm(previous);
-    f()
+    // Nested limits each see only their own refusals, and leave the outer
+    // one's record as it was.
+    let _restore = Restore {
+        limit_bytes: LIMIT_BYTES.with(|l| l.replace(limit_bytes)),
+        refused_bytes: REFUSED_BYTES.with(|r| r.replace(0)),
+    };
+    let value = f();
+    match REFUSED_BYTES.with(Cell::get) {
+        0 => Ok(value),
+        size_bytes => Err(Refused {
+            size_bytes,
+            limit_bytes,
+        }),
+    }
+}
+
+/// `try_with_limit`, panicking if the limit refused any request.
+pub fn with_limit<T>(limit_bytes: usize, f: impl FnOnce() -> T) -> T {
+    match try_with_limit(limit_bytes, f) {
+        Ok(value) => value,
+        Err(Refused {
+            size_bytes,
+            limit_bytes,
+        }) => panic!(
+            "allocation of {size_bytes} bytes exceeds the armed limit of {limit_bytes} bytes"
+        ),
+    }
 }
 
 /// True when the running binary enforces limits (a self-test, so a replay
-/// test cannot silently check nothing).
+/// test cannot silently check nothing). Asks fallibly, so a working limit
+/// neither aborts nor unwinds.
 pub fn enforced() -> bool {
-    std::panic::catch_unwind(|| with_limit(16, || std::hint::black_box(vec![0u8; 1024]).len()))
-        .is_err()
+    let outcome = try_with_limit(16, || {
+        std::hint::black_box(Vec::<u8>::new())
+            .try_reserve_exact(1024)
+            .is_err()
+    });
+    outcome
+        == Err(Refused {
+            size_bytes: 1024,
+            limit_bytes: 16,
+        })
 }
 
 #[cfg(test)]
@@ -142,5 +213,77 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Over the limit every entry point returns null (a realloc leaving the
+    /// old block as it was) and the first refused size is reported; at the
+    /// limit nothing is refused. Called directly: this test binary's global
+    /// allocator is the system one.
+    #[test]
+    fn requests_over_the_limit_are_refused_and_reported() {
+        let small = Layout::from_size_align(8, 8).unwrap();
+        let big = Layout::from_size_align(100, 8).unwrap();
+        let aligned_big = Layout::from_size_align(100, 64).unwrap();
+        // SAFETY: nonzero sizes; the one block allocated is freed with its
+        // layout.
+        unsafe {
+            let ptr = LimitedAlloc.alloc(small);
+            ptr.write(42);
+            let outcome = try_with_limit(64, || {
+                assert!(LimitedAlloc.alloc(big).is_null());
+                assert!(LimitedAlloc.alloc(aligned_big).is_null());
+                assert!(LimitedAlloc.alloc_zeroed(big).is_null());
+                assert!(LimitedAlloc.realloc(ptr, small, 65).is_null());
+            });
+            let refused = Refused {
+                size_bytes: 100,
+                limit_bytes: 64,
+            };
+            assert_eq!(outcome, Err(refused));
+            assert_eq!(ptr.read(), 42);
+            let at_limit = try_with_limit(64, || LimitedAlloc.realloc(ptr, small, 64));
+            let grown = at_limit.expect("64 bytes are within a 64-byte limit");
+            assert!(!grown.is_null());
+            assert_eq!(grown.read(), 42);
+            LimitedAlloc.dealloc(grown, Layout::from_size_align(64, 8).unwrap());
+        }
+        // Disarmed again: the same request is admitted.
+        assert!(admits(100));
+    }
+
+    /// An inner limit reports only its own refusals and keeps the outer
+    /// one's; `with_limit` turns a refusal into a panic outside the
+    /// allocator.
+    #[test]
+    fn nested_limits_keep_their_own_refusals() {
+        let outer = try_with_limit(1000, || {
+            assert!(!admits(2000));
+            let inner = try_with_limit(10, || admits(5));
+            assert_eq!(inner, Ok(true));
+            let inner = try_with_limit(10, || admits(20));
+            assert_eq!(
+                inner,
+                Err(Refused {
+                    size_bytes: 20,
+                    limit_bytes: 10
+                })
+            );
+        });
+        assert_eq!(
+            outer,
+            Err(Refused {
+                size_bytes: 2000,
+                limit_bytes: 1000
+            })
+        );
+        let panicked = std::panic::catch_unwind(|| with_limit(10, || admits(11)));
+        let message = panicked.expect_err("a refusal makes with_limit panic");
+        let message = message
+            .downcast_ref::<String>()
+            .expect("a formatted message");
+        assert!(message.contains("11 bytes"), "{message}");
+        // The limit is off again on this thread, and not enforced in a
+        // binary without `LimitedAlloc` as its global allocator.
+        assert!(!enforced());
     }
 }
