@@ -24,12 +24,45 @@ pub(super) fn check_tree_in(
     log: &impl ReadableTable<RowKey, &'static [u8]>,
     rec: &TreeRecord,
 ) -> Result<Result<(), String>> {
+    check_tree_capturing(log, rec, None)
+}
+
+/// What every replica of a tree must hold alike, as bytes, captured by the
+/// full check while it reads the rows anyway: every logged op (timestamp
+/// and op bytes, without the tail of height and undo, which depend on the
+/// order ops arrived in) and every node row, in key order, each entry
+/// length-prefixed. The encodings are canonical, so two replicas hold the
+/// same log and the same tree exactly when their contents are equal, and
+/// comparing them needs no decoding.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaContent {
+    log: Vec<u8>,
+    nodes: Vec<u8>,
+}
+
+impl ReplicaContent {
+    fn push_entry(out: &mut Vec<u8>, key: u64, bytes: &[u8]) {
+        out.extend_from_slice(&key.to_be_bytes());
+        let len = u32::try_from(bytes.len()).expect("a stored row is shorter than 4 GiB");
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(bytes);
+    }
+}
+
+fn check_tree_capturing(
+    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    rec: &TreeRecord,
+    mut capture: Option<&mut ReplicaContent>,
+) -> Result<Result<(), String>> {
     let t = rec.number;
-    let nodes = load_nodes(log, t)?;
+    let nodes = load_nodes(log, t, capture.as_deref_mut().map(|c| &mut c.nodes))?;
     let mut heights_by_ts = Vec::new();
+    let log_capture = capture.map(|c| &mut c.log);
     let verdict = check_node_count(rec, &nodes)
         .and_then(|()| check_max_parent(rec, &nodes))
-        .and_then(|()| scan_log(log, t, &nodes, &mut heights_by_ts).map_err(|e| e.to_string())?)
+        .and_then(|()| {
+            scan_log(log, t, &nodes, &mut heights_by_ts, log_capture).map_err(|e| e.to_string())?
+        })
         .and_then(|()| check_children_index(log, t, &nodes).map_err(|e| e.to_string())?)
         .and_then(|()| check_acyclic(&nodes))
         .and_then(|()| check_heights(log, rec, &heights_by_ts).map_err(|e| e.to_string())?);
@@ -44,6 +77,7 @@ fn scan_log(
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
     heights_by_ts: &mut Vec<(Timestamp, u64)>,
+    mut capture: Option<&mut Vec<u8>>,
 ) -> Result<Result<(), String>> {
     if let Some(id) = [ROOT, TRASH].into_iter().find(|id| nodes.contains_key(id)) {
         return Ok(Err(format!("reserved id {id} stored as a node")));
@@ -76,6 +110,9 @@ fn scan_log(
             }
         }
         heights_by_ts.push((ts, op.tail.height));
+        if let Some(out) = capture.as_deref_mut() {
+            ReplicaContent::push_entry(out, ts, op.body());
+        }
     }
     if let Some((time, id)) = unmatched.next() {
         return Ok(Err(format!("node {id}: meta time {time} not in the log")));
@@ -86,11 +123,15 @@ fn scan_log(
 fn load_nodes(
     table: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
+    mut capture: Option<&mut Vec<u8>>,
 ) -> Result<BTreeMap<NodeId, NodeRecord>> {
     // Rows come in id order: collecting builds the map in one pass.
     read::rows_of_kind(table, t, RowKind::Node)?
         .map(|row| {
             let (id, value) = row?;
+            if let Some(out) = capture.as_deref_mut() {
+                ReplicaContent::push_entry(out, id, value.value());
+            }
             Ok((id, decode_node(value.value())?))
         })
         .collect()
@@ -413,22 +454,73 @@ impl super::Forest {
         })
     }
 
+    /// The full check of `check_invariants`, and from the same read
+    /// snapshot what replicas of the tree must hold alike (see
+    /// [`ReplicaContent`]). The outer error is a storage error.
+    pub fn check_invariants_capturing(
+        &self,
+        tree: &TreeKey,
+    ) -> Result<(Result<(), String>, ReplicaContent)> {
+        let read = self.read_tree(tree)?;
+        let mut content = ReplicaContent::default();
+        let verdict = check_tree_capturing(&read.rows, &read.rec, Some(&mut content))?;
+        Ok((verdict, content))
+    }
+
     /// Breaks the tree invariant on purpose for checker tests: node `node`
     /// gets a meta time no logged op has, written straight to its row,
     /// outside the op path (so the tree's record does not change).
     #[doc(hidden)]
     pub fn plant_broken_node(&self, tree: &TreeKey, node: NodeId) -> Result<()> {
-        let number = self.read_tree(tree)?.rec.number;
+        self.rewrite_row(
+            tree,
+            |t| node_key(t, node),
+            node,
+            |bytes| {
+                let mut record = decode_node(bytes)?;
+                record.time += 1;
+                *bytes = encode_node(&record);
+                Ok(())
+            },
+        )
+    }
+
+    /// Changes a logged op on purpose for checker tests: the last byte of
+    /// the op at `ts` (the end of its last item's value, which must be
+    /// neither empty nor the file name) flips, outside the op path. The
+    /// tree invariant still holds; replicas of the tree now differ.
+    #[doc(hidden)]
+    pub fn plant_changed_op(&self, tree: &TreeKey, ts: Timestamp) -> Result<()> {
+        self.rewrite_row(
+            tree,
+            |t| log_key(t, ts),
+            ts,
+            |bytes| {
+                let body_len = log_body_len(bytes)?;
+                bytes[body_len - 1] ^= 1;
+                Ok(())
+            },
+        )
+    }
+
+    /// Rewrites the row `key` of `tree` (whose number it is given) in one
+    /// commit, outside the op path; `NodeNotFound(id)` when it is absent.
+    fn rewrite_row(
+        &self,
+        tree: &TreeKey,
+        key: impl FnOnce(u64) -> (u64, u64, u64, u64),
+        id: NodeId,
+        change: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        let key = key(self.read_tree(tree)?.rec.number);
         let txn = self.begin_write()?;
         {
             let mut rows = txn.open_table(ROWS)?;
-            let key = node_key(number, node);
-            let Some(bytes) = rows.get(key)?.map(|guard| guard.value().to_vec()) else {
-                return Err(crate::error::Error::NodeNotFound(node));
+            let Some(mut bytes) = rows.get(key)?.map(|guard| guard.value().to_vec()) else {
+                return Err(crate::error::Error::NodeNotFound(id));
             };
-            let mut record = decode_node(&bytes)?;
-            record.time += 1;
-            rows.insert(key, encode_node(&record).as_slice())?;
+            change(&mut bytes)?;
+            rows.insert(key, bytes.as_slice())?;
         }
         txn.commit()
     }

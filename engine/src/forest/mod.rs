@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-pub use check::Recheck;
+pub use check::{Recheck, ReplicaContent};
 pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
 pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
 
