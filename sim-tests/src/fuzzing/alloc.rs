@@ -104,11 +104,11 @@ fn admits(size: usize) -> bool {
     if size <= limit {
         return true;
     }
-    let _ = REFUSED_BYTES.try_with(|refused| {
-        if refused.get() == 0 {
-            refused.set(size);
-        }
-    });
+    // Disarmed after the first refusal, which alone decides the outcome:
+    // std's allocation-failure report then has the memory to print the
+    // backtrace of the oversized request (symbolising takes megabytes).
+    let _ = LIMIT_BYTES.try_with(|l| l.set(usize::MAX));
+    let _ = REFUSED_BYTES.try_with(|refused| refused.set(size));
     false
 }
 
@@ -229,17 +229,22 @@ mod tests {
         unsafe {
             let ptr = LimitedAlloc.alloc(small);
             ptr.write(42);
-            let outcome = try_with_limit(64, || {
-                assert!(LimitedAlloc.alloc(big).is_null());
-                assert!(LimitedAlloc.alloc(aligned_big).is_null());
-                assert!(LimitedAlloc.alloc_zeroed(big).is_null());
-                assert!(LimitedAlloc.realloc(ptr, small, 65).is_null());
-            });
-            let refused = Refused {
-                size_bytes: 100,
-                limit_bytes: 64,
+            let refused = |size_bytes| {
+                Err(Refused {
+                    size_bytes,
+                    limit_bytes: 64,
+                })
             };
-            assert_eq!(outcome, Err(refused));
+            let outcome = try_with_limit(64, || assert!(LimitedAlloc.alloc(big).is_null()));
+            assert_eq!(outcome, refused(100));
+            let outcome = try_with_limit(64, || assert!(LimitedAlloc.alloc(aligned_big).is_null()));
+            assert_eq!(outcome, refused(100));
+            let outcome = try_with_limit(64, || assert!(LimitedAlloc.alloc_zeroed(big).is_null()));
+            assert_eq!(outcome, refused(100));
+            let outcome = try_with_limit(64, || {
+                assert!(LimitedAlloc.realloc(ptr, small, 65).is_null())
+            });
+            assert_eq!(outcome, refused(65));
             assert_eq!(ptr.read(), 42);
             let at_limit = try_with_limit(64, || LimitedAlloc.realloc(ptr, small, 64));
             let grown = at_limit.expect("64 bytes are within a 64-byte limit");
@@ -258,6 +263,8 @@ mod tests {
     fn nested_limits_keep_their_own_refusals() {
         let outer = try_with_limit(1000, || {
             assert!(!admits(2000));
+            // The first refusal disarmed the limit.
+            assert!(admits(2000));
             let inner = try_with_limit(10, || admits(5));
             assert_eq!(inner, Ok(true));
             let inner = try_with_limit(10, || admits(20));
