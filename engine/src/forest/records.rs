@@ -523,6 +523,18 @@ impl<'a> LogView<'a> {
             return Err(Error::Malformed("log record too short".into()));
         }
         let (body, tail) = bytes.split_at(bytes.len() - LOG_TAIL_BYTES);
+        let mut view = Self::parse_op(body)?;
+        view.tail = decode_tail(tail)?;
+        Ok(view)
+    }
+
+    /// A view of the op bytes alone ([`LogView::body`] of a record), as
+    /// checked as by `parse`. They carry no tail: `tail` reads as height 0
+    /// with no effect.
+    pub fn parse_op(body: &'a [u8]) -> Result<Self> {
+        if body.len() < LOG_BODY_HEADER_BYTES {
+            return Err(Error::Malformed("log record too short".into()));
+        }
         let item_count = be_u32(&body[16..20]);
         let items = &body[LOG_BODY_HEADER_BYTES..];
         let mut rest = items;
@@ -538,7 +550,10 @@ impl<'a> LogView<'a> {
         Ok(Self {
             parent: be_u64(&body[..8]),
             child: be_u64(&body[8..16]),
-            tail: decode_tail(tail)?,
+            tail: LogTail {
+                height: 0,
+                undo: Undo::NoEffect,
+            },
             item_count,
             items,
             body,

@@ -8,9 +8,10 @@ use super::Failure;
 use crate::world::clock::global_now;
 use crate::world::transport::RequestKind;
 use crate::world::World;
+use arbor::forest::records::LogView;
 use arbor::forest::{ReplicaContent, TreeDump};
 use arbor::proto::Response;
-use arbor::{timestamp_replica, Move, NodeId, ReplicaId, TreeKey, TRASH};
+use arbor::{timestamp_replica, NodeId, ReplicaId, TreeKey, TRASH};
 use std::collections::{BTreeMap, BTreeSet};
 
 use std::time::Duration;
@@ -196,7 +197,7 @@ fn dump(world: &World, replica: ReplicaId, tree: &TreeKey) -> Result<TreeDump> {
 pub async fn check_converged(world: &World, workload: &Workload, when: &str) -> Result {
     let all = contents(world)?;
     let trees: BTreeSet<&TreeKey> = all.values().flat_map(|d| d.keys()).collect();
-    let mut reference: BTreeMap<TreeKey, TreeDump> = BTreeMap::new();
+    let mut reference: BTreeMap<&TreeKey, &ReplicaContent> = BTreeMap::new();
     let empty = ReplicaContent::default();
     for tree in trees {
         let holders = workload.replicas_of(&tree.cid);
@@ -215,7 +216,7 @@ pub async fn check_converged(world: &World, workload: &Workload, when: &str) -> 
                 ));
             }
         }
-        reference.insert(tree.clone(), dump(world, first, tree)?);
+        reference.insert(tree, base);
     }
     check_acked_present(&reference, workload, when)?;
     check_reads_agree(world, workload, when).await?;
@@ -246,33 +247,59 @@ fn describe_difference(a: &TreeDump, b: &TreeDump) -> Option<String> {
     None
 }
 
+/// One logged op, as the acked-write check needs it.
+struct LoggedOp<'a> {
+    ts: u64,
+    parent: NodeId,
+    tag: Option<&'a [u8]>,
+}
+
+/// Per tree, the logged ops by the node they move: each acked write looks
+/// among the ops of its own node only.
+type OpsByChild<'a> = BTreeMap<&'a TreeKey, BTreeMap<NodeId, Vec<LoggedOp<'a>>>>;
+
+fn ops_by_child<'a>(logs: &BTreeMap<&'a TreeKey, &'a ReplicaContent>) -> Result<OpsByChild<'a>> {
+    let mut all = BTreeMap::new();
+    for (&tree, content) in logs {
+        let mut by_child: BTreeMap<NodeId, Vec<LoggedOp>> = BTreeMap::new();
+        for (ts, op) in content.ops() {
+            let op = LogView::parse_op(op).map_err(|e| {
+                Failure::new(
+                    "tree invariant",
+                    format!("{:?}/{}: op {ts}: {e}", tree.cid, tree.tree),
+                )
+            })?;
+            let tag = op
+                .items()
+                .find(|(key, _)| *key == b"op")
+                .map(|(_, value)| value);
+            by_child.entry(op.child).or_default().push(LoggedOp {
+                ts,
+                parent: op.parent,
+                tag,
+            });
+        }
+        all.insert(tree, by_child);
+    }
+    Ok(all)
+}
+
 /// Every acknowledged write is in the (common) log.
 fn check_acked_present(
-    dumps: &BTreeMap<TreeKey, TreeDump>,
+    logs: &BTreeMap<&TreeKey, &ReplicaContent>,
     workload: &Workload,
     when: &str,
 ) -> Result {
     let ledger = workload.ledger.lock().unwrap();
-    let timestamps: BTreeMap<&TreeKey, BTreeSet<u64>> = dumps
+    let timestamps: BTreeMap<&TreeKey, BTreeSet<u64>> = logs
         .iter()
-        .map(|(tree, dump)| (tree, dump.log.iter().map(|op| op.ts()).collect()))
+        .map(|(&tree, content)| (tree, content.ops().map(|(ts, _)| ts).collect()))
         .collect();
-    // Per tree, the logged ops by the node they move: each acked write
-    // looks among the ops of its own node only.
-    let ops_by_child: BTreeMap<&TreeKey, BTreeMap<NodeId, Vec<&Move>>> = dumps
-        .iter()
-        .map(|(tree, dump)| {
-            let mut by_child: BTreeMap<NodeId, Vec<&Move>> = BTreeMap::new();
-            for op in &dump.log {
-                by_child.entry(op.child).or_default().push(op);
-            }
-            (tree, by_child)
-        })
-        .collect();
-    let ops_of = |tree: &TreeKey, node: &NodeId| -> &[&Move] {
-        ops_by_child
+    let by_child = ops_by_child(logs)?;
+    let ops_of = |tree: &TreeKey, node: &NodeId| -> &[LoggedOp] {
+        by_child
             .get(tree)
-            .and_then(|by_child| by_child.get(node))
+            .and_then(|ops| ops.get(node))
             .map_or(&[], Vec::as_slice)
     };
     for acked in &ledger.acked {
@@ -288,10 +315,10 @@ fn check_acked_present(
                 ..
             } => ops_of(tree, node)
                 .iter()
-                .any(|op| op.parent == *parent && op.meta.get("op") == Some(tag.as_bytes())),
+                .any(|op| op.parent == *parent && op.tag == Some(tag.as_bytes())),
             Acked::Removed { tree, node, acker } => ops_of(tree, node)
                 .iter()
-                .any(|op| op.parent == TRASH && timestamp_replica(op.ts()) == *acker),
+                .any(|op| op.parent == TRASH && timestamp_replica(op.ts) == *acker),
         };
         if !present {
             return Err(Failure::new(
@@ -366,6 +393,31 @@ mod tests {
         assert!(failure.detail.contains(what), "{failure}");
     }
 
+    /// The acked-write check finds the add and its tagged move among the
+    /// logged ops, and misses a move with another tag.
+    async fn check_acked_found(world: &World, workload: &Workload, tree: &TreeKey, node: NodeId) {
+        let moved = |tag: &str| Acked::Moved {
+            tree: tree.clone(),
+            node,
+            parent: ROOT,
+            tag: tag.into(),
+            acker: 1,
+        };
+        workload.ledger.lock().unwrap().acked.extend([
+            Acked::Created {
+                tree: tree.clone(),
+                node,
+                acker: 1,
+            },
+            moved("tag"),
+        ]);
+        check_converged(world, workload, "test").await.unwrap();
+        workload.ledger.lock().unwrap().acked.push(moved("other"));
+        let lost = check_converged(world, workload, "test").await.unwrap_err();
+        assert_eq!(lost.kind, "lost write", "{lost}");
+        workload.ledger.lock().unwrap().acked.pop();
+    }
+
     /// Byte comparison of the replicas' contents still reports what the
     /// decoded comparison did: an op one replica lacks, and an op whose
     /// meta differs between replicas while each tree is sound.
@@ -404,6 +456,7 @@ mod tests {
 
             set_pushes_blocked(&world, false);
             check_push_converges(&world, &workload).await.unwrap();
+            check_acked_found(&world, &workload, &tree, node).await;
 
             let service = world.node(2).service().expect("replica-2 up");
             service.forest().plant_changed_op(&tree, node).unwrap();
