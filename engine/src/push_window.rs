@@ -186,15 +186,17 @@ impl PushWindows {
         let mut state = self.state.lock().expect("push windows");
         let generation = state.generation;
         let epoch = state.epoch(tree);
-        let window = state
-            .trees
-            .entry(tree.clone())
-            .or_insert_with(|| Window::anchored_at(from));
-        if from < window.start {
-            return None;
-        }
+        // Asked on every stale pass: a known tree costs no key copy.
+        let end = match state.trees.get(tree) {
+            Some(window) if from < window.start => return None,
+            Some(window) => window.end,
+            None => {
+                state.trees.insert(tree.clone(), Window::anchored_at(from));
+                from
+            }
+        };
         Some(RefreshTicket {
-            from_height: window.end,
+            from_height: end,
             generation,
             epoch,
         })
@@ -371,6 +373,7 @@ mod tests {
         };
         assert!(start > 0, "the oldest ops were trimmed");
         assert_eq!(windows.page(&tree(), start - 1, 3, 1000), None);
+        assert!(windows.refresh_ticket(&tree(), start - 1).is_none());
         let mut answered = 0;
         for from in start..=end {
             if let Some(page) = windows.page(&tree(), from, 3, 1000) {

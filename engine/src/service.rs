@@ -716,12 +716,12 @@ impl Inner {
     }
 
     fn locks(&self, tree: &TreeKey) -> TreeLocks {
-        self.tree_locks
-            .lock()
-            .expect("tree locks")
-            .entry(tree.clone())
-            .or_default()
-            .clone()
+        let mut locks = self.tree_locks.lock().expect("tree locks");
+        // Every push pass asks: a known tree costs no key copy.
+        if let Some(known) = locks.get(tree) {
+            return known.clone();
+        }
+        locks.entry(tree.clone()).or_default().clone()
     }
 
     fn cursor_persist_period(&self) -> Duration {
@@ -1012,13 +1012,12 @@ impl Inner {
                 }
                 state.dirty = false;
             }
-            let (tree, peer) = &key;
-            match self.push_to_peer(tree, *peer).await {
+            match self.push_to_peer(&key).await {
                 Ok(()) => failures = 0,
                 Err(error) => {
                     failures = failures.saturating_add(1);
                     self.counters.push_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%error, peer, ?tree, failures, "push failed");
+                    tracing::debug!(%error, peer = key.1, tree = ?key.0, failures, "push failed");
                     let delay = self.push_backoff(failures);
                     self.pushers
                         .lock()
@@ -1049,23 +1048,23 @@ impl Inner {
 
     /// Sends `peer` every op that originated here from its push cursor on,
     /// one page at a time; the cursor moves only over acknowledged pages.
-    async fn push_to_peer(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
+    async fn push_to_peer(&self, key: &PushKey) -> Result<()> {
         self.counters.push_passes.fetch_add(1, Ordering::Relaxed);
+        let (tree, peer) = (&key.0, key.1);
         let locks = self.locks(tree);
         let _no_drop = locks.drop_guard.read().await;
-        let key = (tree.clone(), peer);
         // Read before the scan: a commit after this point moves the count
         // again, so the pass is not mistaken for covering it.
         let changes = self.changes_of(tree);
-        let durable = match self.push_state(&key, |s| s.durable) {
+        let durable = match self.push_state(key, |s| s.durable) {
             Some(durable) => durable,
             None => {
                 let durable = self.forest.cursor(tree, CursorKind::Push, peer)?;
-                self.push_state(&key, |s| s.durable = Some(durable));
+                self.push_state(key, |s| s.durable = Some(durable));
                 durable
             }
         };
-        let start = durable.max(self.push_state(&key, |s| s.acked));
+        let start = durable.max(self.push_state(key, |s| s.acked));
         let mut cursor = start;
         if let Some(&skip) = self.push_skips.lock().expect("push skips").get(tree) {
             cursor = cursor.max(skip);
@@ -1075,7 +1074,7 @@ impl Inner {
             Err(Error::TreeNotFound) => Ok(()),
             other => other,
         };
-        if self.should_persist(&key, durable, cursor) {
+        if self.should_persist(key, durable, cursor) {
             let forest = self.forest.clone();
             let tree = tree.clone();
             blocking(&*self.env.runtime, move || {
@@ -1083,22 +1082,21 @@ impl Inner {
             })
             .await
             .inspect_err(|error| self.note_error(error))?;
-            self.push_state(&key, |s| s.durable = Some(cursor));
+            self.push_state(key, |s| s.durable = Some(cursor));
         }
         if result.is_ok() {
-            self.push_state(&key, |s| s.clean_at = Some(changes));
+            self.push_state(key, |s| s.clean_at = Some(changes));
         }
         result
     }
 
     fn push_state<T>(&self, key: &PushKey, read: impl FnOnce(&mut PushState) -> T) -> T {
-        read(
-            self.pushers
-                .lock()
-                .expect("pushers")
-                .entry(key.clone())
-                .or_default(),
-        )
+        let mut pushers = self.pushers.lock().expect("pushers");
+        // Several calls per push pass: a known pusher costs no key copy.
+        if let Some(state) = pushers.get_mut(key) {
+            return read(state);
+        }
+        read(pushers.entry(key.clone()).or_default())
     }
 
     /// Records `cursor` as acknowledged; true when it should also be made
