@@ -1091,22 +1091,31 @@ mod tests {
         forest.check_invariants(&b).unwrap();
     }
 
+    /// A redb file written by plain redb in one commit of `fill`, in a
+    /// fresh directory (kept alive by the returned handle).
+    fn write_raw_file(
+        fill: impl FnOnce(&redb::WriteTransaction),
+    ) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forest.redb");
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        fill(&txn);
+        txn.commit().unwrap();
+        (dir, path)
+    }
+
     /// Writes a file that claims format `version`, with the tables
     /// `fill` creates in that version's layout, and asserts that opening it
     /// is refused by the version check with a typed error.
     fn assert_old_format_refused(version: u64, fill: impl FnOnce(&redb::WriteTransaction)) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("forest.redb");
-        {
-            let db = redb::Database::create(&path).unwrap();
-            let txn = db.begin_write().unwrap();
+        let (_dir, path) = write_raw_file(|txn| {
             txn.open_table(META)
                 .unwrap()
                 .insert(FORMAT_VERSION, version)
                 .unwrap();
-            fill(&txn);
-            txn.commit().unwrap();
-        }
+            fill(txn);
+        });
         let error = open_error(&path);
         let expected = format!("format version {version}");
         assert!(
@@ -1226,17 +1235,12 @@ mod tests {
     fn the_first_layout_is_refused() {
         // Version 1 kept whole tree records as the trees table's values.
         const OLD_TREES: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("trees");
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("forest.redb");
-        {
-            let db = redb::Database::create(&path).unwrap();
-            let txn = db.begin_write().unwrap();
+        let (_dir, path) = write_raw_file(|txn| {
             txn.open_table(OLD_TREES)
                 .unwrap()
                 .insert(&[0u8; 33][..], &[1u8][..])
                 .unwrap();
-            txn.commit().unwrap();
-        }
+        });
         let error = open_error(&path);
         assert!(matches!(error, Error::Storage(_)), "{error:?}");
     }
