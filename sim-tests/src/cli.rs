@@ -222,6 +222,7 @@ fn print_summary(summary: &SweepSummary, start: u64, count: u64, jobs: usize, op
         start + count,
         summary.fingerprint()
     );
+    println!("host: {}", crate::host::describe());
     println!(
         "| runs | failures | seeds/min | ops sent | ops acked (applied) | faults injected | wall |"
     );

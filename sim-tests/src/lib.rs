@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod disk;
 pub mod fuzzing;
+pub mod host;
 pub mod load;
 pub mod scenario;
 pub mod trace;

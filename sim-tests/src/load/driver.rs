@@ -175,7 +175,7 @@ async fn arrivals(
             shared.in_flight.fetch_add(1, Ordering::SeqCst);
             shared
                 .recorder()
-                .record_start(now, in_flight + 1, vus_allocated);
+                .record_start(now, now - due, in_flight + 1, vus_allocated);
             let task = iteration(
                 shared.clone(),
                 env.clone(),

@@ -26,14 +26,19 @@ pub fn render(report: &RunReport) -> String {
     let _ = writeln!(body, "<h1>{}</h1>", esc(&report.title));
     let _ = writeln!(
         body,
-        "<p class=meta>mode <b>{}</b>{}; {:.1} s on the load clock, {:.1} s wall</p>",
+        "<p class=meta>mode <b>{}</b>{}; {:.1} s on the load clock, {:.1} s wall{}</p>",
         esc(&report.mode),
         report
             .seed
             .map(|s| format!(", seed {s}"))
             .unwrap_or_default(),
         report.clock_time_s,
-        report.wall_time_s
+        report.wall_time_s,
+        if report.host.is_empty() {
+            String::new()
+        } else {
+            format!(" on {}", esc(&report.host))
+        }
     );
     body.push_str(&params_table(report));
     body.push_str(&summary_table(&report.scenarios));

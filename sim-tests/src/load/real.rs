@@ -87,6 +87,7 @@ pub fn run(spec: &RunSpec, options: &RealOptions) -> Result<RunReport, String> {
     let env = system_env_on(runtime.handle().clone());
     let mut report = runtime.block_on(run_nodes(spec, options, dir, env))?;
     report.wall_time_s = wall.elapsed().as_secs_f64();
+    report.host = crate::host::describe();
     Ok(report)
 }
 

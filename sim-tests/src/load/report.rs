@@ -73,6 +73,9 @@ pub struct RunReport {
     pub clock_time_s: f64,
     /// Wall time the run took.
     pub wall_time_s: f64,
+    /// The machine that took it (`host::describe`): wall time is only
+    /// comparable between runs on the same CPU.
+    pub host: String,
     pub notes: Vec<String>,
 }
 
@@ -136,6 +139,9 @@ impl RunReport {
             "  time: {:.1}s on the load clock, {:.1}s wall; peak RSS {:.0} MB; stuck {}",
             self.clock_time_s, self.wall_time_s, rss_max, self.stuck
         );
+        if !self.host.is_empty() {
+            let _ = writeln!(out, "  host: {}", self.host);
+        }
         for n in &self.notes {
             let _ = writeln!(out, "  note: {n}");
         }
@@ -184,6 +190,14 @@ fn scenario_text(s: &ScenarioSummary) -> String {
         format!(
             "peak in flight {}, allocated max {}",
             s.in_flight_max, s.vus_allocated_max
+        ),
+    );
+    line(
+        &mut out,
+        "start_lag",
+        format!(
+            "max={} (how late the generator started iterations)",
+            fmt_ms(s.start_lag_max_ms)
         ),
     );
     out

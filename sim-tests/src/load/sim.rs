@@ -342,6 +342,7 @@ pub fn run(spec: &RunSpec, options: &SimOptions) -> Result<RunReport, String> {
     let mut report = runtime.block_on(async move { run_in_world(&spec, &options_inner).await })?;
     report.seed = Some(options.seed);
     report.wall_time_s = wall.elapsed().as_secs_f64();
+    report.host = crate::host::describe();
     Ok(report)
 }
 
@@ -570,8 +571,10 @@ mod tests {
         assert_eq!(v.missing, 0, "lost acknowledged writes: {v:?}");
         assert!(v.found > 500, "too few acknowledged writes: {v:?}");
         let mut json = serde_json::to_value(&report).expect("report serialises");
-        // Wall time and the process's RSS are the host's, not the seed's.
+        // Wall time, the host's name and the process's RSS are the host's,
+        // not the seed's.
         json["wall_time_s"] = serde_json::Value::Null;
+        json["host"] = serde_json::Value::Null;
         for sample in json["samples"].as_array_mut().expect("samples") {
             sample["rss_mb"] = serde_json::Value::Null;
         }
