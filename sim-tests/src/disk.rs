@@ -245,11 +245,26 @@ impl fmt::Debug for SimDisk {
     }
 }
 
+/// A handle that does not keep the disk alive: it tells whether anything
+/// still does (the leak check at the end of a simulated run).
+#[derive(Clone, Debug)]
+pub struct WeakDisk(std::sync::Weak<Mutex<DiskState>>);
+
+impl WeakDisk {
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
 /// Smallest page of the disk's images: redb's page, so its page writes
 /// replace whole pages.
 const PAGE_BYTES_MIN: u64 = 4096;
 
 impl SimDisk {
+    pub fn downgrade(&self) -> WeakDisk {
+        WeakDisk(Arc::downgrade(&self.state))
+    }
+
     pub fn new(config: DiskConfig) -> Self {
         assert!(config.block_size > 0, "block size must be positive");
         let page_bytes = config.block_size * PAGE_BYTES_MIN.div_ceil(config.block_size);

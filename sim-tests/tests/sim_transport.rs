@@ -7,7 +7,9 @@ use arbor::runtime::BoxFuture;
 use arbor::{ContainerId, Error, TreeKey};
 use arbor_sim::world::clock::{ClockSkew, SimClock};
 use arbor_sim::world::replica_addr;
-use arbor_sim::world::transport::{serve, Handler, MessageFilter, RequestKind, SimTransport};
+use arbor_sim::world::transport::{
+    serve, CallIds, Handler, MessageFilter, RequestKind, SimTransport,
+};
 use madsim::runtime::{Handle, Runtime};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,12 +34,19 @@ impl Handler for Echo {
     }
 }
 
-fn transport(local: u16, filter: Arc<MessageFilter>) -> Arc<SimTransport> {
+fn transport(local: u16, filter: Arc<MessageFilter>, call_ids: &CallIds) -> Arc<SimTransport> {
     let peers: BTreeMap<u16, _> = (1..=2)
         .map(|id| (id, replica_addr(usize::from(id) - 1)))
         .collect();
     let clock = Arc::new(SimClock::new(ClockSkew::default()));
-    Arc::new(SimTransport::new(local, peers, clock, 1 << 20, filter))
+    Arc::new(SimTransport::new(
+        local,
+        peers,
+        clock,
+        1 << 20,
+        filter,
+        call_ids.clone(),
+    ))
 }
 
 fn start_echo_servers() -> Vec<madsim::runtime::NodeHandle> {
@@ -70,7 +79,7 @@ fn round_trip_clog_and_filter() {
         let filter = Arc::new(MessageFilter::default());
         let client = start_client();
         madsim::time::sleep(Duration::from_millis(50)).await;
-        let t = transport(0, filter.clone());
+        let t = transport(0, filter.clone(), &CallIds::default());
         let timeout = Duration::from_millis(500);
 
         let call = |peer: u16, req: Request| {
@@ -131,7 +140,7 @@ fn killed_server_times_out_and_restarts() {
         let servers = start_echo_servers();
         let client = start_client();
         madsim::time::sleep(Duration::from_millis(50)).await;
-        let t = transport(0, Arc::new(MessageFilter::default()));
+        let t = transport(0, Arc::new(MessageFilter::default()), &CallIds::default());
         let timeout = Duration::from_millis(300);
         Handle::current().kill(servers[1].id());
         let t2 = t.clone();
@@ -177,6 +186,28 @@ impl Handler for SlowFirst {
     }
 }
 
+/// Replica 1 as a [`SlowFirst`] server, and a client node to call it from.
+async fn start_slow_first_and_client(
+    first_delay: Duration,
+    later_delay: Duration,
+) -> madsim::runtime::NodeHandle {
+    let addr = replica_addr(0);
+    let handler = Arc::new(SlowFirst {
+        first_delay,
+        later_delay,
+        seen: Default::default(),
+    });
+    Handle::current()
+        .create_node()
+        .name("replica-1")
+        .ip(addr.ip())
+        .init(move || serve(addr, handler.clone(), 1 << 20, 8))
+        .build();
+    let client = start_client();
+    madsim::time::sleep(Duration::from_millis(50)).await;
+    client
+}
+
 /// Which of a timed-out call's late answer and a later call's own answer
 /// reaches the caller's port first.
 #[derive(Clone, Copy, Debug)]
@@ -203,21 +234,8 @@ fn stale_answer_is_skipped(order: StaleArrives) {
     };
     let rt = Runtime::with_seed_and_config(5, Default::default());
     rt.block_on(async move {
-        let addr = replica_addr(0);
-        let handler = Arc::new(SlowFirst {
-            first_delay,
-            later_delay,
-            seen: Default::default(),
-        });
-        Handle::current()
-            .create_node()
-            .name("replica-1")
-            .ip(addr.ip())
-            .init(move || serve(addr, handler.clone(), 1 << 20, 8))
-            .build();
-        let client = start_client();
-        madsim::time::sleep(Duration::from_millis(50)).await;
-        let t = transport(0, Arc::new(MessageFilter::default()));
+        let client = start_slow_first_and_client(first_delay, later_delay).await;
+        let t = transport(0, Arc::new(MessageFilter::default()), &CallIds::default());
         let list = |byte: u8| {
             let t = t.clone();
             let cid = ContainerId([byte; 32]);
@@ -246,4 +264,40 @@ fn stale_answer_arriving_while_the_next_call_waits_is_skipped() {
 #[test]
 fn stale_answer_left_in_a_spare_endpoint_is_skipped() {
     stale_answer_is_skipped(StaleArrives::AfterNextAnswer);
+}
+
+/// A caller killed while its call waits, then restarted with a new
+/// transport (a replica's next incarnation): the old call's late answer
+/// reaches the port the new incarnation's first endpoint binds (madsim
+/// hands freed ports out again). It must not pass for the answer of the
+/// new call that waits there. Sweep seed 100738 diverged this way: a
+/// restarted replica took a stale `Applied { fresh: 0 }` for its push of
+/// an op the peer never received, and moved its push cursor past it.
+#[test]
+fn stale_answer_to_a_killed_incarnation_is_skipped() {
+    let timeout = Duration::from_secs(5);
+    let rt = Runtime::with_seed_and_config(9, Default::default());
+    rt.block_on(async move {
+        let client =
+            start_slow_first_and_client(Duration::from_millis(800), Duration::from_millis(1500))
+                .await;
+        let filter = Arc::new(MessageFilter::default());
+        // One id source for both incarnations, as a world has.
+        let call_ids = CallIds::default();
+        let old = transport(0, filter.clone(), &call_ids);
+        let cid = ContainerId([1; 32]);
+        drop(client.spawn(async move { old.call(1, Request::TreeList { cid }, timeout).await }));
+        madsim::time::sleep(Duration::from_millis(100)).await;
+        Handle::current().kill(client.id());
+        Handle::current().restart(client.id());
+        // A handle from before the restart spawns on the dead incarnation.
+        let client = Handle::current().get_node(client.id()).unwrap();
+        let new = transport(0, filter, &call_ids);
+        let cid = ContainerId([2; 32]);
+        let answer = client
+            .spawn(async move { new.call(1, Request::TreeList { cid }, timeout).await })
+            .await
+            .unwrap();
+        assert_eq!(answer, Ok(Response::Trees(vec![format!("{cid}")])));
+    });
 }

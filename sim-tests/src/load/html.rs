@@ -42,10 +42,8 @@ pub fn render(report: &RunReport) -> String {
     );
     body.push_str(&params_table(report));
     body.push_str(&summary_table(&report.scenarios));
-    for s in &report.scenarios {
-        body.push_str(&scenario_charts(s));
-    }
-    body.push_str(&process_chart(report));
+    // The verdicts (verification, recovery, notes) under the summary table,
+    // so that the first screen of the report is the whole summary.
     if let Some(v) = &report.verification {
         let _ = writeln!(
             body,
@@ -56,6 +54,10 @@ pub fn render(report: &RunReport) -> String {
     for n in &report.notes {
         let _ = writeln!(body, "<p class=note>{}</p>", esc(n));
     }
+    for s in &report.scenarios {
+        body.push_str(&scenario_charts(s));
+    }
+    body.push_str(&process_chart(report));
     format!(
         "<!doctype html>\n<html><head><meta charset=utf-8><title>{}</title>\n<style>{}</style></head>\n<body>\n{}</body></html>\n",
         esc(&report.title),
@@ -94,12 +96,13 @@ fn summary_table(scenarios: &[ScenarioSummary]) -> String {
         let l = &s.latency;
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{} ({:.2}%)</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{} ({:.2}%){}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&s.name),
             s.ok + s.errors,
             s.achieved_rate,
             s.errors,
             s.error_rate * 100.0,
+            error_kinds(s),
             s.dropped,
             fmt_ms(l.avg_ms),
             fmt_ms(l.min_ms),
@@ -112,6 +115,14 @@ fn summary_table(scenarios: &[ScenarioSummary]) -> String {
     }
     out.push_str("</table>\n");
     out
+}
+
+/// What the errors were, e.g. "<br>overloaded 143", or nothing.
+fn error_kinds(s: &ScenarioSummary) -> String {
+    s.errors_by_kind
+        .iter()
+        .map(|(kind, n)| format!("<br>{} {n}", esc(kind)))
+        .collect()
 }
 
 fn scenario_charts(s: &ScenarioSummary) -> String {

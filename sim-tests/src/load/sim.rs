@@ -339,14 +339,36 @@ pub fn run(spec: &RunSpec, options: &SimOptions) -> Result<RunReport, String> {
     let runtime = madsim::runtime::Runtime::with_seed_and_config(options.seed, config);
     let spec = spec.clone();
     let options_inner = options.clone();
-    let mut report = runtime.block_on(async move { run_in_world(&spec, &options_inner).await })?;
+    let stores = Arc::new(Mutex::new(Vec::new()));
+    let stores_inner = stores.clone();
+    let result =
+        runtime.block_on(async move { run_in_world(&spec, &options_inner, &stores_inner).await });
+    drop(runtime);
+    // Whatever still holds a disk image now is a task or a cycle that
+    // outlived the runtime (`World::shut_down`).
+    let leaked = lock(&stores)
+        .iter()
+        .filter(|s| s.strong_count() > 0)
+        .count();
+    let mut report = result?;
+    if leaked > 0 {
+        return Err(format!(
+            "{leaked} simulated disk(s) outlived the run's runtime"
+        ));
+    }
     report.seed = Some(options.seed);
     report.wall_time_s = wall.elapsed().as_secs_f64();
     report.host = crate::host::describe();
     Ok(report)
 }
 
-async fn run_in_world(spec: &RunSpec, options: &SimOptions) -> Result<RunReport, String> {
+/// `stores` receives a weak handle on each replica's disk image, for the
+/// leak check after the runtime is gone.
+async fn run_in_world(
+    spec: &RunSpec,
+    options: &SimOptions,
+    stores: &Mutex<Vec<std::sync::Weak<Mutex<ChunkedBytes>>>>,
+) -> Result<RunReport, String> {
     let knobs = knobs(&options.config);
     let mut disks = Vec::new();
     let specs: Vec<NodeSpec> = cluster_configs(options.replicas, &knobs)
@@ -361,6 +383,7 @@ async fn run_in_world(spec: &RunSpec, options: &SimOptions) -> Result<RunReport,
                 owed: Arc::default(),
                 capacity_bytes: LOAD_DISK_CAPACITY,
             });
+            lock(stores).push(Arc::downgrade(&disk.store));
             disks.push(disk.clone());
             NodeSpec {
                 config,
@@ -424,6 +447,16 @@ async fn run_in_world(spec: &RunSpec, options: &SimOptions) -> Result<RunReport,
     report.notes.push(disk_note(&disks));
     for s in &services {
         s.shutdown();
+    }
+    // Ends every task of the replicas: madsim keeps a pending task, and
+    // with it the world and its disks, past the runtime's end, which a
+    // `matrix --mode sim` would pay for on every point of its grid.
+    drop(services);
+    let lingering = world.shut_down().await;
+    if !lingering.is_empty() {
+        return Err(format!(
+            "replicas {lingering:?} still hold their database after the final kill"
+        ));
     }
     Ok(report)
 }

@@ -207,9 +207,10 @@ pub async fn check_converged(world: &World, workload: &Workload, when: &str) -> 
         let base = all[&first].get(tree).unwrap_or(&empty);
         for &other in &holders[1..] {
             if all[&other].get(tree).unwrap_or(&empty) != base {
-                let diff =
-                    describe_difference(&dump(world, first, tree)?, &dump(world, other, tree)?)
-                        .unwrap_or_else(|| "stored bytes differ, decoded trees alike".into());
+                let (left, right) = (dump(world, first, tree)?, dump(world, other, tree)?);
+                let mut diff = describe_difference(&left, &right)
+                    .unwrap_or_else(|| "stored bytes differ, decoded trees alike".into());
+                diff.push_str(&who_holds(world, &holders, tree, &left, &right)?);
                 return Err(Failure::new(
                     "divergence",
                     format!("{when}: {:?}/{} differs between replica-{first} and replica-{other}: {diff}", tree.cid, tree.tree),
@@ -222,6 +223,41 @@ pub async fn check_converged(world: &World, workload: &Workload, when: &str) -> 
     check_reads_agree(world, workload, when).await?;
     world.trace.record("world", format!("converged {when}"));
     Ok(())
+}
+
+/// For ops in one log and not the other: the first such op, and which
+/// replicas of the tree hold each (a replica outside the pair tells whether
+/// the op was lost or never spread).
+fn who_holds(
+    world: &World,
+    holders: &[ReplicaId],
+    tree: &TreeKey,
+    left: &TreeDump,
+    right: &TreeDump,
+) -> Result<String> {
+    let stamps = |d: &TreeDump| d.log.iter().map(|op| op.ts()).collect::<BTreeSet<u64>>();
+    let (a, b) = (stamps(left), stamps(right));
+    let differing: Vec<u64> = a.symmetric_difference(&b).take(5).copied().collect();
+    let Some(&first) = differing.first() else {
+        return Ok(String::new());
+    };
+    let op = left
+        .log
+        .iter()
+        .chain(&right.log)
+        .find(|op| op.ts() == first)
+        .expect("a differing stamp is in one of the logs");
+    let mut out = format!("; op {first}: {op:?}; held by:");
+    for &replica in holders {
+        let log = stamps(&dump(world, replica, tree)?);
+        let held: Vec<u64> = differing
+            .iter()
+            .filter(|ts| log.contains(ts))
+            .copied()
+            .collect();
+        out.push_str(&format!(" replica-{replica} {held:?}"));
+    }
+    Ok(out)
 }
 
 fn describe_difference(a: &TreeDump, b: &TreeDump) -> Option<String> {

@@ -223,6 +223,7 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let faults = Arc::new(AtomicU64::new(0));
     let simulated = Arc::new(Mutex::new(Duration::ZERO));
+    let disks = Arc::new(Mutex::new(Vec::new()));
     // Process-wide: every run of a sweep sets the same value, so parallel
     // runs agree; runs with different canaries must not overlap.
     arbor::canary::set(options.canary);
@@ -230,24 +231,39 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
         let mut runtime =
             madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         runtime.set_time_limit(swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA);
-        let (swarm, trace, tally, faults, simulated) = (
+        let (swarm, trace, tally, faults, simulated, disks) = (
             swarm.clone(),
             trace.clone(),
             tally.clone(),
             faults.clone(),
             simulated.clone(),
+            disks.clone(),
         );
         runtime.block_on(async move {
-            let verdict = simulate(&swarm, &trace, &tally, &faults).await;
+            let verdict = simulate(&swarm, &trace, &tally, &faults, &disks).await;
             *simulated.lock().unwrap() = crate::world::clock::global_now();
             verdict
         })
     }));
-    let failure = match outcome {
+    let mut failure = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(failure)) => Some(failure),
         Err(panic) => Some(Failure::new("panic", panic_message(&panic))),
     };
+    // The runtime is gone: whatever still holds a disk is a task or a
+    // cycle that outlived it, and would hold it for the rest of a sweep.
+    let leaked = disks
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|d| d.is_alive())
+        .count();
+    if failure.is_none() && leaked > 0 {
+        failure = Some(Failure::new(
+            "leak",
+            format!("{leaked} simulated disk(s) outlived the run's runtime"),
+        ));
+    }
     let tally = tally.lock().unwrap();
     let simulated = *simulated.lock().unwrap();
     Report {
@@ -297,8 +313,13 @@ async fn simulate(
     trace: &Trace,
     tally: &Mutex<Tally>,
     faults: &Arc<AtomicU64>,
+    disk_probes: &Mutex<Vec<crate::disk::WeakDisk>>,
 ) -> Result<(), Failure> {
     let (mut world, disks) = build_world(swarm, trace);
+    disk_probes
+        .lock()
+        .unwrap()
+        .extend(disks.iter().map(|d| d.downgrade()));
     let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
     let world = Arc::new(world);
     for replica in world.replica_ids() {
@@ -321,9 +342,16 @@ async fn simulate(
         supervised: Mutex::default(),
         stopped: Default::default(),
         checked: Mutex::default(),
+        detached: Mutex::default(),
     });
     run_workload(swarm, &workload, &nemesis, clients).await;
     let result = heal_and_check(swarm, &world, &workload, &nemesis).await;
+    nemesis.abort_detached();
+    let lingering = world.shut_down().await;
+    assert!(
+        lingering.is_empty(),
+        "replicas {lingering:?} still hold their forest after the final kill"
+    );
     let ledger = workload.ledger.lock().unwrap();
     let mut t = tally.lock().unwrap();
     t.ops_sent = ledger.ops_sent;

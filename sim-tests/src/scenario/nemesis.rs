@@ -55,6 +55,10 @@ pub struct Nemesis {
     /// What the last full check of each tree saw, per replica (see
     /// `sweep_invariants`).
     pub checked: Mutex<BTreeMap<ReplicaId, CheckedIncarnation>>,
+    /// The fault-ending tasks nobody awaits (restarts after a crash, heals
+    /// after a window), aborted at the end of the run: madsim does not drop
+    /// a pending task when its runtime goes (`World::shut_down`).
+    pub detached: Mutex<Vec<madsim::task::AbortHandle>>,
 }
 
 /// Full checks of one incarnation of a replica's forest: the tree records
@@ -185,7 +189,7 @@ impl Nemesis {
                     if fresh && n.world.is_up(replica) {
                         let nemesis = n.clone();
                         let guard = n.world.maintenance();
-                        drop(madsim::task::spawn(async move {
+                        n.detach(async move {
                             let _guard = guard;
                             let (world, workload) = (&nemesis.world, &nemesis.workload);
                             check_drained(world, workload, replica).await;
@@ -194,7 +198,7 @@ impl Nemesis {
                             check_nothing_lost(world, workload, replica, before, "process restart")
                                 .await;
                             nemesis.supervised.lock().unwrap().remove(&replica);
-                        }));
+                        });
                     } else if fresh {
                         n.supervised.lock().unwrap().remove(&replica);
                     }
@@ -258,7 +262,7 @@ impl Nemesis {
             self.world.clog_one_way(from, to);
         }
         let nemesis = self.clone();
-        drop(madsim::task::spawn(async move {
+        self.detach(async move {
             madsim::time::sleep(window).await;
             links.shuffle(&mut thread_rng());
             for (from, to) in links {
@@ -267,7 +271,7 @@ impl Nemesis {
                 let gap = thread_rng().gen_range(0..200);
                 madsim::time::sleep(Duration::from_millis(gap)).await;
             }
-        }));
+        });
     }
 
     fn crash(self: Arc<Self>) {
@@ -285,23 +289,38 @@ impl Nemesis {
         self.note(format!("crash replica-{victim} for {downtime:?}"));
         let before = self.world.stored_heights(victim);
         self.world.crash(victim);
-        drop(madsim::task::spawn(async move {
+        self.clone().detach(async move {
             madsim::time::sleep(downtime).await;
             if !self.world.is_up(victim) && !self.stopped.load(Ordering::SeqCst) {
                 self.world.restart(victim);
                 check_nothing_lost(&self.world, &self.workload, victim, before, "power failure")
                     .await;
             }
-        }));
+        });
+    }
+
+    /// Runs `task` on its own, to be aborted by `abort_detached`.
+    fn detach(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let handle = madsim::task::spawn(task);
+        let mut detached = self.detached.lock().unwrap();
+        detached.retain(|h| !h.is_finished());
+        detached.push(handle.abort_handle());
+    }
+
+    /// Aborts every detached task still pending (the end of the run).
+    pub fn abort_detached(&self) {
+        for handle in self.detached.lock().unwrap().drain(..) {
+            handle.abort();
+        }
     }
 
     fn later(self: Arc<Self>, delay: Duration, heal: impl FnOnce(&Arc<Nemesis>) + Send + 'static) {
-        drop(madsim::task::spawn(async move {
+        self.clone().detach(async move {
             madsim::time::sleep(delay).await;
             if !self.stopped.load(Ordering::SeqCst) {
                 heal(&self);
             }
-        }));
+        });
     }
 
     /// The tree invariant on every tree of every live replica. `Full`
@@ -539,6 +558,7 @@ mod tests {
                 supervised: Mutex::default(),
                 stopped: Default::default(),
                 checked: Mutex::default(),
+                detached: Mutex::default(),
             };
             let (changing, quiet, restarted) = (tree("a"), tree("b"), tree("c"));
             let mut planted = Vec::new();

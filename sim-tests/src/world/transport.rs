@@ -77,6 +77,21 @@ impl MessageFilter {
     }
 }
 
+/// The call ids of every transport of one simulated world. Shared, so that
+/// an id never repeats, across nodes or across the incarnations of one
+/// node: a late answer is told apart from the answer a caller waits for by
+/// its call id alone, and a restarted replica whose ids began at 1 again
+/// took the late answers of its killed incarnation, which madsim delivers
+/// to the same port, for its own (sweep seed 100738).
+#[derive(Clone, Debug, Default)]
+pub struct CallIds(Arc<AtomicU64>);
+
+impl CallIds {
+    fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
 /// Calls from one simulated node (a replica or a client) to replicas.
 pub struct SimTransport {
     /// The caller's replica id (0 for clients), for the message filter.
@@ -84,7 +99,7 @@ pub struct SimTransport {
     peers: BTreeMap<ReplicaId, SocketAddr>,
     clock: Arc<dyn Clock>,
     max_message_bytes: usize,
-    next_call_id: AtomicU64,
+    call_ids: CallIds,
     filter: Arc<MessageFilter>,
     /// Endpoints whose one call got its answer: nothing more can arrive at
     /// them, so the next call may use one instead of binding a new port.
@@ -98,13 +113,14 @@ impl SimTransport {
         clock: Arc<dyn Clock>,
         max_message_bytes: usize,
         filter: Arc<MessageFilter>,
+        call_ids: CallIds,
     ) -> Self {
         Self {
             local,
             peers,
             clock,
             max_message_bytes,
-            next_call_id: AtomicU64::new(1),
+            call_ids,
             filter,
             spare: Arc::default(),
         }
@@ -165,7 +181,7 @@ impl Transport for SimTransport {
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Response, Error>> {
         let addr = self.peers.get(&peer).copied();
-        let call_id = self.next_call_id.fetch_add(1, Ordering::Relaxed);
+        let call_id = self.call_ids.next();
         let blocked = self
             .filter
             .is_blocked(self.local, peer, RequestKind::of(&request));
