@@ -67,19 +67,28 @@ fn check_tree_capturing(
     rec: &TreeRecord,
     mut capture: Option<&mut ReplicaContent>,
 ) -> Result<Result<(), String>> {
+    // A storage error is the outer error, never a verdict: a database
+    // poisoned by an I/O error is an operating error, not a broken tree.
+    // (Folding it into the verdict made a sweep report one as a broken
+    // invariant: storage-errors seed 200385.)
     let t = rec.number;
     let nodes = load_nodes(log, t, capture.as_deref_mut().map(|c| &mut c.nodes))?;
+    if let Err(broken) = check_node_count(rec, &nodes).and_then(|()| check_max_parent(rec, &nodes))
+    {
+        return Ok(Err(broken));
+    }
     let mut heights_by_ts = Vec::new();
     let log_capture = capture.map(|c| &mut c.log);
-    let verdict = check_node_count(rec, &nodes)
-        .and_then(|()| check_max_parent(rec, &nodes))
-        .and_then(|()| {
-            scan_log(log, t, &nodes, &mut heights_by_ts, log_capture).map_err(|e| e.to_string())?
-        })
-        .and_then(|()| check_children_index(log, t, &nodes).map_err(|e| e.to_string())?)
-        .and_then(|()| check_acyclic(&nodes))
-        .and_then(|()| check_heights(log, rec, &heights_by_ts).map_err(|e| e.to_string())?);
-    Ok(verdict)
+    if let Err(broken) = scan_log(log, t, &nodes, &mut heights_by_ts, log_capture)? {
+        return Ok(Err(broken));
+    }
+    if let Err(broken) = check_children_index(log, t, &nodes)? {
+        return Ok(Err(broken));
+    }
+    if let Err(broken) = check_acyclic(&nodes) {
+        return Ok(Err(broken));
+    }
+    check_heights(log, rec, &heights_by_ts)
 }
 
 /// One pass over the tree's log: every node's state was set by the op at
