@@ -105,3 +105,19 @@ fn storage_errors_seed_200385_storage_error_is_not_a_broken_tree() {
     println!("{report}");
     assert!(report.passed(), "seed 200385 failed");
 }
+
+/// Storage-errors seed 201270 panicked with "a process restart never
+/// finished": healing began 11 ms after the supervisor started restarting a
+/// replica whose disk-error window had just closed (a 1 s drain, then the
+/// restart, then a check of its stored ops), and waited for it at most 1
+/// s. The wait now covers the longest supervised restart (15 s).
+#[test]
+fn storage_errors_seed_201270_healing_waits_for_a_supervised_restart() {
+    let options = Options {
+        profile: Profile::StorageErrors,
+        ..Options::standard()
+    };
+    let report = run_seed(201270, &options);
+    println!("{report}");
+    assert!(report.passed(), "seed 201270 failed");
+}
