@@ -4,6 +4,14 @@
 use arbor_sim::scenario::swarm::Profile;
 use arbor_sim::scenario::{run_seed, Options};
 
+/// The full-size scenario of the `storage-errors` profile.
+fn storage_errors() -> Options {
+    Options {
+        profile: Profile::StorageErrors,
+        ..Options::standard()
+    }
+}
+
 /// Sweep seed 6 of the standard scenario never finished: the periodic
 /// invariant sweep ran `Forest::check_invariants` on a replica whose disk had
 /// failed. redb's range iterator then yields an error for every `next()`,
@@ -43,11 +51,7 @@ fn standard_seed_1000_database_poisoned_by_io_error() {
 /// caught on seed 1).
 #[test]
 fn storage_errors_seed_52_late_request_in_the_drain_window() {
-    let options = Options {
-        profile: Profile::StorageErrors,
-        ..Options::standard()
-    };
-    let report = run_seed(52, &options);
+    let report = run_seed(52, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 52 failed");
     assert!(report.faults_injected > 0);
@@ -97,11 +101,7 @@ fn standard_seed_100738_stale_answer_after_a_restart() {
 /// check now returns storage errors as errors.
 #[test]
 fn storage_errors_seed_200385_storage_error_is_not_a_broken_tree() {
-    let options = Options {
-        profile: Profile::StorageErrors,
-        ..Options::standard()
-    };
-    let report = run_seed(200385, &options);
+    let report = run_seed(200385, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 200385 failed");
 }
@@ -113,11 +113,7 @@ fn storage_errors_seed_200385_storage_error_is_not_a_broken_tree() {
 /// s. The wait now covers the longest supervised restart (15 s).
 #[test]
 fn storage_errors_seed_201270_healing_waits_for_a_supervised_restart() {
-    let options = Options {
-        profile: Profile::StorageErrors,
-        ..Options::standard()
-    };
-    let report = run_seed(201270, &options);
+    let report = run_seed(201270, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 201270 failed");
 }
