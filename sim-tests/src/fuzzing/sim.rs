@@ -535,6 +535,8 @@ impl Script {
     /// cluster per input.
     /// Returns the forests that were live, which must be gone once the
     /// runtime is: a fuzzer runs thousands of clusters in one process.
+    /// Ends the cluster (`World::shut_down`); the forests, for the leak
+    /// check once the runtime is gone, which reports any that outlive it.
     async fn shutdown(&self) -> Vec<Weak<Forest>> {
         let forests = self
             .world
@@ -543,10 +545,7 @@ impl Script {
             .filter_map(|node| node.service())
             .map(|service| Arc::downgrade(service.forest()))
             .collect();
-        for replica in self.world.replica_ids() {
-            self.world.crash(replica);
-        }
-        madsim::time::sleep(Duration::from_millis(1)).await;
+        self.world.shut_down().await;
         forests
     }
 

@@ -15,7 +15,7 @@ use crate::trace::Trace;
 use arbor::config::{
     Config, ContainerConfig, Limits, NodeConfig, PeerConfig, PiloramaConfig, TreeConfig,
 };
-use arbor::forest::ForestOptions;
+use arbor::forest::{Forest, ForestOptions};
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
 use arbor::service::Service;
@@ -24,7 +24,7 @@ use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use storage::NodeDisk;
 use transport::{CallIds, MessageFilter, SimTransport};
@@ -36,9 +36,9 @@ pub const SERVICE_PORT: u16 = 7000;
 /// waits between tries, before it gives up and stays down.
 const OPEN_ATTEMPTS_MAX: u32 = 50;
 const OPEN_RETRY_DELAY: Duration = Duration::from_millis(100);
-/// How long (in 1 ms steps) a killed incarnation may take to drop its
-/// database before a process restart.
-const OLD_INCARNATION_POLLS_MAX: u32 = 1_000;
+/// How long a killed incarnation may take to drop its database (polled
+/// every simulated millisecond), before a process restart or at the end.
+const OLD_INCARNATION_DROP_MAX: Duration = Duration::from_secs(1);
 
 /// How long `wait_restarts_done` waits for the supervisor actions under
 /// way. The longest is the nemesis's restart after a disk-error window:
@@ -325,22 +325,18 @@ impl World {
     /// 12 MB per seed of a sweep. Returns the replicas whose forest outlived
     /// the kill (none in a sound harness).
     pub async fn shut_down(&self) -> Vec<ReplicaId> {
-        let mut forests = Vec::new();
-        for node in &self.nodes {
-            if let Some(service) = node.service.lock().unwrap().take() {
-                forests.push((node.replica_id, Arc::downgrade(service.forest())));
-            }
-            Handle::current().kill(node.node.id());
-        }
+        let forests: Vec<(ReplicaId, Weak<Forest>)> = self
+            .nodes
+            .iter()
+            .filter_map(|node| Some((node.replica_id, kill_incarnation(node)?)))
+            .collect();
         // One step for the executor to drop what was killed or aborted,
         // even when no forest is left to wait for.
         madsim::time::sleep(Duration::from_millis(1)).await;
-        for _ in 0..OLD_INCARNATION_POLLS_MAX {
-            if forests.iter().all(|(_, f)| f.strong_count() == 0) {
-                break;
-            }
-            madsim::time::sleep(Duration::from_millis(1)).await;
-        }
+        poll_until(OLD_INCARNATION_DROP_MAX, || {
+            forests.iter().all(|(_, f)| f.strong_count() == 0)
+        })
+        .await;
         forests
             .into_iter()
             .filter(|(_, f)| f.strong_count() != 0)
@@ -357,24 +353,11 @@ impl World {
         let node = self.node(replica);
         self.trace.record(&node.name, "process restart");
         let _in_flight = InFlight::enter(&self.restarts_in_flight);
-        let old_forest = node
-            .service
-            .lock()
-            .unwrap()
-            .take()
-            .map(|service| Arc::downgrade(service.forest()));
         // kill first: madsim's restart alone keeps the old sockets bound.
-        Handle::current().kill(node.node.id());
-        if let Some(old_forest) = old_forest {
-            for _ in 0..OLD_INCARNATION_POLLS_MAX {
-                if old_forest.strong_count() == 0 {
-                    break;
-                }
-                madsim::time::sleep(Duration::from_millis(1)).await;
-            }
-            assert_eq!(
-                old_forest.strong_count(),
-                0,
+        if let Some(old_forest) = kill_incarnation(node) {
+            let gone = poll_until(OLD_INCARNATION_DROP_MAX, || old_forest.strong_count() == 0);
+            assert!(
+                gone.await,
                 "{}: the killed incarnation still holds its forest",
                 node.name
             );
@@ -404,27 +387,24 @@ impl World {
     /// Waits (bounded) until no process restart is under way, so that a
     /// caller restarting nodes does not race one.
     pub async fn wait_restarts_done(&self) {
-        let deadline = clock::global_now() + RESTARTS_IN_FLIGHT_MAX;
-        while clock::global_now() < deadline {
-            if self
-                .restarts_in_flight
+        let idle = || {
+            self.restarts_in_flight
                 .load(std::sync::atomic::Ordering::SeqCst)
                 == 0
-            {
-                return;
-            }
-            madsim::time::sleep(Duration::from_millis(1)).await;
-        }
-        panic!("a process restart never finished within {RESTARTS_IN_FLIGHT_MAX:?}");
+        };
+        assert!(
+            poll_until(RESTARTS_IN_FLIGHT_MAX, idle).await,
+            "a process restart never finished within {RESTARTS_IN_FLIGHT_MAX:?}"
+        );
     }
 
     /// Starts a crashed node again; it reopens its forest from its disk.
     pub fn restart(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "restart");
-        node.service.lock().unwrap().take();
-        // A no-op on a dead node; on a live one it frees its sockets.
-        Handle::current().kill(node.node.id());
+        // The kill is a no-op on a dead node; on a live one it frees its
+        // sockets.
+        kill_incarnation(node);
         Handle::current().restart(node.node.id());
     }
 
@@ -513,6 +493,35 @@ impl Drop for InFlight {
 
 /// Builds one madsim node whose init task opens the forest from the disk,
 /// starts the service and serves requests; a restart runs it again.
+/// Takes the replica's service and kills its madsim node (the executor
+/// drops its tasks when it next runs); the old incarnation's forest, to
+/// wait for.
+fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
+    let old = node
+        .service
+        .lock()
+        .unwrap()
+        .take()
+        .map(|service| Arc::downgrade(service.forest()));
+    Handle::current().kill(node.node.id());
+    old
+}
+
+/// Checks `done` every simulated millisecond for at most `limit`; whether
+/// it came true.
+async fn poll_until(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = clock::global_now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if clock::global_now() >= deadline {
+            return false;
+        }
+        madsim::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 fn build_node(
     spec: NodeSpec,
     filter: Arc<MessageFilter>,
