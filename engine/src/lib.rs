@@ -15,6 +15,7 @@ pub mod service;
 pub mod system;
 pub mod tcp;
 pub mod types;
+pub mod validate;
 
 pub use error::{Error, Result};
 pub use types::*;

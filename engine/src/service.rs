@@ -21,14 +21,12 @@ use crate::proto::{Request, Response};
 use crate::push_window::PushWindows;
 use crate::runtime::{blocking, Env};
 use crate::types::*;
+use crate::validate::{self, too_large, InputLimits};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
-
-/// Longest tree id, in bytes.
-pub const MAX_TREE_ID_BYTES: usize = 1024;
 
 /// Pages pulled from one peer for one tree in one sync round. Keeps a round
 /// finite when a peer keeps writing; the next round goes on from the cursor.
@@ -376,7 +374,7 @@ impl Inner {
                 parent,
                 items,
             } => {
-                self.check_items(&items)?;
+                validate::items(&items, self.input_limits())?;
                 let op = WriteOp::Move {
                     parent,
                     child: None,
@@ -393,8 +391,8 @@ impl Inner {
                 path,
                 items,
             } => {
-                self.check_path(&attr, &path)?;
-                self.check_items(&items)?;
+                validate::path(&attr, &path, self.input_limits())?;
+                validate::items(&items, self.input_limits())?;
                 let op = WriteOp::AddByPath { attr, path, items };
                 match self.write(tree, op).await? {
                     WriteOutcome::AddedByPath { leaf, created, .. } => {
@@ -409,8 +407,8 @@ impl Inner {
                 node,
                 items,
             } => {
-                check_movable(node)?;
-                self.check_items(&items)?;
+                validate::movable(node)?;
+                validate::items(&items, self.input_limits())?;
                 let op = WriteOp::Move {
                     parent,
                     child: Some(node),
@@ -419,7 +417,7 @@ impl Inner {
                 self.write(tree, op).await.map(|_| Response::Done)
             }
             Request::Remove { tree, node } => {
-                check_movable(node)?;
+                validate::movable(node)?;
                 self.write(tree, WriteOp::Remove { node })
                     .await
                     .map(|_| Response::Done)
@@ -440,7 +438,7 @@ impl Inner {
                 latest_only,
                 all_attributes,
             } => {
-                self.check_path(&attr, &path)?;
+                validate::path(&attr, &path, self.input_limits())?;
                 self.check_tree_readable(&tree)?;
                 let mut nodes = self.forest.get_by_path(&tree, &attr, &path, latest_only)?;
                 if !all_attributes {
@@ -501,7 +499,7 @@ impl Inner {
             return Err(too_large("apply ops", ops.len(), page));
         }
         for op in &ops {
-            self.check_move(op)?;
+            validate::replicated(op, self.input_limits())?;
         }
         let requests = ops
             .into_iter()
@@ -603,10 +601,7 @@ impl Inner {
 
     fn check_tree_key(&self, tree: &TreeKey) -> Result<()> {
         self.check_replica(&tree.cid)?;
-        if tree.tree.len() > MAX_TREE_ID_BYTES {
-            return Err(too_large("tree id", tree.tree.len(), MAX_TREE_ID_BYTES));
-        }
-        Ok(())
+        validate::tree_id(tree)
     }
 
     /// A read needs no existence check of its own: every forest read
@@ -616,57 +611,11 @@ impl Inner {
         self.check_tree_key(tree)
     }
 
-    fn check_path(&self, attr: &str, path: &[String]) -> Result<()> {
-        if attr != ATTR_FILE_NAME {
-            return Err(Error::UnsupportedAttribute(attr.to_string()));
+    fn input_limits(&self) -> InputLimits {
+        InputLimits {
+            max_meta_bytes: self.config.limits.max_meta_bytes,
+            max_path_len: self.config.limits.max_path_len,
         }
-        if path.is_empty() {
-            return Err(Error::EmptyPath);
-        }
-        let max = self.config.limits.max_path_len;
-        if path.len() > max {
-            return Err(too_large("path", path.len(), max));
-        }
-        let bytes: usize = path.iter().map(String::len).sum();
-        let max_bytes = self.config.limits.max_meta_bytes;
-        if bytes > max_bytes {
-            return Err(too_large("path bytes", bytes, max_bytes));
-        }
-        Ok(())
-    }
-
-    fn check_items(&self, items: &[KeyValue]) -> Result<()> {
-        let size = Meta {
-            time: 0,
-            items: items.to_vec(),
-        }
-        .size_bytes();
-        let max = self.config.limits.max_meta_bytes;
-        if size > max {
-            return Err(too_large("meta", size, max));
-        }
-        Ok(())
-    }
-
-    fn check_move(&self, op: &Move) -> Result<()> {
-        let counter = timestamp_counter(op.ts());
-        if counter == 0 || counter > COUNTER_MAX {
-            return Err(Error::InvalidOp(format!(
-                "timestamp {} out of range",
-                op.ts()
-            )));
-        }
-        if op.child == ROOT || op.child == TRASH {
-            return Err(Error::InvalidOp(format!(
-                "op moves reserved node {}",
-                op.child
-            )));
-        }
-        let max = self.config.limits.max_meta_bytes;
-        if op.meta.size_bytes() > max {
-            return Err(too_large("meta", op.meta.size_bytes(), max));
-        }
-        Ok(())
     }
 
     /// Room for the payload of one answer.
@@ -873,22 +822,6 @@ fn trees_written<'a>(
         };
         stored.then_some(&request.tree)
     })
-}
-
-fn check_movable(node: NodeId) -> Result<()> {
-    match node {
-        ROOT => Err(Error::RootImmutable),
-        TRASH => Err(Error::InvalidOp("TRASH is not a node".into())),
-        _ => Ok(()),
-    }
-}
-
-fn too_large(what: &str, size: usize, limit: usize) -> Error {
-    Error::TooLarge {
-        what: what.into(),
-        size: size as u64,
-        limit: limit as u64,
-    }
 }
 
 fn unexpected(outcome: WriteOutcome) -> Error {
@@ -1627,7 +1560,7 @@ impl Inner {
     fn ops_to_submit(&self, tree: &TreeKey, entries: &[LogEntry]) -> Result<Vec<bool>> {
         let mut submit = Vec::with_capacity(entries.len());
         for entry in entries {
-            let ok = self.check_move(&entry.op);
+            let ok = validate::replicated(&entry.op, self.input_limits());
             if let Err(error) = &ok {
                 tracing::warn!(%error, height = entry.height, ?tree, "skipping invalid op from peer");
             }

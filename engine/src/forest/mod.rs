@@ -16,6 +16,7 @@ mod write;
 
 use crate::error::{Error, Result};
 use crate::types::*;
+use crate::validate::{self, InputLimits};
 use records::*;
 use redb::{Database, ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,16 @@ pub struct ForestOptions {
     pub max_path_len: usize,
     /// Durable commits (`Durability::Immediate`); false = operator's `no_sync`.
     pub durable: bool,
+}
+
+impl ForestOptions {
+    /// The bounds its writes and lookups are checked against.
+    pub fn input_limits(&self) -> InputLimits {
+        InputLimits {
+            max_meta_bytes: self.max_meta_bytes,
+            max_path_len: self.max_path_len,
+        }
+    }
 }
 
 impl Default for ForestOptions {
@@ -401,7 +412,11 @@ impl Forest {
     ) -> Result<CheckedBatch> {
         let mut results: Vec<Option<Result<WriteOutcome>>> = requests
             .iter()
-            .map(|r| self.check_request(&r.op).err().map(Err))
+            .map(|r| {
+                validate::write(&r.tree, &r.op, self.options.input_limits())
+                    .err()
+                    .map(Err)
+            })
             .collect();
         let txn = self.begin_write()?;
         let (changed, batch) = {
@@ -448,48 +463,6 @@ impl Forest {
         Ok(batch)
     }
 
-    /// Everything that can be refused without looking at storage.
-    fn check_request(&self, op: &WriteOp) -> Result<()> {
-        match op {
-            WriteOp::Move { child, items, .. } => {
-                check_local_child(*child)?;
-                self.check_meta(items)
-            }
-            WriteOp::AddByPath { attr, path, items } => {
-                read::check_path(attr, path, self.options.max_path_len)?;
-                for component in path {
-                    self.check_meta_size(ATTR_FILE_NAME.len() + component.len() + 8)?;
-                }
-                self.check_meta(items)
-            }
-            WriteOp::Remove { node } => check_local_child(Some(*node)),
-            WriteOp::Apply { op } => {
-                check_replicated(op)?;
-                self.check_meta(&op.meta.items)
-            }
-        }
-    }
-
-    fn check_meta(&self, items: &[KeyValue]) -> Result<()> {
-        // Same measure as `Meta::size_bytes`, without copying the items.
-        let size: usize = items
-            .iter()
-            .map(|kv| kv.key.len() + kv.value.len() + 8)
-            .sum();
-        self.check_meta_size(size)
-    }
-
-    fn check_meta_size(&self, size: usize) -> Result<()> {
-        if size > self.options.max_meta_bytes {
-            return Err(Error::TooLarge {
-                what: "meta".into(),
-                size: size as u64,
-                limit: self.options.max_meta_bytes as u64,
-            });
-        }
-        Ok(())
-    }
-
     /// A read snapshot and the number of an existing tree, for lookups
     /// that need no tree state.
     fn read_tree_number(&self, tree: &TreeKey) -> Result<(redb::ReadTransaction, u64)> {
@@ -524,7 +497,7 @@ impl Forest {
         path: &[String],
         latest_only: bool,
     ) -> Result<Vec<NodeInfo>> {
-        read::check_path(attr, path, self.options.max_path_len)?;
+        validate::path(attr, path, self.options.input_limits())?;
         let read = self.read_tree(tree)?;
         path_lookup(&read, path, latest_only)
     }
@@ -540,7 +513,7 @@ impl Forest {
         queries: &[(&[String], bool)],
     ) -> Result<Vec<Vec<NodeInfo>>> {
         for (path, _) in queries {
-            read::check_path(attr, path, self.options.max_path_len)?;
+            validate::path(attr, path, self.options.input_limits())?;
         }
         let read = self.read_tree(tree)?;
         queries
@@ -972,27 +945,6 @@ fn path_lookup(read: &TreeRead, path: &[String], latest_only: bool) -> Result<Ve
         });
     }
     Ok(out)
-}
-
-fn check_local_child(child: Option<NodeId>) -> Result<()> {
-    match child {
-        Some(ROOT) => Err(Error::RootImmutable),
-        Some(TRASH) => Err(Error::InvalidOp("TRASH is not a node".into())),
-        _ => Ok(()),
-    }
-}
-
-/// A replicated op must carry a timestamp a local op could have made and a
-/// real node as its child.
-fn check_replicated(op: &Move) -> Result<()> {
-    let ts = op.ts();
-    if ts == 0 || timestamp_counter(ts) > COUNTER_MAX {
-        return Err(Error::InvalidOp(format!("timestamp {ts} out of range")));
-    }
-    if op.child == ROOT || op.child == TRASH {
-        return Err(Error::InvalidOp(format!("child {} is reserved", op.child)));
-    }
-    Ok(())
 }
 
 /// Creates every table up front so that reads never meet a missing one.

@@ -198,21 +198,3 @@ pub(crate) fn node_info(
         },
     }))
 }
-
-/// Checks the request-level arguments of a path lookup.
-pub(crate) fn check_path(attr: &str, path: &[String], max_path_len: usize) -> Result<()> {
-    if attr != ATTR_FILE_NAME {
-        return Err(Error::UnsupportedAttribute(attr.to_string()));
-    }
-    if path.is_empty() {
-        return Err(Error::EmptyPath);
-    }
-    if path.len() > max_path_len {
-        return Err(Error::TooLarge {
-            what: "path".into(),
-            size: path.len() as u64,
-            limit: max_path_len as u64,
-        });
-    }
-    Ok(())
-}
