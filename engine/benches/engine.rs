@@ -240,7 +240,7 @@ fn run_batches(
     let start = Instant::now();
     for chunk in requests.chunks(batch) {
         let begin = Instant::now();
-        let results = forest.write_batch(chunk).unwrap();
+        let results = forest.write_batch(chunk).unwrap().results;
         commits.push(begin.elapsed());
         assert!(results.iter().all(|r| r.is_ok()), "bench request failed");
     }

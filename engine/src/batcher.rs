@@ -29,31 +29,31 @@
 
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
-use crate::forest::{Forest, WriteOp, WriteOutcome, WriteRequest};
+use crate::forest::{CommitSummary, Committed, Forest, WriteOp, WriteOutcome, WriteRequest};
 use crate::runtime::{blocking, Env};
-use crate::types::TreeKey;
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Commits one batch in one transaction; the outer error fails the batch.
 /// `Forest::write_batch` in production; tests plug in failing commits.
-pub type CommitFn = Arc<dyn Fn(&[WriteRequest]) -> Result<Vec<Result<WriteOutcome>>> + Send + Sync>;
+pub type CommitFn = Arc<dyn Fn(&[WriteRequest]) -> Result<Committed> + Send + Sync>;
 
-/// What a committed batch changed, for whoever replicates it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CommitNotice {
-    /// Trees with at least one successful local write (Move/AddByPath/Remove).
-    pub local_trees: Vec<TreeKey>,
-    /// Trees with at least one replicated op that was new here.
-    pub applied_trees: Vec<TreeKey>,
+/// Told once per commit what it changed (`Forest::write_batch`'s summary,
+/// or `CommitSummary::failed` for a transaction that failed), right after
+/// the transaction ended, in the same blocking call and so before any of
+/// its callers hears of it. It must not block or wait.
+pub trait CommitObserver: Send + Sync + 'static {
+    fn committed(&self, summary: &CommitSummary);
 }
 
-/// Called by the worker after every committed batch. Must not block: it runs
-/// on the batcher's task.
-pub type CommitHook = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
+/// An observer that ignores every commit.
+pub struct Unobserved;
+
+impl CommitObserver for Unobserved {
+    fn committed(&self, _summary: &CommitSummary) {}
+}
 
 /// Counters of one batcher.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -158,7 +158,6 @@ struct Counters {
 
 struct Shared {
     counters: Counters,
-    hook: Mutex<Option<CommitHook>>,
     closed: AtomicBool,
 }
 
@@ -172,7 +171,8 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the worker on `env.runtime`, committing into `forest`.
+    /// Starts the worker on `env.runtime`, committing into `forest`, with
+    /// no observer.
     pub fn start(
         forest: Arc<Forest>,
         env: Env,
@@ -188,15 +188,20 @@ impl Batcher {
             max_pending,
             max_commit_size: max_batch_size,
         };
-        Self::start_with_commit(commit, env, options)
+        Self::start_with_commit(commit, Arc::new(Unobserved), env, options)
     }
 
-    /// Starts the worker with any commit function.
-    pub fn start_with_commit(commit: CommitFn, env: Env, options: BatcherOptions) -> Batcher {
+    /// Starts the worker with any commit function; `observer` hears of
+    /// every commit.
+    pub fn start_with_commit(
+        commit: CommitFn,
+        observer: Arc<dyn CommitObserver>,
+        env: Env,
+        options: BatcherOptions,
+    ) -> Batcher {
         assert!(options.max_batch_size >= 1 && options.max_pending >= 1);
         let shared = Arc::new(Shared {
             counters: Counters::default(),
-            hook: Mutex::new(None),
             closed: AtomicBool::new(false),
         });
         let (queue, receiver) = mpsc::channel(options.max_pending);
@@ -207,6 +212,7 @@ impl Batcher {
             shared: shared.clone(),
             env: env.clone(),
             commit,
+            observer,
             options,
             carry: None,
             hung: Vec::new(),
@@ -219,11 +225,6 @@ impl Batcher {
             options,
             env,
         }
-    }
-
-    /// Installs the hook called after each committed batch.
-    pub fn set_commit_hook(&self, hook: CommitHook) {
-        *self.shared.hook.lock().expect("hook lock") = Some(hook);
     }
 
     pub fn options(&self) -> BatcherOptions {
@@ -355,6 +356,7 @@ struct Worker {
     shared: Arc<Shared>,
     env: Env,
     commit: CommitFn,
+    observer: Arc<dyn CommitObserver>,
     options: BatcherOptions,
     /// A job that did not fit into the previous batch; it opens the next.
     carry: Option<Job>,
@@ -450,16 +452,22 @@ impl Worker {
             requests.extend(job.requests);
         }
         let commit = self.commit.clone();
+        let observer = self.observer.clone();
         let (requests, result) = blocking(&*self.env.runtime, move || {
             let result = commit(&requests);
+            let summary = match &result {
+                Ok(committed) => committed.summary.clone(),
+                Err(error) => CommitSummary::failed(&requests, error.clone()),
+            };
+            observer.committed(&summary);
             (requests, result)
         })
         .await;
         let counters = &self.shared.counters;
         match result {
-            Ok(results) => {
+            Ok(committed) => {
                 assert_eq!(
-                    results.len(),
+                    committed.results.len(),
                     requests.len(),
                     "commit must answer every request"
                 );
@@ -467,14 +475,9 @@ impl Worker {
                 counters
                     .writes
                     .fetch_add(requests.len() as u64, Ordering::Relaxed);
-                let notice = notice_of(&requests, &results);
-                let mut results = results.into_iter();
+                let mut results = committed.results.into_iter();
                 for (count, reply) in replies {
                     reply.send(Ok(results.by_ref().take(count).collect()));
-                }
-                let hook = self.shared.hook.lock().expect("hook lock").clone();
-                if let Some(hook) = hook {
-                    hook(&notice);
                 }
             }
             Err(error) => {
@@ -496,25 +499,5 @@ impl Worker {
 fn answer_all(batch: Vec<Job>, error: Error) {
     for job in batch {
         job.reply.send(Err(error.clone()));
-    }
-}
-
-fn notice_of(requests: &[WriteRequest], results: &[Result<WriteOutcome>]) -> CommitNotice {
-    let mut local = BTreeSet::new();
-    let mut applied = BTreeSet::new();
-    for (request, result) in requests.iter().zip(results) {
-        match (&request.op, result) {
-            (WriteOp::Apply { .. }, Ok(WriteOutcome::Applied { fresh: true })) => {
-                applied.insert(request.tree.clone());
-            }
-            (WriteOp::Apply { .. }, _) | (_, Err(_)) => {}
-            (_, Ok(_)) => {
-                local.insert(request.tree.clone());
-            }
-        }
-    }
-    CommitNotice {
-        local_trees: local.into_iter().collect(),
-        applied_trees: applied.into_iter().collect(),
     }
 }

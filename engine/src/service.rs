@@ -11,11 +11,13 @@
 //! - background sync pulls every peer's log from a durable per-peer pull
 //!   cursor that moves only over ops applied here.
 
-use crate::batcher::{Batcher, BatcherOptions, BatcherStats, CommitHook, CommitNotice};
+use crate::batcher::{Batcher, BatcherOptions, BatcherStats, CommitObserver};
 use crate::canary::{self, Canary};
 use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
 use crate::error::{Error, Result};
-use crate::forest::{CursorKind, Forest, OpLogPage, WriteOp, WriteOutcome, WriteRequest};
+use crate::forest::{
+    CommitSummary, CursorKind, Forest, OpLogPage, WriteOp, WriteOutcome, WriteRequest,
+};
 use crate::net::Transport;
 use crate::proto::{Request, Response};
 use crate::push_window::PushWindows;
@@ -157,14 +159,14 @@ struct Inner {
     env: Env,
     transport: Arc<dyn Transport>,
     batcher: Batcher,
-    counters: Counters,
+    counters: Arc<Counters>,
     push_slots: Arc<Semaphore>,
     pushers: Mutex<BTreeMap<PushKey, PushState>>,
     /// Pull cursors by (tree, cursor peer).
     pulls: Mutex<BTreeMap<PushKey, PullState>>,
     /// Per tree, how many committed batches stored ops in it (local or
     /// replicated) since start; bumped by the commit hook before any hint.
-    changes: Mutex<BTreeMap<TreeKey, u64>>,
+    changes: Arc<Mutex<BTreeMap<TreeKey, u64>>>,
     tree_locks: Mutex<BTreeMap<TreeKey, TreeLocks>>,
     /// Recently stored local-origin ops per tree, shared by the pushers.
     windows: Arc<PushWindows>,
@@ -201,20 +203,23 @@ impl Service {
         }
         let storage_failed = Arc::new(Notify::new());
         let windows = Arc::new(PushWindows::new(config.limits.push_window_ops));
+        let (hints, hint_receiver) = mpsc::channel(config.tree.replication_channel_capacity);
+        let observer = Arc::new(CommitWatch {
+            windows: windows.clone(),
+            storage_failed: storage_failed.clone(),
+            changes: Arc::default(),
+            hints,
+            counters: Arc::default(),
+            forest: forest.clone(),
+            push_skips: Arc::default(),
+        });
+        let commit = {
+            let forest = forest.clone();
+            Arc::new(move |requests: &[WriteRequest]| forest.write_batch(requests))
+        };
         let batcher = Batcher::start_with_commit(
-            {
-                let forest = forest.clone();
-                let storage_failed = storage_failed.clone();
-                let windows = windows.clone();
-                Arc::new(move |requests| {
-                    let result = forest.write_batch(requests);
-                    if let Err(Error::Storage(_)) = &result {
-                        storage_failed.notify_one();
-                    }
-                    windows.note_stored(trees_written(requests, &result));
-                    result
-                })
-            },
+            commit,
+            observer.clone(),
             env.clone(),
             BatcherOptions {
                 max_batch_size: config.pilorama.max_batch_size,
@@ -224,7 +229,6 @@ impl Service {
                 max_commit_size: config.limits.max_commit_size,
             },
         );
-        let (hints, hint_receiver) = mpsc::channel(config.tree.replication_channel_capacity);
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             push_slots: Arc::new(Semaphore::new(config.tree.replication_worker_count)),
@@ -234,17 +238,16 @@ impl Service {
             env,
             transport,
             batcher,
-            counters: Counters::default(),
+            counters: observer.counters.clone(),
             pushers: Mutex::default(),
             pulls: Mutex::default(),
-            changes: Mutex::default(),
+            changes: observer.changes.clone(),
             tree_locks: Mutex::default(),
-            push_skips: Arc::default(),
+            push_skips: observer.push_skips.clone(),
             closed: AtomicBool::new(false),
             shutdown,
             storage_failed,
         });
-        inner.batcher.set_commit_hook(hint_hook(&inner, hints));
         spawn(
             &inner,
             "replication-hints",
@@ -344,23 +347,58 @@ fn spawn(
     inner.env.runtime.spawn(name, Box::pin(task));
 }
 
-/// The batcher's post-commit hook: a hint per tree with new local ops. It
-/// must not block, so a full queue drops the hint (the sweep covers it).
-fn hint_hook(inner: &Arc<Inner>, hints: mpsc::Sender<TreeKey>) -> CommitHook {
-    // The hook lives inside the batcher, which `Inner` owns: hold it weakly.
-    let weak = Arc::downgrade(inner);
-    Arc::new(move |notice: &CommitNotice| {
-        let Some(inner) = weak.upgrade() else { return };
+/// What the service does after every commit: the push windows learn which
+/// trees may hold new ops, the change counts move (so a sweep no longer
+/// takes a pusher's last clean pass as current), the pushers of trees with
+/// new local ops get a hint, and a storage error wakes the recovery. It
+/// must not block, so a full hint queue drops the hint (the sweep covers
+/// it).
+struct CommitWatch {
+    windows: Arc<PushWindows>,
+    storage_failed: Arc<Notify>,
+    changes: Arc<Mutex<BTreeMap<TreeKey, u64>>>,
+    hints: mpsc::Sender<TreeKey>,
+    counters: Arc<Counters>,
+    forest: Arc<Forest>,
+    push_skips: Arc<Mutex<BTreeMap<TreeKey, u64>>>,
+}
+
+impl CommitObserver for CommitWatch {
+    fn committed(&self, summary: &CommitSummary) {
+        if let Some(Error::Storage(_)) = &summary.failure {
+            self.storage_failed.notify_one();
+        }
+        self.windows.note_stored(summary.trees_written());
         // Replicated ops count too: a sync may bring back ops of our own
         // origin (a replica restored from nothing), which need pushing.
-        inner.count_changes(notice.local_trees.iter().chain(&notice.applied_trees));
-        for tree in &notice.local_trees {
-            match hints.try_send(tree.clone()) {
-                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => inner.hint_dropped(tree),
+        {
+            let mut changes = self.changes.lock().expect("changes");
+            for tree in summary.trees_written() {
+                *changes.entry(tree.clone()).or_default() += 1;
             }
         }
-    })
+        for tree in &summary.local_trees {
+            match self.hints.try_send(tree.clone()) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => self.hint_dropped(tree),
+            }
+        }
+    }
+}
+
+impl CommitWatch {
+    fn hint_dropped(&self, tree: &TreeKey) {
+        self.counters.hints_dropped.fetch_add(1, Ordering::Relaxed);
+        if canary::active(Canary::ReplicationDropsOnFullQueue) {
+            // Planted bug: treat the ops behind a dropped hint as sent.
+            if let Ok(height) = self.forest.next_height(tree) {
+                self.push_skips
+                    .lock()
+                    .expect("push skips")
+                    .insert(tree.clone(), height);
+            }
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -805,25 +843,6 @@ fn check_page(
     Ok(())
 }
 
-/// The trees a commit stored ops in: local writes that succeeded and
-/// replicated ops that were new; every tree of a failed commit, whose
-/// outcome is unknown until the database is reopened.
-fn trees_written<'a>(
-    requests: &'a [WriteRequest],
-    result: &'a Result<Vec<Result<WriteOutcome>>>,
-) -> impl Iterator<Item = &'a TreeKey> {
-    requests.iter().enumerate().filter_map(move |(i, request)| {
-        let stored = match result {
-            Err(_) => true,
-            Ok(outcomes) => matches!(
-                outcomes.get(i),
-                Some(Ok(outcome)) if *outcome != WriteOutcome::Applied { fresh: false }
-            ),
-        };
-        stored.then_some(&request.tree)
-    })
-}
-
 fn unexpected(outcome: WriteOutcome) -> Error {
     // The forest answers each op kind with its own outcome kind.
     panic!("forest answered with the wrong outcome kind: {outcome:?}")
@@ -833,19 +852,6 @@ fn unexpected(outcome: WriteOutcome) -> Error {
 // Replication (push).
 
 impl Inner {
-    fn hint_dropped(&self, tree: &TreeKey) {
-        self.counters.hints_dropped.fetch_add(1, Ordering::Relaxed);
-        if canary::active(Canary::ReplicationDropsOnFullQueue) {
-            // Planted bug: treat the ops behind a dropped hint as sent.
-            if let Ok(height) = self.forest.next_height(tree) {
-                self.push_skips
-                    .lock()
-                    .expect("push skips")
-                    .insert(tree.clone(), height);
-            }
-        }
-    }
-
     async fn run_hints(self: Arc<Self>, mut hints: mpsc::Receiver<TreeKey>) {
         let mut shutdown = self.shutdown.subscribe();
         loop {
@@ -916,13 +922,6 @@ impl Inner {
         };
         if start {
             spawn(self, "pusher", self.clone().run_pusher(key));
-        }
-    }
-
-    fn count_changes<'a>(&self, trees: impl Iterator<Item = &'a TreeKey>) {
-        let mut changes = self.changes.lock().expect("changes");
-        for tree in trees {
-            *changes.entry(tree.clone()).or_default() += 1;
         }
     }
 

@@ -3,8 +3,8 @@
 
 mod service_support;
 
-use arbor::batcher::{Batcher, BatcherOptions, CommitFn, CommitNotice};
-use arbor::forest::{WriteOp, WriteOutcome, WriteRequest};
+use arbor::batcher::{Batcher, BatcherOptions, CommitFn, CommitObserver, Unobserved};
+use arbor::forest::{CommitSummary, Committed, WriteOp, WriteOutcome, WriteRequest};
 use arbor::{ContainerId, Error, TreeKey};
 use service_support::test_env;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,6 +24,14 @@ fn request(tree_name: &str, tag: u64) -> WriteRequest {
             child: None,
             items: vec![],
         },
+    }
+}
+
+/// A commit's answer as the forest gives it: results and their summary.
+fn committed(requests: &[WriteRequest], results: Vec<arbor::Result<WriteOutcome>>) -> Committed {
+    Committed {
+        summary: CommitSummary::of(requests, &results),
+        results,
     }
 }
 
@@ -49,7 +57,7 @@ impl Script {
             if script.fail.load(Ordering::SeqCst) {
                 return Err(Error::Storage("disk on fire".into()));
             }
-            Ok(requests
+            let results = requests
                 .iter()
                 .map(|r| match r.op {
                     WriteOp::Move { parent: 13, .. } => Err(Error::NodeNotFound(13)),
@@ -60,7 +68,8 @@ impl Script {
                     WriteOp::Apply { .. } => Ok(WriteOutcome::Applied { fresh: true }),
                     _ => unreachable!(),
                 })
-                .collect())
+                .collect();
+            Ok(committed(requests, results))
         })
     }
 }
@@ -96,6 +105,7 @@ fn lingering_options() -> BatcherOptions {
 fn start_lingering(script: &Arc<Script>, options: BatcherOptions) -> Arc<Batcher> {
     Arc::new(Batcher::start_with_commit(
         script.commit_fn(),
+        Arc::new(Unobserved),
         test_env(),
         options,
     ))
@@ -180,6 +190,7 @@ async fn concurrent_callers_get_their_own_results() {
     let script = Script::new();
     let batcher = Arc::new(Batcher::start_with_commit(
         script.commit_fn(),
+        Arc::new(Unobserved),
         test_env(),
         options(10, 100),
     ));
@@ -208,6 +219,7 @@ async fn one_bad_write_fails_alone() {
     let script = Script::new();
     let batcher = Arc::new(Batcher::start_with_commit(
         script.commit_fn(),
+        Arc::new(Unobserved),
         test_env(),
         options(10, 100),
     ));
@@ -233,6 +245,7 @@ async fn failed_transaction_fails_every_caller_in_it() {
     script.fail.store(true, Ordering::SeqCst);
     let batcher = Arc::new(Batcher::start_with_commit(
         script.commit_fn(),
+        Arc::new(Unobserved),
         test_env(),
         options(100, 100),
     ));
@@ -263,6 +276,7 @@ async fn writes_arriving_within_the_delay_share_a_batch() {
     let script = Script::new();
     let batcher = Arc::new(Batcher::start_with_commit(
         script.commit_fn(),
+        Arc::new(Unobserved),
         test_env(),
         options(100, 100),
     ));
@@ -301,10 +315,11 @@ impl Gate {
             while !*open {
                 open = cv.wait(open).unwrap();
             }
-            Ok(requests
+            let results = requests
                 .iter()
                 .map(|_| Ok(WriteOutcome::Applied { fresh: true }))
-                .collect())
+                .collect();
+            Ok(committed(requests, results))
         })
     }
 
@@ -323,6 +338,7 @@ impl Gate {
 fn gated_batcher(gate: &Gate, options: BatcherOptions) -> Arc<Batcher> {
     Arc::new(Batcher::start_with_commit(
         gate.commit_fn(),
+        Arc::new(Unobserved),
         test_env(),
         options,
     ))
@@ -381,48 +397,73 @@ async fn shutdown_answers_every_waiting_caller() {
     assert_eq!(batcher.stats().pending, 0);
 }
 
+/// Records every summary it hears of, and whether a caller had its answer
+/// by then.
+#[derive(Default)]
+struct Listener {
+    heard: Mutex<Vec<(CommitSummary, bool)>>,
+    answered: AtomicBool,
+}
+
+impl CommitObserver for Listener {
+    fn committed(&self, summary: &CommitSummary) {
+        let answered = self.answered.load(Ordering::SeqCst);
+        self.heard.lock().unwrap().push((summary.clone(), answered));
+    }
+}
+
 #[tokio::test(start_paused = true)]
-async fn commit_hook_names_trees_with_local_writes() {
+async fn the_observer_hears_of_each_commit_once_before_its_callers() {
     let script = Script::new();
+    let listener = Arc::new(Listener::default());
     let batcher = Arc::new(Batcher::start_with_commit(
         script.commit_fn(),
+        listener.clone(),
         test_env(),
         options(100, 100),
     ));
-    let notices = Arc::new(Mutex::new(Vec::<CommitNotice>::new()));
-    let sink = notices.clone();
-    batcher.set_commit_hook(Arc::new(move |n: &CommitNotice| {
-        sink.lock().unwrap().push(n.clone())
-    }));
-    let a = tokio::spawn({
-        let b = batcher.clone();
-        async move { b.submit(request("b", 1)).await }
-    });
-    let c = tokio::spawn({
-        let b = batcher.clone();
-        async move { b.submit(request("a", 2)).await }
-    });
-    let failed = tokio::spawn({
-        let b = batcher.clone();
-        async move { b.submit(request("z", 13)).await }
-    });
-    a.await.unwrap().unwrap();
-    c.await.unwrap().unwrap();
-    assert!(failed.await.unwrap().is_err());
-    let notices = notices.lock().unwrap().clone();
+    let submit = |name: &'static str, tag| {
+        let (b, listener) = (batcher.clone(), listener.clone());
+        tokio::spawn(async move {
+            let result = b.submit(request(name, tag)).await;
+            listener.answered.store(true, Ordering::SeqCst);
+            result
+        })
+    };
+    let writes = [submit("b", 1), submit("a", 2), submit("z", 13)];
+    let results: Vec<_> = futures::future::join_all(writes).await;
     assert_eq!(
-        notices,
-        vec![CommitNotice {
-            local_trees: vec![tree("a"), tree("b")],
-            applied_trees: vec![],
-        }]
+        results
+            .iter()
+            .filter(|r| r.as_ref().unwrap().is_ok())
+            .count(),
+        2
     );
+    script.fail.store(true, Ordering::SeqCst);
+    listener.answered.store(false, Ordering::SeqCst);
+    assert!(submit("c", 3).await.unwrap().is_err());
+    let heard = listener.heard.lock().unwrap().clone();
+    let stored = CommitSummary {
+        local_trees: vec![tree("a"), tree("b")],
+        ..CommitSummary::default()
+    };
+    let failed = CommitSummary {
+        failure: Some(Error::Storage("disk on fire".into())),
+        unsure_trees: vec![tree("c")],
+        ..CommitSummary::default()
+    };
+    assert_eq!(heard, vec![(stored, false), (failed, false)]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_large_job_is_admitted_when_nothing_waits() {
     let script = Script::new();
-    let batcher = Batcher::start_with_commit(script.commit_fn(), test_env(), options(4, 3));
+    let batcher = Batcher::start_with_commit(
+        script.commit_fn(),
+        Arc::new(Unobserved),
+        test_env(),
+        options(4, 3),
+    );
     let requests: Vec<_> = (20..30u64).map(|t| request("t", t)).collect();
     let results = batcher.submit_all(requests).await.unwrap();
     assert_eq!(results.len(), 10);
@@ -523,6 +564,7 @@ async fn a_backlog_is_committed_in_transactions_up_to_the_commit_cap() {
     };
     let batcher = Arc::new(Batcher::start_with_commit(
         recorder.commit_fn(tokio::time::Instant::now()),
+        Arc::new(Unobserved),
         test_env(),
         options,
     ));
@@ -565,6 +607,7 @@ async fn writes_that_waited_out_the_delay_during_a_commit_go_next_at_once() {
     let start = tokio::time::Instant::now();
     let batcher = Arc::new(Batcher::start_with_commit(
         recorder.commit_fn(start),
+        Arc::new(Unobserved),
         test_env(),
         BatcherOptions {
             max_commit_size: 100,

@@ -112,6 +112,7 @@ async fn concurrent_submitters_build_the_same_tree_as_one() {
         reference
             .write_batch(&[apply(op)])
             .unwrap()
+            .results
             .pop()
             .unwrap()
             .unwrap();

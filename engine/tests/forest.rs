@@ -42,7 +42,10 @@ fn ts(counter: u64, replica: ReplicaId) -> Timestamp {
 }
 
 fn write_one(f: &Forest, op: WriteOp) -> Result<WriteOutcome> {
-    let mut out = f.write_batch(&[WriteRequest { tree: tree(), op }]).unwrap();
+    let mut out = f
+        .write_batch(&[WriteRequest { tree: tree(), op }])
+        .unwrap()
+        .results;
     out.pop().unwrap()
 }
 
@@ -54,7 +57,7 @@ fn apply(f: &Forest, ops: &[Move]) -> Vec<Result<WriteOutcome>> {
             op: WriteOp::Apply { op: op.clone() },
         })
         .collect();
-    f.write_batch(&requests).unwrap()
+    f.write_batch(&requests).unwrap().results
 }
 
 fn add_by_path(f: &Forest, dirs: &[&str], items: Vec<KeyValue>) -> Result<WriteOutcome> {
@@ -417,7 +420,8 @@ fn local_timestamps_follow_the_largest_counter_seen() {
                 items: name("x"),
             },
         }])
-        .unwrap();
+        .unwrap()
+        .results;
     assert_eq!(
         res.pop().unwrap().unwrap(),
         WriteOutcome::Moved {
@@ -545,7 +549,7 @@ fn typed_errors_for_bad_input() {
             },
         }))
         .collect();
-    let results = f.write_batch(&requests).unwrap();
+    let results = f.write_batch(&requests).unwrap().results;
     for (i, (result, (_, expected))) in results.iter().zip(&cases).enumerate() {
         let err = result.as_ref().expect_err(&format!("case {i} must fail"));
         assert!(expected(err), "case {i}: unexpected {err:?}");
@@ -565,7 +569,8 @@ fn typed_errors_for_bad_input() {
             tree: missing.clone(),
             op: WriteOp::Remove { node: 5 },
         }])
-        .unwrap();
+        .unwrap()
+        .results;
     assert_eq!(res[0], Err(Error::TreeNotFound));
     assert!(!f.tree_exists(&missing).unwrap());
 
@@ -711,7 +716,8 @@ fn trees_list_and_drop() {
                 items: name("x"),
             },
         }])
-        .unwrap();
+        .unwrap()
+        .results;
     assert_eq!(
         res[0],
         Ok(WriteOutcome::Moved {
@@ -1010,7 +1016,7 @@ fn op_log_pages_across_batches_match_the_whole_log() {
                 },
             })
             .collect();
-        for outcome in f.write_batch(&requests).unwrap() {
+        for outcome in f.write_batch(&requests).unwrap().results {
             outcome.unwrap();
         }
     }
@@ -1025,7 +1031,7 @@ fn op_log_pages_across_batches_match_the_whole_log() {
             },
         })
         .collect();
-    for outcome in f.write_batch(&long).unwrap() {
+    for outcome in f.write_batch(&long).unwrap().results {
         outcome.unwrap();
     }
     let whole = f.get_op_log(&tree(), 0, usize::MAX).unwrap();

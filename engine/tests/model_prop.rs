@@ -124,7 +124,7 @@ fn apply_batches(forest: &Forest, batches: &[Vec<Move>]) -> Result<(), TestCaseE
                 op: WriteOp::Apply { op: op.clone() },
             })
             .collect();
-        for result in forest.write_batch(&requests).unwrap() {
+        for result in forest.write_batch(&requests).unwrap().results {
             prop_assert!(
                 matches!(result, Ok(WriteOutcome::Applied { .. })),
                 "{result:?}"

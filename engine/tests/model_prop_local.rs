@@ -211,7 +211,7 @@ proptest! {
                 .into_iter()
                 .map(|op| WriteRequest { tree: tree(), op })
                 .collect();
-            let outcomes = forest.write_batch(&requests).unwrap();
+            let outcomes = forest.write_batch(&requests).unwrap().results;
             prop_assert_eq!(outcomes, expected);
             if model.max_counter() > 0 {
                 prop_assert_eq!(forest.dump(&tree()).unwrap(), model.dump());

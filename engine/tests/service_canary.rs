@@ -8,7 +8,7 @@
 
 mod service_support;
 
-use arbor::batcher::{Batcher, BatcherOptions, CommitFn};
+use arbor::batcher::{Batcher, BatcherOptions, CommitFn, Unobserved};
 use arbor::canary::{self, Canary};
 use arbor::config::ContainerConfig;
 use arbor::forest::{WriteOp, WriteRequest};
@@ -47,7 +47,7 @@ async fn failed_batch(planted: bool) -> Option<Result<arbor::forest::WriteOutcom
         max_pending: 10,
         max_commit_size: 10,
     };
-    let batcher = Batcher::start_with_commit(commit, test_env(), options);
+    let batcher = Batcher::start_with_commit(commit, Arc::new(Unobserved), test_env(), options);
     let request = WriteRequest {
         tree: tree("t"),
         op: WriteOp::Remove { node: 5 },

@@ -92,7 +92,7 @@ impl StorageBackend for SharedBackend {
 }
 
 fn write_one(forest: &Forest, name: &str) -> arbor::Result<WriteOutcome> {
-    let mut results = forest.write_batch(&[add(name)])?;
+    let mut results = forest.write_batch(&[add(name)])?.results;
     results.pop().expect("one result")
 }
 

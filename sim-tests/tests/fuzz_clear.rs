@@ -45,7 +45,11 @@ fn history(forest: &Forest) -> Vec<WriteOutcome> {
                 },
             },
         ];
-        for result in forest.write_batch(&requests).expect("batch commits") {
+        for result in forest
+            .write_batch(&requests)
+            .expect("batch commits")
+            .results
+        {
             outcomes.push(result.expect("write accepted"));
         }
         forest

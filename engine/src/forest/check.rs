@@ -573,7 +573,13 @@ mod tests {
 
     fn write(forest: &Forest, op: WriteOp) -> (NodeId, Timestamp) {
         let request = WriteRequest { tree: tree(), op };
-        match forest.write_batch(&[request]).unwrap().pop().unwrap() {
+        match forest
+            .write_batch(&[request])
+            .unwrap()
+            .results
+            .pop()
+            .unwrap()
+        {
             Ok(WriteOutcome::Moved { node, ts }) => (node, ts),
             other => panic!("{other:?}"),
         }

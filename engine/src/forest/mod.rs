@@ -128,8 +128,79 @@ pub enum InvariantCheck {
 pub struct CheckedBatch {
     /// One result per request, as `write_batch` gives them.
     pub results: Vec<Result<WriteOutcome>>,
+    /// What the commit changed (nothing when `verdict` is an error).
+    pub summary: CommitSummary,
     /// The first broken invariant; then nothing of the batch is stored.
     pub verdict: Result<(), String>,
+}
+
+/// What `write_batch` returns when the transaction worked.
+#[derive(Debug)]
+pub struct Committed {
+    /// One result per request, in request order.
+    pub results: Vec<Result<WriteOutcome>>,
+    pub summary: CommitSummary,
+}
+
+/// What one batch's transaction changed, for whoever replicates it: the one
+/// place that says which trees a commit stored ops in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitSummary {
+    /// Trees with at least one successful local write, ascending.
+    pub local_trees: Vec<TreeKey>,
+    /// Trees with at least one replicated op that was new here, ascending.
+    pub applied_trees: Vec<TreeKey>,
+    /// The error of a transaction that failed; then the lists above are
+    /// empty and `unsure_trees` holds every tree of the batch.
+    pub failure: Option<Error>,
+    /// Trees of a failed transaction, ascending: whether it stored ops in
+    /// them is unknown until the database is reopened.
+    pub unsure_trees: Vec<TreeKey>,
+}
+
+impl CommitSummary {
+    /// The summary of a transaction that committed with `results`.
+    pub fn of(requests: &[WriteRequest], results: &[Result<WriteOutcome>]) -> Self {
+        assert_eq!(requests.len(), results.len(), "one result per request");
+        let mut local = std::collections::BTreeSet::new();
+        let mut applied = std::collections::BTreeSet::new();
+        for (request, result) in requests.iter().zip(results) {
+            match (&request.op, result) {
+                (WriteOp::Apply { .. }, Ok(WriteOutcome::Applied { fresh: true })) => {
+                    applied.insert(&request.tree);
+                }
+                (WriteOp::Apply { .. }, _) | (_, Err(_)) => {}
+                (_, Ok(_)) => {
+                    local.insert(&request.tree);
+                }
+            }
+        }
+        Self {
+            local_trees: local.into_iter().cloned().collect(),
+            applied_trees: applied.into_iter().cloned().collect(),
+            failure: None,
+            unsure_trees: Vec::new(),
+        }
+    }
+
+    /// The summary of a transaction that failed with `error`.
+    pub fn failed(requests: &[WriteRequest], error: Error) -> Self {
+        let trees: std::collections::BTreeSet<&TreeKey> =
+            requests.iter().map(|r| &r.tree).collect();
+        Self {
+            failure: Some(error),
+            unsure_trees: trees.into_iter().cloned().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Every tree the commit stored ops in, or may have.
+    pub fn trees_written(&self) -> impl Iterator<Item = &TreeKey> {
+        self.local_trees
+            .iter()
+            .chain(&self.applied_trees)
+            .chain(&self.unsure_trees)
+    }
 }
 
 /// Which per-peer cursor: what we pulled from a peer (sync) or what a peer
@@ -373,9 +444,13 @@ impl Forest {
     /// Replicated ops are applied first, per tree, merged in timestamp order
     /// with one undo back to the oldest new op; local ops follow in request
     /// order, each newer than everything before it.
-    pub fn write_batch(&self, requests: &[WriteRequest]) -> Result<Vec<Result<WriteOutcome>>> {
+    pub fn write_batch(&self, requests: &[WriteRequest]) -> Result<Committed> {
         let batch = self.write_batch_checked(requests, |_| Vec::new())?;
-        Ok(batch.results)
+        assert!(batch.verdict.is_ok(), "no check was asked for");
+        Ok(Committed {
+            results: batch.results,
+            summary: batch.summary,
+        })
     }
 
     /// `write_batch`, plus the invariant checks `checks` asks for given
@@ -410,7 +485,7 @@ impl Forest {
         dirs: &mut dir_cache::DirCache,
         checks: impl FnOnce(&[Result<WriteOutcome>]) -> Vec<(TreeKey, InvariantCheck)>,
     ) -> Result<CheckedBatch> {
-        let mut results: Vec<Option<Result<WriteOutcome>>> = requests
+        let refused: Vec<Option<Result<WriteOutcome>>> = requests
             .iter()
             .map(|r| {
                 validate::write(&r.tree, &r.op, self.options.input_limits())
@@ -419,30 +494,11 @@ impl Forest {
             })
             .collect();
         let txn = self.begin_write()?;
-        let (changed, batch) = {
+        let (changed, results, verdict) = {
             let mut writer =
                 write::Writer::open(&txn, self.options.replica_id, dirs, &self.tree_numbers)?;
-            let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
-            for (index, request) in requests.iter().enumerate() {
-                if let (None, WriteOp::Apply { op }) = (&results[index], &request.op) {
-                    let incoming = write::Incoming { index, op };
-                    applies.entry(&request.tree).or_default().push(incoming);
-                }
-            }
-            for (tree, ops) in &applies {
-                writer.apply_remote(tree, ops, &mut results)?;
-            }
-            for (index, request) in requests.iter().enumerate() {
-                let local = !matches!(request.op, WriteOp::Apply { .. });
-                if local && results[index].is_none() {
-                    results[index] = Some(writer.apply_local(&request.tree, &request.op)?);
-                }
-            }
+            let results = apply_requests(&mut writer, requests, refused)?;
             let changed = writer.flush()?;
-            let results: Vec<Result<WriteOutcome>> = results
-                .into_iter()
-                .map(|r| r.expect("every request has a result"))
-                .collect();
             let mut verdict = Ok(());
             for (tree, check) in checks(&results) {
                 verdict = writer.check(&tree, &check)?;
@@ -450,17 +506,22 @@ impl Forest {
                     break;
                 }
             }
-            (
-                changed && verdict.is_ok(),
-                CheckedBatch { results, verdict },
-            )
+            (changed && verdict.is_ok(), results, verdict)
         };
         if changed {
             txn.commit()?;
         } else {
             txn.abort()?;
         }
-        Ok(batch)
+        let summary = match verdict {
+            Ok(()) => CommitSummary::of(requests, &results),
+            Err(_) => CommitSummary::default(),
+        };
+        Ok(CheckedBatch {
+            results,
+            summary,
+            verdict,
+        })
     }
 
     /// A read snapshot and the number of an existing tree, for lookups
@@ -947,6 +1008,36 @@ fn path_lookup(read: &TreeRead, path: &[String], latest_only: bool) -> Result<Ve
     Ok(out)
 }
 
+/// Runs every request not `refused` yet through `writer`: replicated ops
+/// first, per tree, then local ones in request order. The outer error
+/// fails the batch.
+fn apply_requests(
+    writer: &mut write::Writer<'_, '_>,
+    requests: &[WriteRequest],
+    mut results: Vec<Option<Result<WriteOutcome>>>,
+) -> Result<Vec<Result<WriteOutcome>>> {
+    let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
+    for (index, request) in requests.iter().enumerate() {
+        if let (None, WriteOp::Apply { op }) = (&results[index], &request.op) {
+            let incoming = write::Incoming { index, op };
+            applies.entry(&request.tree).or_default().push(incoming);
+        }
+    }
+    for (tree, ops) in &applies {
+        writer.apply_remote(tree, ops, &mut results)?;
+    }
+    for (index, request) in requests.iter().enumerate() {
+        let local = !matches!(request.op, WriteOp::Apply { .. });
+        if local && results[index].is_none() {
+            results[index] = Some(writer.apply_local(&request.tree, &request.op)?);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every request has a result"))
+        .collect())
+}
+
 /// Creates every table up front so that reads never meet a missing one.
 fn create_tables(db: &Database) -> Result<()> {
     let txn = db.begin_write()?;
@@ -1012,7 +1103,12 @@ mod tests {
                 items: vec![],
             },
         };
-        let outcome = forest.write_batch(&[request]).unwrap().pop().unwrap();
+        let outcome = forest
+            .write_batch(&[request])
+            .unwrap()
+            .results
+            .pop()
+            .unwrap();
         assert!(outcome.is_ok(), "{outcome:?}");
     }
 
@@ -1129,6 +1225,7 @@ mod tests {
             forest
                 .write_batch(&[remove])
                 .unwrap()
+                .results
                 .pop()
                 .unwrap()
                 .unwrap();

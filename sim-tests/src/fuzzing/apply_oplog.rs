@@ -123,6 +123,7 @@ fn run_on(input: &Input, a: &Forest, b: &Forest) {
     } else {
         a.write_batch(&requests)
             .expect("a batch on a fault-free disk commits")
+            .results
     };
     for (op, outcome) in set.conflicting.iter().zip(outcomes) {
         assert!(

@@ -149,7 +149,7 @@ impl Run<'_> {
         let power_failures = self.disk.stats().power_failures;
         arm(&self.disk, batch.crash);
         let forest = self.forest.as_ref().expect("forest open between batches");
-        let result = forest.write_batch(&requests);
+        let result = forest.write_batch(&requests).map(|c| c.results);
         self.disk.set_power_cut_after(None);
         self.disk.set_faults(DiskFaults {
             torn_write_probability: self.disk.faults().torn_write_probability,
@@ -161,7 +161,8 @@ impl Run<'_> {
                 let expected = self
                     .reference
                     .write_batch(&requests)
-                    .expect("the reference commits");
+                    .expect("the reference commits")
+                    .results;
                 assert_eq!(
                     results, expected,
                     "per-op results differ from the reference"

@@ -369,6 +369,7 @@ mod tests {
         forest
             .write_batch(&requests)
             .expect("batch commits")
+            .results
             .into_iter()
             .map(|r| match r.expect("write succeeds") {
                 WriteOutcome::Moved { node, .. } => node,
@@ -404,7 +405,7 @@ mod tests {
                 }
             })
             .collect();
-        for r in partial.write_batch(&copied).expect("batch commits") {
+        for r in partial.write_batch(&copied).expect("batch commits").results {
             r.expect("apply succeeds");
         }
         let scenarios = std::slice::from_ref(&scenario);
