@@ -9,6 +9,7 @@
 use crate::error::{Error, Result};
 use crate::forest::ForestOptions;
 use crate::types::{ContainerId, ReplicaId};
+use crate::validate::InputLimits;
 use serde_yaml_ng::{Mapping, Value};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -110,6 +111,13 @@ pub struct Limits {
     pub push_window_ops: usize,
     /// Largest GetSubTree answer, in nodes.
     pub max_subtree_nodes: usize,
+    /// Trees whose replication state is kept in memory (push bookkeeping,
+    /// push windows, pull cursors), and tree names taken from one peer in
+    /// one sync round. Beyond it the state of idle trees goes (their
+    /// durable cursors are the truth) and a peer's further names wait for
+    /// later rounds; a gateway makes trees per client, so without a bound
+    /// this state would grow forever.
+    pub max_tracked_trees: usize,
     /// Concurrent inbound connections (TCP).
     pub max_connections: usize,
     /// Connect timeout for outbound calls (TCP).
@@ -160,8 +168,19 @@ impl Default for Limits {
             sync_stamp_page_size: 16_384,
             push_window_ops: 4096,
             max_subtree_nodes: 100_000,
+            max_tracked_trees: 10_000,
             max_connections: 256,
             connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Limits {
+    /// The bounds requests are checked against (see `validate`).
+    pub fn input(&self) -> InputLimits {
+        InputLimits {
+            max_meta_bytes: self.max_meta_bytes,
+            max_path_len: self.max_path_len,
         }
     }
 }
@@ -238,6 +257,7 @@ impl Config {
                 self.limits.sync_stamp_page_size,
             ),
             ("limits.max_subtree_nodes", self.limits.max_subtree_nodes),
+            ("limits.max_tracked_trees", self.limits.max_tracked_trees),
             ("limits.max_connections", self.limits.max_connections),
             ("limits.max_path_len", self.limits.max_path_len),
         ];
@@ -376,6 +396,7 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
             .unwrap_or(d.sync_stamp_page_size),
         push_window_ops: s.usize("push_window_ops")?.unwrap_or(d.push_window_ops),
         max_subtree_nodes: s.usize("max_subtree_nodes")?.unwrap_or(d.max_subtree_nodes),
+        max_tracked_trees: s.usize("max_tracked_trees")?.unwrap_or(d.max_tracked_trees),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
         connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
     };
@@ -584,6 +605,7 @@ limits:
   push_scan_heights: 40
   sync_stamp_page_size: 64
   push_window_ops: 0
+  max_tracked_trees: 50
   connect_timeout: 1s
 "#;
 
@@ -607,6 +629,7 @@ limits:
         assert_eq!(c.limits.push_scan_heights, 40);
         assert_eq!(c.limits.sync_stamp_page_size, 64);
         assert_eq!(c.limits.push_window_ops, 0);
+        assert_eq!(c.limits.max_tracked_trees, 50);
         assert_eq!(c.limits.connect_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.sync_page_size, Limits::default().sync_page_size);
     }
@@ -678,6 +701,10 @@ limits:
             (
                 "limits: { sync_stamp_page_size: 0 }",
                 "limits.sync_stamp_page_size:",
+            ),
+            (
+                "limits: { max_tracked_trees: 0 }",
+                "limits.max_tracked_trees:",
             ),
             ("extra: 1", "extra: unknown key"),
             ("tree: 3", "tree: expected a mapping"),

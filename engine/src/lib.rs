@@ -9,7 +9,6 @@ pub mod forest;
 pub mod model;
 pub mod net;
 pub mod proto;
-mod push_window;
 pub mod runtime;
 pub mod service;
 pub mod system;

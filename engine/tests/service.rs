@@ -167,67 +167,86 @@ fn broken_sync_answers() -> Vec<(&'static str, SyncAnswerFilter)> {
             Response::OpLog { .. } => Response::Done,
             other => other,
         }),
-        ("stamps out of order", |answer| match answer {
-            Response::OpLogStamps {
-                mut stamps,
-                next_height,
-            } => {
-                stamps.reverse();
-                Response::OpLogStamps {
-                    stamps,
-                    next_height,
-                }
-            }
-            other => other,
+        ("stamps out of order", |answer| {
+            rewrite_stamps(answer, |stamps| stamps.reverse())
         }),
-        ("ops out of order", |answer| match answer {
-            Response::OpLog {
-                mut entries,
-                next_height,
-            } => {
-                entries.reverse();
-                Response::OpLog {
-                    entries,
-                    next_height,
-                }
-            }
-            other => other,
+        ("ops out of order", |answer| {
+            rewrite_ops(answer, |entries| entries.reverse())
         }),
-        ("more stamps than asked for", |answer| match answer {
-            Response::OpLogStamps {
-                mut stamps,
-                next_height,
-            } => {
+        ("more stamps than asked for", |answer| {
+            rewrite_stamps(answer, |stamps| {
                 let last = *stamps.last().expect("the peer has ops");
                 stamps.extend((1..=64).map(|i| arbor::LogStamp {
                     height: last.height + i,
                     ..last
                 }));
-                Response::OpLogStamps {
-                    stamps,
-                    next_height,
-                }
-            }
-            other => other,
+            })
         }),
-        ("more ops than asked for", |answer| match answer {
-            Response::OpLog {
-                mut entries,
-                next_height,
-            } => {
+        ("more ops than asked for", |answer| {
+            rewrite_ops(answer, |entries| {
                 let last = entries.last().expect("the peer has ops").clone();
                 entries.extend((1..=64).map(|i| arbor::LogEntry {
                     height: last.height + i,
                     ..last.clone()
                 }));
-                Response::OpLog {
-                    entries,
-                    next_height,
+            })
+        }),
+        // Regression: a page that skipped heights moved the pull cursor over
+        // ops it never saw (the ops page) or was taken as given (stamps).
+        ("stamps with a gap", |answer| {
+            rewrite_stamps(answer, |stamps| {
+                if stamps.len() > 1 {
+                    stamps.remove(1);
                 }
-            }
-            other => other,
+            })
+        }),
+        ("ops with a gap", |answer| {
+            rewrite_ops(answer, |entries| {
+                if entries.len() > 1 {
+                    entries.remove(1);
+                }
+            })
+        }),
+        ("stamps from a later height", |answer| {
+            rewrite_stamps(answer, |stamps| {
+                if !stamps.is_empty() {
+                    stamps.remove(0);
+                }
+            })
         }),
     ]
+}
+
+fn rewrite_stamps(answer: Response, change: fn(&mut Vec<arbor::LogStamp>)) -> Response {
+    match answer {
+        Response::OpLogStamps {
+            mut stamps,
+            next_height,
+        } => {
+            change(&mut stamps);
+            Response::OpLogStamps {
+                stamps,
+                next_height,
+            }
+        }
+        other => other,
+    }
+}
+
+fn rewrite_ops(answer: Response, change: fn(&mut Vec<arbor::LogEntry>)) -> Response {
+    match answer {
+        Response::OpLog {
+            mut entries,
+            next_height,
+        } => {
+            change(&mut entries);
+            Response::OpLog {
+                entries,
+                next_height,
+            }
+        }
+        other => other,
+    }
 }
 
 #[tokio::test(start_paused = true)]

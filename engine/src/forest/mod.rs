@@ -784,6 +784,25 @@ impl Forest {
         Ok(self.trees_from(&[])?.into_iter().map(|t| t.0).collect())
     }
 
+    /// At most `limit` trees after `after` (from the first with `None`),
+    /// ascending: a walk over every tree in bounded steps.
+    pub fn trees_after(&self, after: Option<&TreeKey>, limit: usize) -> Result<Vec<TreeKey>> {
+        let txn = self.begin_read()?;
+        let trees = txn.open_table(TREES)?;
+        let from = after.map(tree_key_bytes).unwrap_or_default();
+        let mut out = Vec::with_capacity(limit.min(1024));
+        for row in trees.range(from.as_slice()..)? {
+            if out.len() == limit {
+                break;
+            }
+            let key = decode_tree_key(row?.0.value())?;
+            if Some(&key) != after {
+                out.push(key);
+            }
+        }
+        Ok(out)
+    }
+
     /// Every tree whose key is at least `from`, ascending, with its number.
     fn trees_from(&self, from: &[u8]) -> Result<Vec<(TreeKey, u64)>> {
         let txn = self.begin_read()?;

@@ -155,6 +155,7 @@ pub fn node_config(
             sync_stamp_page_size: knobs.sync_page_size,
             push_window_ops: Limits::default().push_window_ops,
             max_subtree_nodes: 100_000,
+            max_tracked_trees: Limits::default().max_tracked_trees,
             max_connections: 4096,
             connect_timeout: Duration::from_secs(1),
         },

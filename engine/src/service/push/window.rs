@@ -13,44 +13,59 @@
 //! (same entries, same `next_height`), or nothing: the caller then reads the
 //! log as before. It answers a query that reaches `end` only while it is
 //! *fresh*: no commit stored anything in the tree since the read that
-//! found `end` to be the tree's next height. The commit path bumps a
-//! per-tree epoch right after each commit (`note_stored`), before anything
-//! else runs on that task; a refresh takes the epoch before it reads the log,
-//! so a commit racing a refresh leaves the window stale, never wrong.
+//! found `end` to be the tree's next height. Commits are numbered (the
+//! epoch): the commit path notes each commit right after it (`note_stored`),
+//! before its callers hear of it, and a window keeps the epoch of the last
+//! commit to its tree; a refresh takes the epoch before it reads the log, so
+//! a commit racing a refresh leaves the window stale, never wrong.
 //!
-//! Bounded by `limits.push_window_ops` ops over all trees; a tree whose
-//! window was evicted or trimmed is read from the log as before.
+//! Bounded by `limits.push_window_ops` ops over all trees and by
+//! `limits.max_tracked_trees` windows; a tree whose window was evicted or
+//! trimmed is read from the log as before.
 
 use crate::error::Result;
 use crate::forest::OpLogPage;
 use crate::types::{LogEntry, TreeKey};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;
 
 struct Window {
+    /// Unique over the node's life: a refresh of a window that was
+    /// dropped meanwhile finds no window with its id.
+    id: u64,
     /// Every height in `[start, end)` is accounted for.
     start: u64,
     end: u64,
     /// The local-origin ops of `[start, end)`, by ascending height.
     ops: VecDeque<LogEntry>,
-    /// The tree's epoch at which `end` was the tree's next height.
+    /// The epoch at which a read found `end` to be the tree's next height.
     fresh_at: Option<u64>,
+    /// The epoch of the last commit that stored (or may have stored) ops
+    /// in the tree since the window exists.
+    changed_at: u64,
 }
 
 impl Window {
-    fn anchored_at(height: u64) -> Window {
+    fn anchored_at(id: u64, height: u64) -> Window {
         Window {
+            id,
             start: height,
             end: height,
             ops: VecDeque::new(),
             fresh_at: None,
+            changed_at: 0,
         }
+    }
+
+    /// No commit stored in the tree since the read that found `end`.
+    fn fresh(&self) -> bool {
+        self.fresh_at.is_some_and(|at| at >= self.changed_at)
     }
 
     /// The page a log scan from `from` would return, if this window knows
     /// it. The scan looks at heights from `from` on and stops after the
     /// `limit`-th op found, after `scan_max` heights, or at the log's end.
-    fn page(&self, from: u64, limit: usize, scan_max: usize, epoch: u64) -> Option<OpLogPage> {
+    fn page(&self, from: u64, limit: usize, scan_max: usize) -> Option<OpLogPage> {
         if from < self.start || from > self.end {
             return None;
         }
@@ -62,7 +77,7 @@ impl Window {
             .map_or(u64::MAX, |e| e.height + 1);
         let stop = match by_scan.min(by_limit) {
             stop if stop <= self.end => stop,
-            _ if self.fresh_at == Some(epoch) => self.end,
+            _ if self.fresh() => self.end,
             _ => return None,
         };
         let entries: Vec<LogEntry> = self
@@ -77,8 +92,9 @@ impl Window {
         })
     }
 
-    /// Appends what a scan of the log from `end` found.
-    fn extend(&mut self, found: OpLogPage, complete: bool, epoch: u64) {
+    /// Appends what a scan of the log from `end` found, read from `epoch`
+    /// on; returns how many ops it added.
+    fn extend(&mut self, found: OpLogPage, complete: bool, epoch: u64) -> usize {
         for entry in &found.entries {
             assert!(
                 entry.height >= self.end && entry.height < found.next_height,
@@ -86,59 +102,66 @@ impl Window {
             );
         }
         assert!(found.next_height >= self.end, "log scan went backwards");
+        let added = found.entries.len();
         self.ops.extend(found.entries);
         self.end = found.next_height;
         self.fresh_at = complete.then_some(epoch);
+        added
     }
 
     /// Drops the oldest ops beyond `keep`; the heights they covered leave
-    /// the window with them.
-    fn trim_to(&mut self, keep: usize) {
+    /// the window with them. Returns how many it dropped.
+    fn trim_to(&mut self, keep: usize) -> usize {
+        let mut dropped = 0;
         while self.ops.len() > keep {
-            let dropped = self.ops.pop_front().expect("non-empty window");
-            self.start = dropped.height + 1;
+            let oldest = self.ops.pop_front().expect("non-empty window");
+            self.start = oldest.height + 1;
+            dropped += 1;
         }
+        dropped
     }
 }
 
 /// The windows of every tree of one node.
 pub(crate) struct PushWindows {
     ops_max: usize,
+    windows_max: usize,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
     trees: BTreeMap<TreeKey, Window>,
-    /// Per tree, how many commits stored (or may have stored) ops in it.
-    epochs: BTreeMap<TreeKey, u64>,
-    /// Bumped by `clear`: a refresh that read the log before the clear does
-    /// not write its result into the new state.
-    generation: u64,
+    /// Commits noted so far.
+    epoch: u64,
+    /// Ids given to windows so far.
+    windows_made: u64,
+    /// Ops held by all windows.
+    ops_held: usize,
 }
 
 impl State {
-    fn epoch(&self, tree: &TreeKey) -> u64 {
-        self.epochs.get(tree).copied().unwrap_or(0)
-    }
-
-    fn ops_held(&self) -> usize {
-        self.trees.values().map(|w| w.ops.len()).sum()
+    fn remove(&mut self, tree: &TreeKey) {
+        if let Some(window) = self.trees.remove(tree) {
+            self.ops_held -= window.ops.len();
+        }
     }
 }
 
 /// Where a refresh should read from, and what to check when it comes back.
 pub(crate) struct RefreshTicket {
     pub from_height: u64,
-    generation: u64,
+    window: u64,
     epoch: u64,
 }
 
 impl PushWindows {
     /// `ops_max == 0` switches windows off: every query reads the log.
-    pub fn new(ops_max: usize) -> PushWindows {
+    pub fn new(ops_max: usize, windows_max: usize) -> PushWindows {
+        assert!(windows_max >= 1, "room for one window at least");
         PushWindows {
             ops_max,
+            windows_max,
             state: Mutex::default(),
         }
     }
@@ -154,8 +177,7 @@ impl PushWindows {
     ) -> Option<OpLogPage> {
         assert!(limit >= 1 && scan_max >= 1, "empty page asked of a window");
         let state = self.state.lock().expect("push windows");
-        let epoch = state.epoch(tree);
-        state.trees.get(tree)?.page(from, limit, scan_max, epoch)
+        state.trees.get(tree)?.page(from, limit, scan_max)
     }
 
     /// Called by the commit path right after each commit (also a failed
@@ -166,12 +188,11 @@ impl PushWindows {
             return;
         }
         let mut state = self.state.lock().expect("push windows");
+        state.epoch += 1;
+        let epoch = state.epoch;
         for tree in trees {
-            match state.epochs.get_mut(tree) {
-                Some(epoch) => *epoch += 1,
-                None => {
-                    state.epochs.insert(tree.clone(), 1);
-                }
+            if let Some(window) = state.trees.get_mut(tree) {
+                window.changed_at = epoch;
             }
         }
     }
@@ -184,20 +205,27 @@ impl PushWindows {
             return None;
         }
         let mut state = self.state.lock().expect("push windows");
-        let generation = state.generation;
-        let epoch = state.epoch(tree);
+        let epoch = state.epoch;
         // Asked on every stale pass: a known tree costs no key copy.
-        let end = match state.trees.get(tree) {
-            Some(window) if from < window.start => return None,
-            Some(window) => window.end,
-            None => {
-                state.trees.insert(tree.clone(), Window::anchored_at(from));
-                from
+        if let Some(window) = state.trees.get(tree) {
+            if from < window.start {
+                return None;
             }
-        };
+            return Some(RefreshTicket {
+                from_height: window.end,
+                window: window.id,
+                epoch,
+            });
+        }
+        self.make_room(&mut state, 1);
+        state.windows_made += 1;
+        let id = state.windows_made;
+        state
+            .trees
+            .insert(tree.clone(), Window::anchored_at(id, from));
         Some(RefreshTicket {
-            from_height: end,
-            generation,
+            from_height: from,
+            window: id,
             epoch,
         })
     }
@@ -209,8 +237,7 @@ impl PushWindows {
 
     /// Stores what a scan of the log from `ticket.from_height` found (read
     /// after the ticket was taken, with at most `refresh_limit` ops and
-    /// `scan_max` heights). Dropped when the window moved or was cleared
-    /// meanwhile.
+    /// `scan_max` heights). Dropped when the window moved or is gone.
     pub fn store(
         &self,
         tree: &TreeKey,
@@ -219,54 +246,70 @@ impl PushWindows {
         scan_max: usize,
     ) {
         let mut state = self.state.lock().expect("push windows");
-        if state.generation != ticket.generation {
+        let current = state.trees.get(tree).map(|w| (w.id, w.end));
+        if current != Some((ticket.window, ticket.from_height)) {
             return;
         }
         let Ok(found) = found else {
-            state.trees.remove(tree);
+            state.remove(tree);
             return;
         };
-        let Some(window) = state.trees.get_mut(tree) else {
-            return;
-        };
-        if window.end != ticket.from_height {
-            return;
-        }
         // The scan stopped at the log's end unless it hit one of its limits.
         let scanned = found.next_height - ticket.from_height;
         let complete = found.entries.len() < self.ops_max && scanned < scan_max as u64;
-        window.extend(found, complete, ticket.epoch);
-        window.trim_to(self.ops_max);
+        let window = state.trees.get_mut(tree).expect("checked above");
+        let added = window.extend(found, complete, ticket.epoch);
+        let trimmed = window.trim_to(self.ops_max);
+        state.ops_held = state.ops_held + added - trimmed;
         self.evict_beyond_bound(&mut state, tree);
     }
 
     /// Keeps the total under `ops_max` by dropping whole windows of other
     /// trees, in key order (deterministic).
     fn evict_beyond_bound(&self, state: &mut State, keep: &TreeKey) {
-        while state.ops_held() > self.ops_max {
+        while state.ops_held > self.ops_max {
             let victim = state
                 .trees
                 .keys()
                 .find(|k| *k != keep)
                 .cloned()
                 .expect("one window alone is trimmed to the bound");
-            state.trees.remove(&victim);
+            state.remove(&victim);
+        }
+    }
+
+    /// Drops windows, in key order, until `count` more fit.
+    fn make_room(&self, state: &mut State, count: usize) {
+        while state.trees.len() + count > self.windows_max {
+            let victim = state
+                .trees
+                .keys()
+                .next()
+                .cloned()
+                .expect("a window to drop");
+            state.remove(&victim);
         }
     }
 
     /// Forgets the windows of `trees` (dropped: their heights start anew).
-    pub fn forget(&self, trees: &[TreeKey]) {
+    pub fn forget(&self, trees: &BTreeSet<TreeKey>) {
         let mut state = self.state.lock().expect("push windows");
-        state.generation += 1;
-        state.trees.retain(|tree, _| !trees.contains(tree));
+        for tree in trees {
+            state.remove(tree);
+        }
     }
 
     /// Forgets every window: the database was reopened, and a commit that
     /// reported failure may have been stored after all.
     pub fn clear(&self) {
         let mut state = self.state.lock().expect("push windows");
-        state.generation += 1;
         state.trees.clear();
+        state.ops_held = 0;
+    }
+
+    /// Windows held now.
+    pub fn len(&self) -> usize {
+        self.state.lock().expect("push windows").trees.len()
     }
 }
 
@@ -274,6 +317,12 @@ impl PushWindows {
 mod tests {
     use super::*;
     use crate::types::{ContainerId, Meta, Move};
+
+    impl PushWindows {
+        fn new_for_test(ops_max: usize) -> PushWindows {
+            PushWindows::new(ops_max, 100)
+        }
+    }
 
     fn entry(height: u64) -> LogEntry {
         LogEntry {
@@ -316,7 +365,7 @@ mod tests {
     }
 
     fn filled(own: &[bool], anchor: u64, ops_max: usize) -> PushWindows {
-        let windows = PushWindows::new(ops_max);
+        let windows = PushWindows::new_for_test(ops_max);
         let ticket = windows.refresh_ticket(&tree(), anchor).expect("ticket");
         let found = scan(own, ticket.from_height, ops_max, 1000);
         windows.store(&tree(), ticket, Ok(found), 1000);
@@ -356,7 +405,7 @@ mod tests {
     #[test]
     fn refresh_extends_from_the_end_and_trims_to_the_bound() {
         let own = own_pattern(60);
-        let windows = PushWindows::new(8);
+        let windows = PushWindows::new_for_test(8);
         let ticket = windows.refresh_ticket(&tree(), 0).expect("ticket");
         let first = scan(&own, 0, 8, 1000);
         let first_end = first.next_height;
@@ -387,7 +436,7 @@ mod tests {
     #[test]
     fn a_refresh_that_hit_its_limit_leaves_the_window_stale() {
         let own = own_pattern(40);
-        let windows = PushWindows::new(100);
+        let windows = PushWindows::new_for_test(100);
         let ticket = windows.refresh_ticket(&tree(), 0).expect("ticket");
         windows.store(&tree(), ticket, Ok(scan(&own, 0, 100, 10)), 10);
         // Only heights 0..10 were looked at: the end of the log is unknown.
@@ -397,20 +446,20 @@ mod tests {
     #[test]
     fn cleared_windows_ignore_reads_from_before() {
         let own = own_pattern(40);
-        let windows = PushWindows::new(100);
+        let windows = PushWindows::new_for_test(100);
         let ticket = windows.refresh_ticket(&tree(), 0).expect("ticket");
         windows.clear();
         windows.store(&tree(), ticket, Ok(scan(&own, 0, 100, 1000)), 1000);
         assert_eq!(windows.page(&tree(), 0, 5, 1000), None);
         let windows = filled(&own, 0, 100);
-        windows.forget(&[tree()]);
+        windows.forget(&BTreeSet::from([tree()]));
         assert_eq!(windows.page(&tree(), 0, 5, 1000), None);
     }
 
     #[test]
     fn a_commit_during_a_refresh_leaves_the_window_stale() {
         let own = own_pattern(40);
-        let windows = PushWindows::new(100);
+        let windows = PushWindows::new_for_test(100);
         let ticket = windows.refresh_ticket(&tree(), 0).expect("ticket");
         let found = scan(&own[..30], 0, 100, 1000);
         // Committed after the read: heights 30.. exist but were not seen.
@@ -425,7 +474,7 @@ mod tests {
 
     #[test]
     fn windows_off_never_answer() {
-        let windows = PushWindows::new(0);
+        let windows = PushWindows::new_for_test(0);
         assert!(windows.refresh_ticket(&tree(), 0).is_none());
         assert_eq!(windows.page(&tree(), 0, 1, 1), None);
     }
@@ -433,14 +482,16 @@ mod tests {
     #[test]
     fn the_bound_covers_all_trees() {
         let own = own_pattern(40);
-        let windows = PushWindows::new(10);
+        let windows = PushWindows::new_for_test(10);
         let other = TreeKey::new(ContainerId([1; 32]), "a");
         let ticket = windows.refresh_ticket(&other, 0).expect("ticket");
         windows.store(&other, ticket, Ok(scan(&own, 0, 10, 1000)), 1000);
         let ticket = windows.refresh_ticket(&tree(), 0).expect("ticket");
         windows.store(&tree(), ticket, Ok(scan(&own, 0, 10, 1000)), 1000);
         let state = windows.state.lock().unwrap();
-        assert!(state.ops_held() <= 10);
+        assert!(state.ops_held <= 10);
+        let held: usize = state.trees.values().map(|w| w.ops.len()).sum();
+        assert_eq!(held, state.ops_held);
         assert!(state.trees.contains_key(&tree()));
     }
 }

@@ -1,0 +1,329 @@
+//! The tree service: validation, the batcher, replication and background
+//! sync around one forest.
+//!
+//! Layout: `api` answers requests; `push` sends this node's ops to its
+//! peers and `pull` is background sync, each owning its own state; `cursor`
+//! is the lazily persisted cursor both keep; `membership` says who holds
+//! which container; `locks` keeps Drop and replication passes apart;
+//! `observer` hears of every commit; `recovery` reopens the database after
+//! a storage error. `Core` is what they all share, and none of it reaches
+//! push or pull state.
+//!
+//! Nothing acknowledged is ever dropped: the truth is a durable per-(tree,
+//! peer) push cursor over the local log, moved only over what the peer
+//! acknowledged, and a durable per-(tree, peer) pull cursor moved only over
+//! ops applied here; everything kept in memory per tree is bounded
+//! (`limits.max_tracked_trees`) and can be rebuilt from them.
+
+mod api;
+mod backoff;
+mod cursor;
+mod locks;
+mod membership;
+mod observer;
+mod pull;
+mod push;
+mod recovery;
+
+pub use crate::validate::MAX_TREE_ID_BYTES;
+pub use pull::MAX_PULL_PAGES_PER_ROUND;
+
+use crate::batcher::{Batcher, BatcherOptions, CommitObserver};
+use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
+use crate::error::{Error, Result};
+use crate::forest::{Forest, WriteRequest};
+use crate::net::Transport;
+use crate::runtime::Env;
+use locks::TreeLocks;
+use membership::Membership;
+use observer::CommitWatch;
+use pull::Puller;
+use push::book::{BookLimits, PushBook};
+use push::window::PushWindows;
+use push::Pusher;
+use recovery::Recovery;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+/// Counters and sizes a node exposes (checkers, load reports, tests).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    pub writes_committed: u64,
+    pub batches_committed: u64,
+    pub batches_failed: u64,
+    pub writes_rejected_overload: u64,
+    pub ops_pushed: u64,
+    pub ops_pulled: u64,
+    pub sync_rounds: u64,
+    /// Writes admitted by the batcher and not answered yet (whether or not
+    /// their caller still waits); a value that stays above 0 on an idle
+    /// node means a write hangs.
+    pub pending_writes: u64,
+    /// Push calls that failed (retried later).
+    pub push_failures: u64,
+    /// Passes of pushers over the local log (each a read of the log), also
+    /// the ones that found nothing to send.
+    pub push_passes: u64,
+    /// Peer calls during sync that failed (that peer is skipped this round).
+    pub sync_peer_errors: u64,
+    /// Tree names peers listed beyond `limits.max_tracked_trees` in one
+    /// round (left for later rounds).
+    pub sync_names_deferred: u64,
+    /// Replication hints that found the push queue full (the pair waits in
+    /// the backlog).
+    pub hints_dropped: u64,
+    /// Times the database was reopened after a storage error.
+    pub reopens: u64,
+    /// Trees with push state now (at most `limits.max_tracked_trees`).
+    pub push_trees_tracked: u64,
+    /// (tree, peer) pairs queued for a push worker now.
+    pub push_pairs_queued: u64,
+    /// Pairs whose hint found the queue full, waiting for room now.
+    pub push_pairs_backlog: u64,
+    /// Failed pairs waiting out their backoff now.
+    pub push_pairs_delayed: u64,
+    /// Push workers running now (at most `tree.replication_worker_count`).
+    pub push_workers: u64,
+    /// Push windows held now (at most `limits.max_tracked_trees`).
+    pub push_windows: u64,
+    /// Pull cursors held in memory now (at most `limits.max_tracked_trees`).
+    pub pull_cursors: u64,
+}
+
+/// What every part of a running service shares.
+struct Core {
+    config: Config,
+    forest: Arc<Forest>,
+    env: Env,
+    transport: Arc<dyn Transport>,
+    batcher: Batcher,
+    membership: Arc<Membership>,
+    locks: TreeLocks,
+    closed: AtomicBool,
+    shutdown: watch::Sender<bool>,
+    /// Signalled on every storage error; the recovery reopens the database
+    /// (redb refuses all writes after an I/O error until then).
+    storage_failed: Arc<Notify>,
+}
+
+impl Core {
+    fn stopped(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps on the node's clock; true when the node stopped meanwhile.
+    async fn sleep_or_stop(&self, duration: Duration) -> bool {
+        let mut shutdown = self.shutdown.subscribe();
+        let sleep = self.env.clock.sleep(duration);
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => true,
+            () = sleep => self.stopped(),
+        }
+    }
+
+    /// A local storage error may have poisoned the database: wake the
+    /// recovery. Only local failures are reported here (a peer's storage
+    /// error says nothing about this database).
+    fn note_error(&self, error: &Error) {
+        if matches!(error, Error::Storage(_)) {
+            self.storage_failed.notify_one();
+        }
+    }
+
+    /// Room for the payload of one answer.
+    fn answer_budget_bytes(&self) -> usize {
+        self.config.limits.max_message_bytes - MESSAGE_OVERHEAD_BYTES
+    }
+
+    fn spawn(
+        &self,
+        name: &'static str,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        self.env.runtime.spawn(name, Box::pin(task));
+    }
+}
+
+/// One running node of the tree service.
+pub struct Service {
+    core: Arc<Core>,
+    pusher: Arc<Pusher>,
+    puller: Arc<Puller>,
+    recovery: Arc<Recovery>,
+}
+
+impl Service {
+    /// Starts the batcher, replication and (if configured) background sync
+    /// on `env`, serving `forest`. Peers are reached through `transport`.
+    pub fn start(
+        config: Config,
+        forest: Arc<Forest>,
+        env: Env,
+        transport: Arc<dyn Transport>,
+    ) -> Result<Arc<Service>> {
+        check_identity(&config, &forest)?;
+        let membership = Arc::new(Membership::from_config(&config.node));
+        let limits = &config.limits;
+        let windows = Arc::new(PushWindows::new(
+            limits.push_window_ops,
+            limits.max_tracked_trees,
+        ));
+        let book = Arc::new(PushBook::new(book_limits(&config), membership.clone()));
+        let storage_failed = Arc::new(Notify::new());
+        let observer = Arc::new(CommitWatch {
+            book: book.clone(),
+            windows: windows.clone(),
+            storage_failed: storage_failed.clone(),
+            forest: forest.clone(),
+        });
+        let batcher = start_batcher(&config, &forest, &env, observer);
+        let core = Arc::new(Core {
+            config,
+            forest,
+            env,
+            transport,
+            batcher,
+            membership,
+            locks: TreeLocks::new(),
+            closed: AtomicBool::new(false),
+            shutdown: watch::channel(false).0,
+            storage_failed,
+        });
+        let service = Arc::new(Service {
+            pusher: Pusher::start(core.clone(), book, windows.clone()),
+            puller: Arc::new(Puller::new(core.clone())),
+            recovery: Recovery::start(core.clone(), windows),
+            core,
+        });
+        if let Some(interval) = service.core.config.tree.sync_interval {
+            let sync = run_sync(service.puller.clone(), service.pusher.clone(), interval);
+            service.core.spawn("sync", sync);
+        }
+        Ok(service)
+    }
+
+    /// Runs one full background-sync round now (every tree, every peer),
+    /// whether or not periodic sync is enabled.
+    pub async fn sync_now(&self) {
+        sync_round(&self.puller, &self.pusher).await;
+    }
+
+    /// True when every locally stored op that originated here has been
+    /// acknowledged by every peer that should receive it.
+    pub fn replication_idle(&self) -> bool {
+        self.pusher.idle().unwrap_or(false)
+    }
+
+    pub fn stats(&self) -> ServiceStats {
+        let batcher = self.core.batcher.stats();
+        let push = &self.pusher.book().counters;
+        let pull = &self.puller.counters;
+        let sizes = self.pusher.book().sizes();
+        let load = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        ServiceStats {
+            writes_committed: batcher.writes,
+            batches_committed: batcher.batches,
+            batches_failed: batcher.failed,
+            writes_rejected_overload: batcher.rejected,
+            ops_pushed: load(&push.ops_pushed),
+            ops_pulled: load(&pull.ops_pulled),
+            sync_rounds: load(&pull.sync_rounds),
+            pending_writes: batcher.pending,
+            push_failures: load(&push.push_failures),
+            push_passes: load(&push.push_passes),
+            sync_peer_errors: load(&pull.sync_peer_errors),
+            sync_names_deferred: load(&pull.sync_names_deferred),
+            hints_dropped: load(&push.hints_dropped),
+            reopens: load(&self.recovery.reopens),
+            push_trees_tracked: sizes.trees as u64,
+            push_pairs_queued: sizes.queued as u64,
+            push_pairs_backlog: sizes.backlog as u64,
+            push_pairs_delayed: sizes.delayed as u64,
+            push_workers: sizes.workers as u64,
+            push_windows: self.pusher.windows_held() as u64,
+            pull_cursors: self.puller.cursors_held() as u64,
+        }
+    }
+
+    pub fn forest(&self) -> &Arc<Forest> {
+        &self.core.forest
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.core.config
+    }
+
+    /// Stops background work; in-flight callers get `ShuttingDown`.
+    pub fn shutdown(&self) {
+        self.core.closed.store(true, Ordering::SeqCst);
+        self.core.batcher.shutdown();
+        let _ = self.core.shutdown.send(true);
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The forest must be this node's.
+fn check_identity(config: &Config, forest: &Forest) -> Result<()> {
+    config.validate()?;
+    if forest.options().replica_id != config.node.replica_id {
+        return Err(Error::Config(format!(
+            "node.replica_id: {} but the forest was opened as replica {}",
+            config.node.replica_id,
+            forest.options().replica_id
+        )));
+    }
+    Ok(())
+}
+
+fn book_limits(config: &Config) -> BookLimits {
+    BookLimits {
+        trees_max: config.limits.max_tracked_trees,
+        queue_max: config.tree.replication_channel_capacity,
+        workers_max: config.tree.replication_worker_count,
+        backoff_max: config.tree.replication_timeout,
+    }
+}
+
+fn start_batcher(
+    config: &Config,
+    forest: &Arc<Forest>,
+    env: &Env,
+    observer: Arc<dyn CommitObserver>,
+) -> Batcher {
+    let forest = forest.clone();
+    let commit = Arc::new(move |requests: &[WriteRequest]| forest.write_batch(requests));
+    let options = BatcherOptions {
+        max_batch_size: config.pilorama.max_batch_size,
+        max_batch_delay: config.pilorama.max_batch_delay,
+        replicated_batch_delay: config.pilorama.replicated_batch_delay,
+        max_pending: config.limits.max_pending_writes,
+        max_commit_size: config.limits.max_commit_size,
+    };
+    Batcher::start_with_commit(commit, observer, env.clone(), options)
+}
+
+/// Background sync every `interval` (from the start).
+async fn run_sync(puller: Arc<Puller>, pusher: Arc<Pusher>, interval: Duration) {
+    loop {
+        sync_round(&puller, &pusher).await;
+        if puller.core().sleep_or_stop(interval).await {
+            return;
+        }
+    }
+}
+
+async fn sync_round(puller: &Puller, pusher: &Pusher) {
+    let dropped = puller.sync_round().await;
+    if !dropped.is_empty() {
+        // Only the planted bug `SyncDropsTreeOnPeerError` drops trees here.
+        pusher.forget(&dropped);
+    }
+}

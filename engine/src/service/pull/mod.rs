@@ -1,0 +1,559 @@
+//! Background sync (docs/design.md §6): at start and every `sync_interval`
+//! this node asks each peer for its log of every tree they share, from a
+//! durable per-(tree, peer) pull cursor that moves only over heights
+//! applied here, and applies what it lacks. A peer's pages are input like
+//! any other: checked, and a bad one costs that peer the rest of the round.
+
+mod page;
+
+use super::cursor::{self, persist_period, LazyCursor};
+use super::Core;
+use crate::canary::{self, Canary};
+use crate::error::{Error, Result};
+use crate::forest::{CursorKind, WriteOp, WriteOutcome, WriteRequest};
+use crate::proto::{Request, Response};
+use crate::types::*;
+use crate::validate;
+use page::{check_page, missing_runs, SyncPage};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Pages pulled from one peer for one tree in one sync round. Keeps a round
+/// finite when a peer keeps writing; the next round goes on from the cursor.
+pub const MAX_PULL_PAGES_PER_ROUND: usize = 10_000;
+
+/// Held heights between two missing ones that a puller fetches anyway, so
+/// that scattered gaps cost one GetOpLog call, not one each. The held ops
+/// in between are filtered out before any write.
+const PULL_GAP_HEIGHTS_MAX: u64 = 32;
+
+/// How many of the least recently used cursors an eviction looks at for one
+/// that is durable, before it drops the oldest one whatever its lag.
+const EVICTION_LOOK_MAX: usize = 8;
+
+/// Counters of the pull side (see `ServiceStats`).
+#[derive(Default)]
+pub(super) struct PullCounters {
+    pub ops_pulled: AtomicU64,
+    pub sync_rounds: AtomicU64,
+    pub sync_peer_errors: AtomicU64,
+    /// Tree names a peer listed beyond `limits.max_tracked_trees`, left
+    /// for later rounds.
+    pub sync_names_deferred: AtomicU64,
+}
+
+/// The pull cursors kept in memory, at most `limits.max_tracked_trees`,
+/// least recently used first out (the durable copies are the truth; an
+/// evicted lagging cursor costs a re-listing of at most `CURSOR_LAG_MAX`
+/// stamps, whose ops the log already holds).
+#[derive(Default)]
+struct PullCursors {
+    by_pair: BTreeMap<(TreeKey, ReplicaId), (LazyCursor, u64)>,
+    by_use: BTreeMap<u64, (TreeKey, ReplicaId)>,
+    uses: u64,
+}
+
+impl PullCursors {
+    fn get(&self, key: &(TreeKey, ReplicaId)) -> Option<LazyCursor> {
+        self.by_pair.get(key).map(|(cursor, _)| *cursor)
+    }
+
+    fn put(&mut self, key: (TreeKey, ReplicaId), cursor: LazyCursor, max: usize) {
+        self.uses += 1;
+        if let Some((_, used)) = self.by_pair.insert(key.clone(), (cursor, self.uses)) {
+            self.by_use.remove(&used);
+        }
+        self.by_use.insert(self.uses, key);
+        while self.by_pair.len() > max {
+            self.evict_one();
+        }
+        assert_eq!(self.by_pair.len(), self.by_use.len(), "pull cursor index");
+    }
+
+    fn evict_one(&mut self) {
+        let durable = self
+            .by_use
+            .iter()
+            .take(EVICTION_LOOK_MAX)
+            .find(|(_, key)| !self.by_pair[*key].0.lagging())
+            .map(|(used, _)| *used);
+        let used = durable.unwrap_or_else(|| *self.by_use.keys().next().expect("over the bound"));
+        let key = self.by_use.remove(&used).expect("found above");
+        self.by_pair.remove(&key);
+    }
+
+    fn forget(&mut self, trees: &BTreeSet<TreeKey>) {
+        self.by_pair.retain(|(tree, _), _| !trees.contains(tree));
+        self.by_use.retain(|_, (tree, _)| !trees.contains(tree));
+    }
+}
+
+/// What a pull of one stamp page did.
+struct Pulled {
+    /// Every height of the page below this is held or applied here.
+    applied_to: u64,
+    /// Ops that were new here.
+    fresh: u64,
+    /// The error that stopped the page early.
+    stop: Option<Error>,
+    /// False when the pass should end without an error (the peer lost the
+    /// tree meanwhile).
+    complete: bool,
+}
+
+impl Pulled {
+    /// Everything below `height` is held or applied.
+    fn reach(&mut self, height: u64) {
+        assert!(
+            height >= self.applied_to,
+            "pull moved back from {} to {height}",
+            self.applied_to
+        );
+        self.applied_to = height;
+    }
+}
+
+/// The pull side of one node.
+pub(super) struct Puller {
+    core: Arc<Core>,
+    cursors: Mutex<PullCursors>,
+    pub counters: PullCounters,
+}
+
+impl Puller {
+    pub fn new(core: Arc<Core>) -> Self {
+        Self {
+            core,
+            cursors: Mutex::default(),
+            counters: PullCounters::default(),
+        }
+    }
+
+    /// Pulls every tree this node replicates from every peer. A peer that
+    /// fails is skipped for the rest of the round; nothing local is touched
+    /// on failure. Returns the trees the planted bug
+    /// `SyncDropsTreeOnPeerError` dropped (empty otherwise).
+    pub async fn sync_round(&self) -> BTreeSet<TreeKey> {
+        let mut failed_peers = BTreeSet::new();
+        let mut dropped = BTreeSet::new();
+        let trees = self.sync_trees(&mut failed_peers).await;
+        for tree in trees {
+            if self.core.stopped() {
+                return dropped;
+            }
+            let _pulling = self.core.locks.pull(&tree).await;
+            for &peer in self.core.membership.peers_of(&tree.cid) {
+                if failed_peers.contains(&peer) {
+                    continue;
+                }
+                if let Err(error) = self.pull_from(&tree, peer).await {
+                    self.peer_failed(&tree, peer, &error, &mut failed_peers, &mut dropped);
+                }
+            }
+        }
+        self.counters.sync_rounds.fetch_add(1, Ordering::Relaxed);
+        dropped
+    }
+
+    fn peer_failed(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        error: &Error,
+        failed_peers: &mut BTreeSet<ReplicaId>,
+        dropped: &mut BTreeSet<TreeKey>,
+    ) {
+        self.counters
+            .sync_peer_errors
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%error, peer, ?tree, "sync from peer failed");
+        if !error.is_transient() {
+            return;
+        }
+        failed_peers.insert(peer);
+        if canary::active(Canary::SyncDropsTreeOnPeerError) {
+            // Planted bug: discard local data on a peer's hiccup.
+            let _ = self.core.forest.tree_drop(&tree.cid, Some(&tree.tree));
+            dropped.insert(tree.clone());
+            self.forget(&BTreeSet::from([tree.clone()]));
+        }
+    }
+
+    /// Trees to sync: the local ones plus what peers list for the
+    /// containers this node replicates (at most `limits.max_tracked_trees`
+    /// names per peer and round, a different stretch each round).
+    async fn sync_trees(&self, failed_peers: &mut BTreeSet<ReplicaId>) -> BTreeSet<TreeKey> {
+        let membership = &self.core.membership;
+        let mut trees: BTreeSet<TreeKey> = match self.core.forest.all_trees() {
+            Ok(trees) => trees
+                .into_iter()
+                .filter(|t| membership.replicates(&t.cid))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(%error, "sync cannot list local trees");
+                BTreeSet::new()
+            }
+        };
+        let mut cids: BTreeSet<ContainerId> = trees.iter().map(|t| t.cid).collect();
+        cids.extend(membership.listed_here());
+        for cid in cids {
+            for &peer in membership.peers_of(&cid) {
+                if failed_peers.contains(&peer) {
+                    continue;
+                }
+                match self.peer_trees(cid, peer).await {
+                    Ok(names) => {
+                        trees.extend(names.into_iter().map(|name| TreeKey::new(cid, name)))
+                    }
+                    Err(()) => {
+                        self.counters
+                            .sync_peer_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        failed_peers.insert(peer);
+                    }
+                }
+            }
+        }
+        trees
+    }
+
+    /// The tree names `peer` lists for `cid`, bounded; `Err` when the peer
+    /// failed (a peer that refuses the container lists nothing).
+    async fn peer_trees(&self, cid: ContainerId, peer: ReplicaId) -> Result<Vec<String>, ()> {
+        let timeout = self.core.config.tree.replication_timeout;
+        let call = self
+            .core
+            .transport
+            .call(peer, Request::TreeList { cid }, timeout);
+        match call.await {
+            Ok(Response::Trees(names)) => Ok(self.bounded_names(names)),
+            Ok(Response::Error(error)) if !error.is_transient() => Ok(Vec::new()),
+            Ok(_) | Err(_) => Err(()),
+        }
+    }
+
+    /// At most `limits.max_tracked_trees` of `names`: a stretch that moves
+    /// on every round, so that every name comes up in turn.
+    fn bounded_names(&self, mut names: Vec<String>) -> Vec<String> {
+        let max = self.core.config.limits.max_tracked_trees;
+        names.sort_unstable();
+        names.dedup();
+        if names.len() <= max {
+            return names;
+        }
+        let deferred = (names.len() - max) as u64;
+        self.counters
+            .sync_names_deferred
+            .fetch_add(deferred, Ordering::Relaxed);
+        let round = self.counters.sync_rounds.load(Ordering::Relaxed);
+        let start = (round as usize).wrapping_mul(max) % names.len();
+        names.rotate_left(start);
+        names.truncate(max);
+        names
+    }
+
+    /// Pulls `peer`'s log of `tree` from the pull cursor, page by page,
+    /// moving the cursor only over ops applied here. The durable cursor is
+    /// written whenever it lags `CURSOR_LAG_MAX` behind, and at the end of
+    /// a pass (also a failed one) when it was not written for the persist
+    /// period. The caller holds the tree's pull lock.
+    async fn pull_from(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
+        let cursor_peer = if canary::active(Canary::SharedSyncCursor) {
+            0 // Planted bug: every peer's heights share one cursor.
+        } else {
+            peer
+        };
+        let key = (tree.clone(), cursor_peer);
+        let known = self.cursors.lock().expect("pull cursors").get(&key);
+        let mut cursor = match known {
+            Some(cursor) => cursor,
+            None => LazyCursor::loaded(self.core.forest.cursor(
+                tree,
+                CursorKind::Pull,
+                cursor_peer,
+            )?),
+        };
+        let start = cursor.position();
+        let result = self.pull_pages(tree, peer, cursor_peer, &mut cursor).await;
+        assert!(cursor.position() >= start, "pull cursor moved back");
+        let now = self.core.env.clock.now();
+        let period = persist_period(self.core.config.tree.replication_timeout);
+        let persisted = if cursor.persist_due(now, period) {
+            cursor::persist(&self.core, tree, CursorKind::Pull, cursor_peer, &mut cursor).await
+        } else {
+            Ok(())
+        };
+        let max = self.core.config.limits.max_tracked_trees;
+        self.cursors
+            .lock()
+            .expect("pull cursors")
+            .put(key, cursor, max);
+        persisted.and(result)
+    }
+
+    /// Forgets the in-memory pull cursors of dropped trees (their durable
+    /// ones went with the tree).
+    pub fn forget(&self, trees: &BTreeSet<TreeKey>) {
+        self.cursors.lock().expect("pull cursors").forget(trees);
+    }
+
+    pub fn core(&self) -> &Core {
+        &self.core
+    }
+
+    /// Pull cursors held in memory.
+    pub fn cursors_held(&self) -> usize {
+        self.cursors.lock().expect("pull cursors").by_pair.len()
+    }
+
+    async fn pull_pages(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        cursor_peer: ReplicaId,
+        cursor: &mut LazyCursor,
+    ) -> Result<()> {
+        for _ in 0..MAX_PULL_PAGES_PER_ROUND {
+            let from = cursor.position();
+            let stamps = match self.fetch_stamps(tree, peer, from).await? {
+                Some(stamps) if !stamps.is_empty() => stamps,
+                _ => return Ok(()),
+            };
+            let pulled = self.pull_missing(tree, peer, from, &stamps).await?;
+            cursor.advance(pulled.applied_to);
+            if cursor.lag_exceeded() {
+                cursor::persist(&self.core, tree, CursorKind::Pull, cursor_peer, cursor).await?;
+            }
+            self.counters
+                .ops_pulled
+                .fetch_add(pulled.fresh, Ordering::Relaxed);
+            if let Some(error) = pulled.stop {
+                return Err(error);
+            }
+            if !pulled.complete {
+                return Ok(());
+            }
+            if self.core.stopped() {
+                return Err(Error::ShuttingDown);
+            }
+        }
+        Ok(())
+    }
+
+    /// A sync read from `peer`: its answer, or `None` when the peer does
+    /// not have the tree.
+    async fn sync_call(&self, peer: ReplicaId, request: Request) -> Result<Option<Response>> {
+        let timeout = self.core.config.tree.replication_timeout;
+        match self.core.transport.call(peer, request, timeout).await? {
+            Response::Error(Error::TreeNotFound) => Ok(None),
+            Response::Error(error) => Err(error),
+            answer => Ok(Some(answer)),
+        }
+    }
+
+    /// One page of the heights and timestamps of a peer's log from
+    /// `from_height`; `None` when the peer does not have the tree.
+    async fn fetch_stamps(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        from_height: u64,
+    ) -> Result<Option<Vec<LogStamp>>> {
+        let limit = self.core.config.limits.sync_stamp_page_size;
+        self.fetch_sync_page(tree, peer, from_height, limit).await
+    }
+
+    /// At most `limit` (and `sync_page_size`) ops of a peer's log from
+    /// `from_height`; `None` when the peer does not have the tree.
+    async fn fetch_page(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        from_height: u64,
+        limit: u64,
+    ) -> Result<Option<Vec<LogEntry>>> {
+        let limit = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .min(self.core.config.limits.sync_page_size);
+        self.fetch_sync_page(tree, peer, from_height, limit).await
+    }
+
+    /// One page of `P` from `peer`, at most `limit` items from
+    /// `from_height`, checked like any other input; `None` when the peer
+    /// does not have the tree.
+    async fn fetch_sync_page<P: SyncPage>(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        from_height: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<P>>> {
+        let wire_limit = limit.min(u32::MAX as usize) as u32;
+        let request = P::request(tree.clone(), from_height, wire_limit);
+        let page = match self.sync_call(peer, request).await? {
+            None => return Ok(None),
+            Some(answer) => P::from_answer(answer)
+                .map_err(|other| page::unexpected_answer(peer, P::REQUEST, &other))?,
+        };
+        check_page(peer, from_height, page.iter().map(P::height), limit)?;
+        Ok(Some(page))
+    }
+
+    /// Fetches and applies the ops of a page of `peer`'s stamps, which
+    /// starts at `from`, that the local log lacks, in height order. Held
+    /// ops are neither fetched nor submitted: pushes deliver nearly all of
+    /// a peer's log before a round.
+    async fn pull_missing(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        from: u64,
+        stamps: &[LogStamp],
+    ) -> Result<Pulled> {
+        assert_eq!(stamps[0].height, from, "a stamp page starts at its cursor");
+        let timestamps: Vec<Timestamp> = stamps.iter().map(|s| s.ts).collect();
+        let held = self
+            .core
+            .forest
+            .stored_stamps(tree, &timestamps)
+            .inspect_err(|error| self.core.note_error(error))?;
+        assert_eq!(held.len(), stamps.len(), "one answer per stamp");
+        let missing: Vec<u64> = stamps
+            .iter()
+            .zip(held)
+            .filter(|(_, held)| !held)
+            .map(|(stamp, _)| stamp.height)
+            .collect();
+        let mut pulled = Pulled {
+            applied_to: from,
+            fresh: 0,
+            stop: None,
+            complete: true,
+        };
+        for (first, last) in missing_runs(&missing, PULL_GAP_HEIGHTS_MAX) {
+            // Everything below `first` in this page is held or applied.
+            pulled.reach(first);
+            self.pull_run(tree, peer, first, last, &mut pulled).await?;
+            if pulled.stop.is_some() || !pulled.complete {
+                return Ok(pulled);
+            }
+        }
+        pulled.reach(stamps.last().expect("a page is not empty").height + 1);
+        Ok(pulled)
+    }
+
+    /// Fetches and applies heights `first..=last` of `peer`'s log, moving
+    /// `pulled.applied_to` over what was applied.
+    async fn pull_run(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        first: u64,
+        last: u64,
+        pulled: &mut Pulled,
+    ) -> Result<()> {
+        assert!(
+            first <= last && pulled.applied_to == first,
+            "a run starts where the pull is"
+        );
+        let mut from = first;
+        while from <= last {
+            let fetched = self.fetch_page(tree, peer, from, last - from + 1).await?;
+            let mut entries = fetched.unwrap_or_default();
+            entries.retain(|e| e.height <= last);
+            if entries.is_empty() {
+                // The peer dropped the tree since it listed the stamps:
+                // end the pass, the cursor stays before what is unapplied.
+                pulled.complete = false;
+                return Ok(());
+            }
+            let (applied_to, fresh, stop) = self.apply_page(tree, from, entries).await?;
+            pulled.fresh += fresh;
+            pulled.reach(applied_to);
+            if stop.is_some() {
+                pulled.stop = stop;
+                return Ok(());
+            }
+            assert!(applied_to > from, "a whole page applied moves the pull on");
+            from = applied_to;
+        }
+        Ok(())
+    }
+
+    /// Applies a pulled page, which starts at `from`; returns the height
+    /// the cursor may move to, how many ops were new, and the error that
+    /// stopped it early, if any. Ops that can never apply (invalid) are
+    /// passed over with a warning; ops the log already holds are passed
+    /// over without a write transaction.
+    async fn apply_page(
+        &self,
+        tree: &TreeKey,
+        from: u64,
+        entries: Vec<LogEntry>,
+    ) -> Result<(u64, u64, Option<Error>)> {
+        let heights: Vec<u64> = entries.iter().map(|e| e.height).collect();
+        // Checked on arrival (`check_page`): a page applies from its first
+        // height, one height after another.
+        assert_eq!(heights[0], from, "a page applies from its first height");
+        assert!(
+            heights.windows(2).all(|w| w[1] == w[0] + 1),
+            "a page has no gaps"
+        );
+        let submit = self.ops_to_submit(tree, &entries)?;
+        let requests: Vec<WriteRequest> = entries
+            .into_iter()
+            .zip(&submit)
+            .filter(|(_, submit)| **submit)
+            .map(|(entry, _)| WriteRequest {
+                tree: tree.clone(),
+                op: WriteOp::Apply { op: entry.op },
+            })
+            .collect();
+        let mut results = self.core.batcher.submit_all(requests).await?.into_iter();
+        let mut applied_to = from;
+        let mut fresh = 0;
+        for (height, submitted) in heights.into_iter().zip(submit) {
+            if submitted {
+                match results.next().expect("one result per request") {
+                    Ok(WriteOutcome::Applied { fresh: true }) => fresh += 1,
+                    Ok(_) => {}
+                    Err(error) if error.is_transient() => {
+                        return Ok((applied_to, fresh, Some(error)))
+                    }
+                    Err(error) => tracing::warn!(%error, height, ?tree, "peer op refused"),
+                }
+            }
+            applied_to = height + 1;
+        }
+        assert!(results.next().is_none(), "one result per request");
+        Ok((applied_to, fresh, None))
+    }
+
+    /// Which entries of a pulled page go to the batcher: the valid ones the
+    /// local log does not hold yet. Most of a peer's log came here by push
+    /// already; submitting it again would cost a lookup and a write
+    /// transaction per page for nothing.
+    fn ops_to_submit(&self, tree: &TreeKey, entries: &[LogEntry]) -> Result<Vec<bool>> {
+        let limits = self.core.config.limits.input();
+        let mut submit = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let valid = validate::replicated(&entry.op, limits);
+            if let Err(error) = &valid {
+                tracing::warn!(%error, height = entry.height, ?tree, "skipping invalid op from peer");
+            }
+            submit.push(valid.is_ok());
+        }
+        let ops: Vec<&Move> = entries.iter().map(|e| &e.op).collect();
+        let stored = self
+            .core
+            .forest
+            .stored_ops(tree, &ops)
+            .inspect_err(|error| self.core.note_error(error))?;
+        assert_eq!(stored.len(), entries.len(), "one answer per op");
+        for (submit, stored) in submit.iter_mut().zip(stored) {
+            *submit = *submit && !stored;
+        }
+        Ok(submit)
+    }
+}

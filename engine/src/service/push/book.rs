@@ -1,0 +1,569 @@
+//! The pushers' bookkeeping: which (tree, peer) pairs may have unsent ops,
+//! which are queued, running or backing off, and their cursors. The commit
+//! observer writes to it too, so it holds nothing that reaches the batcher;
+//! every method takes its lock once and never across an await.
+//!
+//! A tree is tracked only while it has something to say: a pair that may
+//! have unsent ops, is queued, running or backing off, or whose cursor is
+//! ahead of its durable copy. A tree whose pairs are all idle, clean and
+//! durable is forgotten at once (its durable cursors are the truth), so the
+//! book holds the trees with work, never every tree that ever was. A sweep
+//! looks at tracked trees only; an untracked tree has nothing unsent,
+//! because every commit to it tracks it again. Two cases break that, and a
+//! walk over the forest's trees (a bounded stretch per sweep) covers them:
+//! the start (a restart may have interrupted pushes), and a commit to a
+//! tree that found the book full (`limits.max_tracked_trees`).
+
+use super::super::backoff::backoff;
+use super::super::cursor::LazyCursor;
+use super::super::membership::Membership;
+use crate::types::{ReplicaId, TreeKey};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+pub(crate) type PushKey = (TreeKey, ReplicaId);
+
+/// Bounds of the book, from the configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BookLimits {
+    /// Trees with push state (`limits.max_tracked_trees`).
+    pub trees_max: usize,
+    /// Pairs a commit's hints may queue; beyond it a hint waits in the
+    /// backlog (`tree.replication_channel_capacity`).
+    pub queue_max: usize,
+    /// Passes at once (`tree.replication_worker_count`).
+    pub workers_max: usize,
+    /// The longest backoff of a failed pair (`tree.replication_timeout`).
+    pub backoff_max: Duration,
+}
+
+/// What a pass starts from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PassStart {
+    /// The tree's change count when the pass started.
+    pub changes: u64,
+    /// The pair's cursor; `None` until read from storage.
+    pub cursor: Option<LazyCursor>,
+    /// Write a lagging cursor at the end of the pass: the book is nearly
+    /// full, and only durable pairs can leave it.
+    pub pressure: bool,
+    /// Canary `ReplicationDropsOnFullQueue`: the height to skip to.
+    pub skip: Option<u64>,
+}
+
+/// How a pass ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PassEnd {
+    pub cursor: Option<LazyCursor>,
+    /// False when the pass failed (it is retried after a backoff).
+    pub ok: bool,
+}
+
+/// Counts a stats call reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BookSizes {
+    pub trees: usize,
+    pub queued: usize,
+    pub backlog: usize,
+    pub delayed: usize,
+    pub workers: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Queued,
+    /// Taken by a worker with this ticket.
+    Running(u64),
+    /// Failed; queued again at this time.
+    Delayed(Duration),
+}
+
+#[derive(Debug)]
+struct Pair {
+    peer: ReplicaId,
+    phase: Phase,
+    /// Local ops arrived since the pair was last taken.
+    dirty: bool,
+    failures: u32,
+    cursor: Option<LazyCursor>,
+    /// The tree's change count at the start of the last pass that left
+    /// nothing to send: while it is current, there is nothing to find.
+    clean_at: Option<u64>,
+}
+
+impl Pair {
+    fn new(peer: ReplicaId) -> Self {
+        Self {
+            peer,
+            phase: Phase::Idle,
+            dirty: false,
+            failures: 0,
+            cursor: None,
+            clean_at: None,
+        }
+    }
+
+    fn lagging(&self) -> bool {
+        self.cursor.is_some_and(|c| c.lagging())
+    }
+
+    /// Whether a sweep should queue it: something may be unsent, or its
+    /// cursor lags and is due to be written.
+    fn wants_pass(&self, changes: u64, now: Duration, period: Duration, pressure: bool) -> bool {
+        let due = self
+            .cursor
+            .is_some_and(|c| c.lagging() && (pressure || c.stale(now, period)));
+        self.dirty || self.clean_at != Some(changes) || due
+    }
+
+    /// Nothing to send, nothing to write, nothing running.
+    fn settled(&self, changes: u64) -> bool {
+        self.phase == Phase::Idle
+            && !self.dirty
+            && self.failures == 0
+            && self.clean_at == Some(changes)
+            && !self.lagging()
+    }
+}
+
+#[derive(Debug)]
+struct TrackedTree {
+    /// Commits that stored (or may have stored) ops in it since tracked.
+    changes: u64,
+    pairs: Vec<Pair>,
+}
+
+impl TrackedTree {
+    fn settled(&self) -> bool {
+        self.pairs.iter().all(|pair| pair.settled(self.changes))
+    }
+}
+
+/// The walk over the forest's trees (see the module comment).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Walk {
+    Done,
+    /// Trees after `after` are still to walk; `again`: start over once
+    /// this walk ends (a tree could not be tracked meanwhile).
+    Walking {
+        after: Option<TreeKey>,
+        again: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Book {
+    trees: BTreeMap<TreeKey, TrackedTree>,
+    /// Pairs waiting for a worker, each once, oldest first.
+    ready: VecDeque<PushKey>,
+    /// Pairs whose hint found `ready` at `queue_max`: taken as soon as a
+    /// worker finds `ready` empty (or by the next sweep).
+    backlog: BTreeSet<PushKey>,
+    /// Failed pairs by the time they are queued again.
+    delayed: BTreeSet<(Duration, PushKey)>,
+    workers: usize,
+    tickets: u64,
+    walk: Walk,
+    /// Canary `ReplicationDropsOnFullQueue`: heights pushers skip to.
+    skips: BTreeMap<TreeKey, u64>,
+}
+
+/// Counters of the push side (see `ServiceStats`).
+#[derive(Default)]
+pub(crate) struct PushCounters {
+    pub ops_pushed: AtomicU64,
+    pub push_failures: AtomicU64,
+    pub push_passes: AtomicU64,
+    pub hints_dropped: AtomicU64,
+}
+
+/// The pushers' shared state; see the module comment.
+pub(crate) struct PushBook {
+    state: Mutex<Book>,
+    limits: BookLimits,
+    membership: Arc<Membership>,
+    /// Wakes the dispatcher: pairs were queued, or a backoff began.
+    pub wake: Notify,
+    pub counters: PushCounters,
+}
+
+impl PushBook {
+    pub fn new(limits: BookLimits, membership: Arc<Membership>) -> Self {
+        assert!(limits.trees_max >= 1 && limits.queue_max >= 1 && limits.workers_max >= 1);
+        Self {
+            state: Mutex::new(Book {
+                trees: BTreeMap::new(),
+                ready: VecDeque::new(),
+                backlog: BTreeSet::new(),
+                delayed: BTreeSet::new(),
+                workers: 0,
+                tickets: 0,
+                walk: Walk::Walking {
+                    after: None,
+                    again: false,
+                },
+                skips: BTreeMap::new(),
+            }),
+            limits,
+            membership,
+            wake: Notify::new(),
+            counters: PushCounters::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        self.state.lock().expect("push book")
+    }
+
+    /// A commit stored (or may have stored) ops in `written`, of which
+    /// `local` hold new local ops: their pairs are queued. Returns the
+    /// trees whose hints found the queue full.
+    pub fn note_commit<'a>(
+        &self,
+        written: impl Iterator<Item = &'a TreeKey>,
+        local: &[TreeKey],
+    ) -> Vec<TreeKey> {
+        let mut book = self.lock();
+        for tree in written {
+            if let Some(tracked) = self.track(&mut book, tree) {
+                tracked.changes += 1;
+            }
+        }
+        let mut dropped = Vec::new();
+        for tree in local {
+            let Some(tracked) = book.trees.get_mut(tree) else {
+                continue;
+            };
+            let mut idle = Vec::new();
+            for pair in &mut tracked.pairs {
+                pair.dirty = true;
+                if pair.phase == Phase::Idle {
+                    idle.push(pair.peer);
+                }
+            }
+            for peer in idle {
+                let key = (tree.clone(), peer);
+                if book.ready.len() < self.limits.queue_max {
+                    queue(&mut book, key);
+                } else {
+                    book.backlog.insert(key);
+                    dropped.push(tree.clone());
+                }
+            }
+        }
+        dropped.dedup();
+        dropped
+    }
+
+    /// The tree's entry, made if absent; `None` for a tree this node does
+    /// not push (not held here, or no peers) and for one the full book
+    /// cannot take (the walk then starts over).
+    fn track<'b>(&self, book: &'b mut Book, tree: &TreeKey) -> Option<&'b mut TrackedTree> {
+        if !book.trees.contains_key(tree) {
+            let peers = self.membership.peers_of(&tree.cid);
+            if !self.membership.replicates(&tree.cid) || peers.is_empty() {
+                return None;
+            }
+            if book.trees.len() >= self.limits.trees_max {
+                walk_again(&mut book.walk);
+                return None;
+            }
+            let pairs = peers.iter().map(|&peer| Pair::new(peer)).collect();
+            book.trees
+                .insert(tree.clone(), TrackedTree { changes: 0, pairs });
+        }
+        book.trees.get_mut(tree)
+    }
+
+    /// Moves failed pairs whose backoff ended back to the queue, and
+    /// counts the workers to start for the queue; returns that count and
+    /// when the next backoff ends.
+    pub fn dispatch(&self, now: Duration) -> (usize, Option<Duration>) {
+        let mut book = self.lock();
+        while let Some((at, key)) = book.delayed.first().cloned() {
+            if at > now {
+                break;
+            }
+            book.delayed.pop_first();
+            let pair = pair_mut(&mut book, &key).expect("a delayed pair is tracked");
+            assert_eq!(pair.phase, Phase::Delayed(at), "delayed twice");
+            pair.phase = Phase::Idle;
+            queue(&mut book, key);
+        }
+        let wanted = book.ready.len().min(self.limits.workers_max);
+        let start = wanted.saturating_sub(book.workers);
+        book.workers += start;
+        (start, book.delayed.first().map(|(at, _)| *at))
+    }
+
+    /// The next pair for a worker and its ticket; `None` (and the worker
+    /// leaves the pool) when nothing waits.
+    pub fn take(&self) -> Option<(PushKey, u64)> {
+        let mut book = self.lock();
+        if book.ready.is_empty() {
+            self.refill(&mut book);
+        }
+        let Some(key) = book.ready.pop_front() else {
+            assert!(book.workers > 0, "a worker left twice");
+            book.workers -= 1;
+            return None;
+        };
+        book.tickets += 1;
+        let ticket = book.tickets;
+        let pair = pair_mut(&mut book, &key).expect("a queued pair is tracked");
+        assert_eq!(pair.phase, Phase::Queued, "a pair is queued once");
+        pair.phase = Phase::Running(ticket);
+        pair.dirty = false;
+        Some((key, ticket))
+    }
+
+    /// A worker that stops with the node leaves the pool.
+    pub fn retire(&self) {
+        let mut book = self.lock();
+        assert!(book.workers > 0, "a worker left twice");
+        book.workers -= 1;
+    }
+
+    /// Queues backlogged pairs, up to `queue_max`.
+    fn refill(&self, book: &mut Book) {
+        while book.ready.len() < self.limits.queue_max {
+            let Some(key) = book.backlog.pop_first() else {
+                return;
+            };
+            if pair_mut(book, &key).is_some_and(|pair| pair.phase == Phase::Idle) {
+                queue(book, key);
+            }
+        }
+    }
+
+    /// The state a pass of `key` starts from, once its worker holds the
+    /// tree's lock; `None` when the pair is no longer this ticket's (its
+    /// tree was dropped meanwhile).
+    pub fn begin_pass(&self, key: &PushKey, ticket: u64) -> Option<PassStart> {
+        let mut book = self.lock();
+        let pressure = book.trees.len() * 4 >= self.limits.trees_max * 3;
+        let skip = book.skips.get(&key.0).copied();
+        let tree = book.trees.get_mut(&key.0)?;
+        let changes = tree.changes;
+        let pair = tree.pairs.iter_mut().find(|p| p.peer == key.1)?;
+        if pair.phase != Phase::Running(ticket) {
+            return None;
+        }
+        Some(PassStart {
+            changes,
+            cursor: pair.cursor,
+            pressure,
+            skip,
+        })
+    }
+
+    /// Records how the pass of `key` that `begin_pass` started ended:
+    /// queued again if new ops came meanwhile, backed off if it failed,
+    /// and the tree forgotten once every pair of it is settled.
+    pub fn end_pass(
+        &self,
+        key: &PushKey,
+        ticket: u64,
+        start: &PassStart,
+        end: PassEnd,
+        now: Duration,
+    ) {
+        let mut book = self.lock();
+        let pair = pair_mut(&mut book, key).expect("a running pair stays tracked");
+        assert_eq!(
+            pair.phase,
+            Phase::Running(ticket),
+            "one pass per pair at a time"
+        );
+        if let (Some(before), Some(after)) = (start.cursor, end.cursor) {
+            assert!(
+                after.position() >= before.position(),
+                "push cursor moved back"
+            );
+        }
+        pair.cursor = end.cursor.or(pair.cursor);
+        if end.ok {
+            pair.failures = 0;
+            pair.clean_at = Some(start.changes);
+            if pair.dirty {
+                queue(&mut book, key.clone());
+            } else {
+                pair.phase = Phase::Idle;
+            }
+        } else {
+            pair.failures = pair.failures.saturating_add(1);
+            let at = now + backoff(pair.failures, self.limits.backoff_max);
+            pair.phase = Phase::Delayed(at);
+            pair.dirty = true;
+            book.delayed.insert((at, key.clone()));
+        }
+        forget_if_settled(&mut book, &key.0);
+    }
+
+    /// Queues every tracked pair that may have unsent ops or a cursor due
+    /// to be written, and forgets settled trees; returns how many it
+    /// queued.
+    pub fn sweep(&self, now: Duration, period: Duration) -> usize {
+        let mut book = self.lock();
+        let pressure = book.trees.len() * 4 >= self.limits.trees_max * 3;
+        let mut wanted = Vec::new();
+        let mut settled = Vec::new();
+        for (tree, tracked) in &book.trees {
+            if tracked.settled() {
+                settled.push(tree.clone());
+            }
+            for pair in &tracked.pairs {
+                if pair.phase == Phase::Idle
+                    && pair.wants_pass(tracked.changes, now, period, pressure)
+                {
+                    wanted.push((tree.clone(), pair.peer));
+                }
+            }
+        }
+        for tree in settled {
+            book.trees.remove(&tree);
+        }
+        let queued = wanted.len();
+        for key in wanted {
+            book.backlog.remove(&key);
+            queue(&mut book, key);
+        }
+        queued
+    }
+
+    /// Where the walk goes on, and how many trees it may take now; `None`
+    /// when no walk is under way or the book is full.
+    pub fn walk_position(&self) -> Option<(Option<TreeKey>, usize)> {
+        let book = self.lock();
+        let room = self.limits.trees_max.saturating_sub(book.trees.len());
+        match &book.walk {
+            Walk::Walking { after, .. } if room > 0 => Some((after.clone(), room)),
+            _ => None,
+        }
+    }
+
+    /// Tracks and queues the untracked trees of `found`, the forest's
+    /// trees after the walk's position; `complete`: the forest has none
+    /// after them. Stops where the book is full.
+    pub fn walk_found(&self, from: Option<&TreeKey>, found: &[TreeKey], complete: bool) {
+        let mut book = self.lock();
+        match &book.walk {
+            Walk::Walking { after, .. } if after.as_ref() == from => {}
+            // Restarted or ended meanwhile: this stretch is stale.
+            _ => return,
+        }
+        for (i, tree) in found.iter().enumerate() {
+            assert!(i == 0 || found[i - 1] < *tree, "trees listed out of order");
+            if !book.trees.contains_key(tree) {
+                if book.trees.len() >= self.limits.trees_max {
+                    set_walk_after(&mut book.walk, found[..i].last().cloned().or(from.cloned()));
+                    return;
+                }
+                let Some(tracked) = self.track(&mut book, tree) else {
+                    continue;
+                };
+                let peers: Vec<ReplicaId> = tracked.pairs.iter().map(|p| p.peer).collect();
+                for peer in peers {
+                    queue(&mut book, (tree.clone(), peer));
+                }
+            }
+        }
+        match (&book.walk, complete) {
+            (Walk::Walking { again: true, .. }, true) => {
+                book.walk = Walk::Walking {
+                    after: None,
+                    again: false,
+                }
+            }
+            (_, true) => book.walk = Walk::Done,
+            (_, false) => set_walk_after(&mut book.walk, found.last().cloned()),
+        }
+    }
+
+    /// Forgets everything about `trees` (dropped: their heights start
+    /// anew).
+    pub fn forget(&self, trees: &BTreeSet<TreeKey>) {
+        let mut book = self.lock();
+        for tree in trees {
+            book.trees.remove(tree);
+            book.skips.remove(tree);
+        }
+        book.ready.retain(|key| !trees.contains(&key.0));
+        book.backlog.retain(|key| !trees.contains(&key.0));
+        book.delayed.retain(|(_, key)| !trees.contains(&key.0));
+    }
+
+    /// The pair's acknowledged height, when the book knows it.
+    pub fn position(&self, key: &PushKey) -> Option<u64> {
+        let mut book = self.lock();
+        let pair = pair_mut(&mut book, key)?;
+        pair.cursor.map(|c| c.position())
+    }
+
+    pub fn sizes(&self) -> BookSizes {
+        let book = self.lock();
+        BookSizes {
+            trees: book.trees.len(),
+            queued: book.ready.len(),
+            backlog: book.backlog.len(),
+            delayed: book.delayed.len(),
+            workers: book.workers,
+        }
+    }
+
+    /// Canary `ReplicationDropsOnFullQueue`: pushers of `tree` skip to
+    /// `height`.
+    pub fn set_skip(&self, tree: &TreeKey, height: u64) {
+        self.lock().skips.insert(tree.clone(), height);
+    }
+}
+
+fn pair_mut<'b>(book: &'b mut Book, key: &PushKey) -> Option<&'b mut Pair> {
+    let tree = book.trees.get_mut(&key.0)?;
+    tree.pairs.iter_mut().find(|p| p.peer == key.1)
+}
+
+/// Puts an idle pair at the end of the queue.
+fn queue(book: &mut Book, key: PushKey) {
+    let pair = pair_mut(book, &key).expect("a queued pair is tracked");
+    assert!(
+        matches!(pair.phase, Phase::Idle | Phase::Running(_)),
+        "queued while {:?}",
+        pair.phase
+    );
+    pair.phase = Phase::Queued;
+    book.ready.push_back(key);
+}
+
+fn forget_if_settled(book: &mut Book, tree: &TreeKey) {
+    if book.trees.get(tree).is_some_and(TrackedTree::settled) {
+        book.trees.remove(tree);
+    }
+}
+
+fn walk_again(walk: &mut Walk) {
+    *walk = match walk {
+        Walk::Done => Walk::Walking {
+            after: None,
+            again: false,
+        },
+        Walk::Walking { after, .. } => Walk::Walking {
+            after: after.take(),
+            again: true,
+        },
+    };
+}
+
+fn set_walk_after(walk: &mut Walk, to: Option<TreeKey>) {
+    if let Walk::Walking { after, .. } = walk {
+        assert!(to >= *after, "the walk moved back");
+        *after = to;
+    }
+}
+
+#[cfg(test)]
+mod tests;

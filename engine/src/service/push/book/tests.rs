@@ -1,0 +1,194 @@
+//! The push book's state machine, without a network or a forest.
+
+use super::*;
+use crate::config::NodeConfig;
+use crate::types::ContainerId;
+
+const PERIOD: Duration = Duration::from_secs(60);
+
+fn tree(name: &str) -> TreeKey {
+    TreeKey::new(ContainerId([4; 32]), name)
+}
+
+/// A commit of local ops to `tree`; the trees whose hints were dropped.
+fn commit_local(book: &PushBook, tree: &TreeKey) -> Vec<TreeKey> {
+    book.note_commit(std::iter::once(tree), std::slice::from_ref(tree))
+}
+
+/// A book of node 1 with peers 2 and 3.
+fn book(trees_max: usize, queue_max: usize) -> PushBook {
+    let mut node = NodeConfig::solo(1);
+    for peer in [2, 3] {
+        node.peers.push(crate::config::PeerConfig {
+            replica_id: peer,
+            address: String::new(),
+        });
+    }
+    let limits = BookLimits {
+        trees_max,
+        queue_max,
+        workers_max: 4,
+        backoff_max: Duration::from_secs(1),
+    };
+    PushBook::new(limits, Arc::new(Membership::from_config(&node)))
+}
+
+/// Takes and finishes every queued pass, cleanly, with cursors at
+/// `position` made durable.
+fn run_all(book: &PushBook, position: u64) -> usize {
+    let (workers, _) = book.dispatch(Duration::ZERO);
+    let mut passes = 0;
+    while let Some((key, ticket)) = book.take() {
+        let start = book.begin_pass(&key, ticket).expect("ours");
+        let mut cursor = LazyCursor::loaded(position);
+        cursor.advance(position);
+        let end = PassEnd {
+            cursor: Some(cursor),
+            ok: true,
+        };
+        book.end_pass(&key, ticket, &start, end, Duration::ZERO);
+        passes += 1;
+    }
+    // The other workers the dispatch started find nothing and leave.
+    for _ in 1..workers {
+        assert!(book.take().is_none());
+    }
+    passes
+}
+
+#[test]
+fn a_commit_queues_every_peer_once_and_settled_trees_leave() {
+    let book = book(10, 100);
+    book.walk_found(None, &[], true);
+    let t = tree("t");
+    assert!(commit_local(&book, &t).is_empty());
+    assert!(commit_local(&book, &t).is_empty());
+    assert_eq!(book.sizes().queued, 2, "one entry per pair");
+    assert_eq!(run_all(&book, 5), 2);
+    assert_eq!(book.sizes(), BookSizes::default(), "nothing left behind");
+    assert_eq!(book.sweep(Duration::ZERO, PERIOD), 0);
+}
+
+#[test]
+fn new_ops_during_a_pass_queue_it_again() {
+    let book = book(10, 100);
+    book.walk_found(None, &[], true);
+    let t = tree("t");
+    commit_local(&book, &t);
+    book.dispatch(Duration::ZERO);
+    let (key, ticket) = book.take().unwrap();
+    let start = book.begin_pass(&key, ticket).unwrap();
+    commit_local(&book, &t);
+    let end = PassEnd {
+        cursor: Some(LazyCursor::loaded(0)),
+        ok: true,
+    };
+    book.end_pass(&key, ticket, &start, end, Duration::ZERO);
+    // The other pair and this one again.
+    assert_eq!(book.sizes().queued, 2);
+    assert_eq!(run_all(&book, 0), 2);
+    assert_eq!(book.sizes().trees, 0);
+}
+
+#[test]
+fn a_failed_pass_backs_off_without_a_worker() {
+    let book = book(10, 100);
+    book.walk_found(None, &[], true);
+    let t = tree("t");
+    commit_local(&book, &t);
+    book.dispatch(Duration::ZERO);
+    let (key, ticket) = book.take().unwrap();
+    let start = book.begin_pass(&key, ticket).unwrap();
+    let failed = PassEnd {
+        cursor: None,
+        ok: false,
+    };
+    book.end_pass(&key, ticket, &start, failed, Duration::ZERO);
+    assert_eq!(book.sizes().delayed, 1);
+    // The sweep leaves a delayed pair alone; its backoff queues it.
+    book.sweep(Duration::ZERO, PERIOD);
+    let (_, next) = book.dispatch(Duration::ZERO);
+    let at = next.expect("a retry time");
+    assert!(at > Duration::ZERO);
+    book.dispatch(at);
+    assert_eq!(book.sizes().delayed, 0);
+    assert_eq!(run_all(&book, 0), 2);
+}
+
+#[test]
+fn a_full_queue_backlogs_hints_and_workers_take_them() {
+    let book = book(10, 1);
+    book.walk_found(None, &[], true);
+    let trees = [tree("a"), tree("b")];
+    let dropped = book.note_commit(trees.iter(), &trees);
+    assert_eq!(dropped, trees.to_vec());
+    assert_eq!(book.sizes().queued, 1);
+    assert_eq!(book.sizes().backlog, 3);
+    assert_eq!(run_all(&book, 0), 4);
+    assert_eq!(book.sizes(), BookSizes::default());
+}
+
+#[test]
+fn a_full_book_starts_a_walk_that_finds_the_untracked_tree() {
+    let book = book(1, 100);
+    book.walk_found(None, &[], true);
+    let (a, b) = (tree("a"), tree("b"));
+    commit_local(&book, &a);
+    // No room for b: its commit is left to a walk.
+    commit_local(&book, &b);
+    assert_eq!(book.sizes().trees, 1);
+    assert_eq!(book.walk_position(), None, "no room yet");
+    run_all(&book, 1);
+    assert_eq!(book.walk_position(), Some((None, 1)));
+    book.walk_found(None, std::slice::from_ref(&a), false);
+    run_all(&book, 1);
+    assert_eq!(book.walk_position(), Some((Some(a.clone()), 1)));
+    book.walk_found(Some(&a), std::slice::from_ref(&b), true);
+    assert_eq!(book.sizes().queued, 2, "b's pairs");
+    run_all(&book, 1);
+    assert_eq!(book.walk_position(), None, "the walk is over");
+}
+
+#[test]
+fn forgetting_a_tree_leaves_nothing_and_stales_its_running_pass() {
+    let book = book(10, 1);
+    book.walk_found(None, &[], true);
+    let t = tree("t");
+    commit_local(&book, &t);
+    book.dispatch(Duration::ZERO);
+    let (key, ticket) = book.take().unwrap();
+    book.forget(&BTreeSet::from([t.clone()]));
+    assert_eq!(book.begin_pass(&key, ticket).map(|s| s.changes), None);
+    let sizes = book.sizes();
+    assert_eq!((sizes.trees, sizes.queued, sizes.backlog), (0, 0, 0));
+    // Made again under the same name: a fresh pair, not the stale pass's.
+    commit_local(&book, &t);
+    assert!(book.begin_pass(&key, ticket).is_none());
+}
+
+#[test]
+fn a_lagging_cursor_keeps_its_tree_until_written() {
+    let book = book(100, 100);
+    book.walk_found(None, &[], true);
+    let t = tree("t");
+    commit_local(&book, &t);
+    book.dispatch(Duration::ZERO);
+    while let Some((key, ticket)) = book.take() {
+        let start = book.begin_pass(&key, ticket).unwrap();
+        let mut cursor = LazyCursor::loaded(0);
+        cursor.advance(3);
+        let end = PassEnd {
+            cursor: Some(cursor),
+            ok: true,
+        };
+        book.end_pass(&key, ticket, &start, end, Duration::ZERO);
+    }
+    assert_eq!(
+        book.sizes().trees,
+        1,
+        "the acknowledged heights are only here"
+    );
+    assert_eq!(book.position(&(t.clone(), 2)), Some(3));
+    // Due to be written: the sweep queues both pairs.
+    assert_eq!(book.sweep(Duration::ZERO, PERIOD), 2);
+}
