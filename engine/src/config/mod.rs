@@ -1,0 +1,328 @@
+//! Node configuration: the keys of the modelled system (DESIGN §7) plus this
+//! node's identity, peers and container membership.
+//!
+//! The file is YAML. Every key is optional except `node.replica_id`; missing
+//! keys take the DESIGN §7 values. Unknown keys and bad values are refused
+//! with `Error::Config` naming the key (`tree.replication_timeout: ...`), so
+//! a typo never silently falls back to a default.
+
+mod parse;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::forest::ForestOptions;
+use crate::types::{ContainerId, ReplicaId};
+use crate::validate::InputLimits;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub tree: TreeConfig,
+    pub pilorama: PiloramaConfig,
+    pub node: NodeConfig,
+    pub limits: Limits,
+}
+
+/// `tree:` section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeConfig {
+    pub enabled: bool,
+    pub cache_size: usize,
+    pub replication_worker_count: usize,
+    pub replication_channel_capacity: usize,
+    pub replication_timeout: Duration,
+    /// `None` (0 or absent in the file): background sync off.
+    pub sync_interval: Option<Duration>,
+}
+
+/// `pilorama:` section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PiloramaConfig {
+    pub max_batch_delay: Duration,
+    pub max_batch_size: usize,
+    /// How long a batch holding only replicated ops (Apply, sync pages) may
+    /// wait for more writes before it commits; any local write joining it
+    /// brings its own, shorter deadline. Replicated ops have no client
+    /// waiting, so grouping them saves a durable commit per push. 0: they
+    /// batch like local writes.
+    pub replicated_batch_delay: Duration,
+    pub path: PathBuf,
+    /// Acknowledge before the batch is durable (operator's choice).
+    pub no_sync: bool,
+    /// Tries to reopen the database after a storage error poisoned it,
+    /// before the node gives up (until the next storage error).
+    pub reopen_attempts_max: u32,
+    /// Longest wait between two reopen tries (the wait doubles from 1/32
+    /// of it).
+    pub reopen_backoff_max: Duration,
+}
+
+/// `node:` section: who this node is and who its peers are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeConfig {
+    pub replica_id: ReplicaId,
+    pub listen: String,
+    pub peers: Vec<PeerConfig>,
+    /// Containers with an explicit replica set. A container not listed is
+    /// replicated on this node and every peer.
+    pub containers: Vec<ContainerConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerConfig {
+    pub replica_id: ReplicaId,
+    pub address: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContainerConfig {
+    pub cid: ContainerId,
+    pub replicas: Vec<ReplicaId>,
+}
+
+/// `limits:` section: bounds on everything that could grow.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limits {
+    /// Largest frame or message, in bytes.
+    pub max_message_bytes: usize,
+    /// Largest meta of one node, in bytes.
+    pub max_meta_bytes: usize,
+    /// Longest path, in components.
+    pub max_path_len: usize,
+    /// Writes waiting for the batcher; beyond it requests fail fast with
+    /// `Overloaded`.
+    pub max_pending_writes: usize,
+    /// The most writes one group commit takes when a backlog is queued (one
+    /// sync then serves all of them); below `pilorama.max_batch_size` it
+    /// means `max_batch_size`. Bounds the length of one write transaction.
+    pub max_commit_size: usize,
+    /// Ops per GetOpLog page (sync) and per Apply push (replication).
+    pub sync_page_size: usize,
+    /// Heights of the local log a pusher looks at per page while it skips
+    /// the ops other replicas originated (it sends only its own).
+    pub push_scan_heights: usize,
+    /// Stamps (height and timestamp, no op) per GetOpLogStamps page: a
+    /// sync pull lists a peer's log this way and asks only for the ops it
+    /// lacks.
+    pub sync_stamp_page_size: usize,
+    /// Recently stored local ops kept in memory (over all trees) so that
+    /// the pushers of every peer share one log read of them; 0: off,
+    /// every push pass reads the log.
+    pub push_window_ops: usize,
+    /// Largest GetSubTree answer, in nodes.
+    pub max_subtree_nodes: usize,
+    /// Trees whose replication state is kept in memory (push bookkeeping,
+    /// push windows, pull cursors), and tree names taken from one peer in
+    /// one sync round. Beyond it the state of idle trees goes (their
+    /// durable cursors are the truth) and a peer's further names wait for
+    /// later rounds; a gateway makes trees per client, so without a bound
+    /// this state would grow forever.
+    pub max_tracked_trees: usize,
+    /// Concurrent inbound connections (TCP).
+    pub max_connections: usize,
+    /// Connect timeout for outbound calls (TCP).
+    pub connect_timeout: Duration,
+}
+
+/// The sync interval of the reference deployment (DESIGN §7). An absent key
+/// means "off", so this is only a named value for callers that want it.
+pub const REFERENCE_SYNC_INTERVAL: Duration = Duration::from_secs(5 * 60);
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            cache_size: 15,
+            replication_worker_count: 1000,
+            replication_channel_capacity: 1000,
+            replication_timeout: Duration::from_secs(5),
+            sync_interval: None,
+        }
+    }
+}
+
+impl Default for PiloramaConfig {
+    fn default() -> Self {
+        Self {
+            max_batch_delay: Duration::from_millis(5),
+            max_batch_size: 100,
+            replicated_batch_delay: Duration::ZERO,
+            path: PathBuf::from("./data/tree.db"),
+            no_sync: false,
+            reopen_attempts_max: 20,
+            reopen_backoff_max: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 4 << 20,
+            max_meta_bytes: 64 << 10,
+            max_path_len: 256,
+            max_pending_writes: 10_000,
+            max_commit_size: 1000,
+            sync_page_size: 1000,
+            push_scan_heights: 16_000,
+            sync_stamp_page_size: 16_384,
+            push_window_ops: 4096,
+            max_subtree_nodes: 100_000,
+            max_tracked_trees: 10_000,
+            max_connections: 256,
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Limits {
+    /// The bounds requests are checked against (see `validate`).
+    pub fn input(&self) -> InputLimits {
+        InputLimits {
+            max_meta_bytes: self.max_meta_bytes,
+            max_path_len: self.max_path_len,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// A node with no peers listening on a local ephemeral port.
+    pub fn solo(replica_id: ReplicaId) -> Self {
+        Self {
+            replica_id,
+            listen: "127.0.0.1:0".into(),
+            peers: Vec::new(),
+            containers: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Defaults everywhere, no peers, sync off: a starting point for tests
+    /// and the simulator, which then fill in peers and limits.
+    pub fn default_for_test(replica_id: ReplicaId) -> Self {
+        Self {
+            tree: TreeConfig::default(),
+            pilorama: PiloramaConfig::default(),
+            node: NodeConfig::solo(replica_id),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Reads and parses a YAML file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        Self::from_yaml_str(&text)
+    }
+
+    /// Parses a YAML document; see the module comment for the rules.
+    pub fn from_yaml_str(text: &str) -> Result<Self> {
+        let config = parse::document(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Cross-field checks; also useful for configs built in code.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            (
+                "tree.replication_worker_count",
+                self.tree.replication_worker_count,
+            ),
+            (
+                "tree.replication_channel_capacity",
+                self.tree.replication_channel_capacity,
+            ),
+            ("pilorama.max_batch_size", self.pilorama.max_batch_size),
+            ("limits.max_pending_writes", self.limits.max_pending_writes),
+            ("limits.max_commit_size", self.limits.max_commit_size),
+            ("limits.sync_page_size", self.limits.sync_page_size),
+            ("limits.push_scan_heights", self.limits.push_scan_heights),
+            (
+                "limits.sync_stamp_page_size",
+                self.limits.sync_stamp_page_size,
+            ),
+            ("limits.max_subtree_nodes", self.limits.max_subtree_nodes),
+            ("limits.max_tracked_trees", self.limits.max_tracked_trees),
+            ("limits.max_connections", self.limits.max_connections),
+            ("limits.max_path_len", self.limits.max_path_len),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(Error::Config(format!("{key}: must be at least 1")));
+            }
+        }
+        if self.pilorama.reopen_attempts_max == 0 || self.pilorama.reopen_backoff_max.is_zero() {
+            return Err(Error::Config(
+                "pilorama.reopen_attempts_max, reopen_backoff_max: must not be 0".into(),
+            ));
+        }
+        if self.tree.replication_timeout.is_zero() {
+            return Err(Error::Config(
+                "tree.replication_timeout: must not be 0".into(),
+            ));
+        }
+        // A push waits for the peer's commit within one replication
+        // timeout; a window longer than half of it would time pushes out.
+        if self.pilorama.replicated_batch_delay * 2 > self.tree.replication_timeout {
+            return Err(Error::Config(
+                "pilorama.replicated_batch_delay: must be at most half of tree.replication_timeout"
+                    .into(),
+            ));
+        }
+        // One node with the largest meta must fit into one message, or a
+        // valid write could never be replicated.
+        if self.limits.max_meta_bytes + MESSAGE_OVERHEAD_BYTES > self.limits.max_message_bytes {
+            return Err(Error::Config(format!(
+                "limits.max_message_bytes: must exceed limits.max_meta_bytes by at least {MESSAGE_OVERHEAD_BYTES}"
+            )));
+        }
+        self.validate_membership()
+    }
+
+    fn validate_membership(&self) -> Result<()> {
+        let mut known = BTreeSet::from([self.node.replica_id]);
+        for peer in &self.node.peers {
+            if !known.insert(peer.replica_id) {
+                return Err(Error::Config(format!(
+                    "node.peers: replica_id {} appears twice (or is this node's own id)",
+                    peer.replica_id
+                )));
+            }
+        }
+        let mut cids = BTreeSet::new();
+        for container in &self.node.containers {
+            if !cids.insert(container.cid) {
+                return Err(Error::Config(format!(
+                    "node.containers: cid {} listed twice",
+                    container.cid
+                )));
+            }
+            if let Some(unknown) = container.replicas.iter().find(|r| !known.contains(r)) {
+                return Err(Error::Config(format!(
+                    "node.containers: replica {unknown} of {} is neither this node nor a peer",
+                    container.cid
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The forest's identity and limits from this config.
+    pub fn forest_options(&self) -> ForestOptions {
+        ForestOptions {
+            replica_id: self.node.replica_id,
+            max_meta_bytes: self.limits.max_meta_bytes,
+            max_path_len: self.limits.max_path_len,
+            durable: !self.pilorama.no_sync,
+        }
+    }
+}
+
+/// Room in a message for everything but one node's meta (ids, tree key,
+/// framing). Tree ids are bounded by the same room.
+pub const MESSAGE_OVERHEAD_BYTES: usize = 8 << 10;

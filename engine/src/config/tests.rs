@@ -1,0 +1,168 @@
+//! Parsing and checking config files.
+
+use super::*;
+
+const FULL: &str = r#"
+tree:
+  enabled: true
+  cache_size: 15
+  replication_worker_count: 8
+  replication_channel_capacity: 2
+  replication_timeout: 250ms
+  sync_interval: 5m
+pilorama:
+  max_batch_delay: 5ms
+  max_batch_size: 100
+  replicated_batch_delay: 40ms
+  path: /tmp/x.db
+  no_sync: true
+node:
+  replica_id: 2
+  listen: 127.0.0.1:7002
+  peers:
+    - { replica_id: 1, address: "127.0.0.1:7001" }
+    - { replica_id: 3, address: "127.0.0.1:7003" }
+  containers:
+    - cid: "0101010101010101010101010101010101010101010101010101010101010101"
+      replicas: [1, 2]
+limits:
+  max_pending_writes: 7
+  max_commit_size: 300
+  push_scan_heights: 40
+  sync_stamp_page_size: 64
+  push_window_ops: 0
+  max_tracked_trees: 50
+  connect_timeout: 1s
+"#;
+
+#[test]
+fn full_file_parses() {
+    let c = Config::from_yaml_str(FULL).unwrap();
+    assert_eq!(c.tree.replication_worker_count, 8);
+    assert_eq!(c.tree.replication_timeout, Duration::from_millis(250));
+    assert_eq!(c.tree.sync_interval, Some(Duration::from_secs(300)));
+    assert_eq!(c.pilorama.path, PathBuf::from("/tmp/x.db"));
+    assert_eq!(c.pilorama.replicated_batch_delay, Duration::from_millis(40));
+    assert!(c.pilorama.no_sync);
+    assert!(!c.forest_options().durable);
+    assert_eq!(c.node.replica_id, 2);
+    assert_eq!(c.node.peers.len(), 2);
+    assert_eq!(c.node.peers[1].address, "127.0.0.1:7003");
+    assert_eq!(c.node.containers[0].cid, ContainerId([1; 32]));
+    assert_eq!(c.node.containers[0].replicas, vec![1, 2]);
+    assert_eq!(c.limits.max_pending_writes, 7);
+    assert_eq!(c.limits.max_commit_size, 300);
+    assert_eq!(c.limits.push_scan_heights, 40);
+    assert_eq!(c.limits.sync_stamp_page_size, 64);
+    assert_eq!(c.limits.push_window_ops, 0);
+    assert_eq!(c.limits.max_tracked_trees, 50);
+    assert_eq!(c.limits.connect_timeout, Duration::from_secs(1));
+    assert_eq!(c.limits.sync_page_size, Limits::default().sync_page_size);
+}
+
+#[test]
+fn defaults_are_the_design_values() {
+    let c = Config::from_yaml_str("node: { replica_id: 1 }").unwrap();
+    assert_eq!(c.tree, TreeConfig::default());
+    assert_eq!(c.tree.replication_timeout, Duration::from_secs(5));
+    assert_eq!(c.tree.sync_interval, None);
+    assert_eq!(c.pilorama.max_batch_delay, Duration::from_millis(5));
+    assert_eq!(c.pilorama.max_batch_size, 100);
+    assert_eq!(c.limits, Limits::default());
+}
+
+#[test]
+fn zero_sync_interval_is_off() {
+    for v in ["0", "\"0\"", "0s"] {
+        let text = format!("node: {{ replica_id: 1 }}\ntree: {{ sync_interval: {v} }}");
+        assert_eq!(
+            Config::from_yaml_str(&text).unwrap().tree.sync_interval,
+            None,
+            "{v}"
+        );
+    }
+}
+
+fn err(text: &str) -> String {
+    match Config::from_yaml_str(text) {
+        Err(Error::Config(m)) => m,
+        other => panic!("expected a config error for {text:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn errors_name_the_key() {
+    let base = "node: { replica_id: 1 }\n";
+    let cases = [
+        (
+            "tree: { replication_timeout: fast }",
+            "tree.replication_timeout:",
+        ),
+        (
+            "tree: { replication_timeout: 5 }",
+            "tree.replication_timeout:",
+        ),
+        (
+            "tree: { replication_worker_count: -1 }",
+            "tree.replication_worker_count:",
+        ),
+        (
+            "tree: { replication_worker_count: 0 }",
+            "tree.replication_worker_count:",
+        ),
+        ("tree: { typo: 1 }", "tree.typo: unknown key"),
+        (
+            "pilorama: { max_batch_delay: [1] }",
+            "pilorama.max_batch_delay:",
+        ),
+        ("pilorama: { path: 3 }", "pilorama.path:"),
+        (
+            "tree: { replication_timeout: 1s }\npilorama: { replicated_batch_delay: 600ms }",
+            "pilorama.replicated_batch_delay:",
+        ),
+        (
+            "limits: { max_message_bytes: 100 }",
+            "limits.max_message_bytes:",
+        ),
+        (
+            "limits: { sync_stamp_page_size: 0 }",
+            "limits.sync_stamp_page_size:",
+        ),
+        (
+            "limits: { max_tracked_trees: 0 }",
+            "limits.max_tracked_trees:",
+        ),
+        ("extra: 1", "extra: unknown key"),
+        ("tree: 3", "tree: expected a mapping"),
+    ];
+    for (text, want) in cases {
+        let m = err(&format!("{base}{text}"));
+        assert!(
+            m.starts_with(want),
+            "{text}: got {m:?}, want prefix {want:?}"
+        );
+    }
+}
+
+#[test]
+fn node_section_errors() {
+    assert!(err("tree: {}").starts_with("node.replica_id: missing"));
+    assert!(err("node: { replica_id: 70000 }").starts_with("node.replica_id:"));
+    let dup = "node: { replica_id: 1, peers: [ { replica_id: 1, address: a } ] }";
+    assert!(err(dup).starts_with("node.peers:"));
+    let no_addr = "node: { replica_id: 1, peers: [ { replica_id: 2 } ] }";
+    assert!(err(no_addr).starts_with("node.peers[0].address: missing"));
+    let bad_cid = "node: { replica_id: 1, containers: [ { cid: abc, replicas: [1] } ] }";
+    assert!(err(bad_cid).starts_with("node.containers[0].cid:"));
+    let cid = "01".repeat(32);
+    let stranger =
+        format!("node: {{ replica_id: 1, containers: [ {{ cid: \"{cid}\", replicas: [9] }} ] }}");
+    assert!(err(&stranger).starts_with("node.containers:"));
+}
+
+#[test]
+fn garbage_is_an_error_not_a_panic() {
+    for text in ["[1, 2", "- a\n- b", "\u{0}\u{1}", "node: [1]", ": :"] {
+        assert!(Config::from_yaml_str(text).is_err(), "{text:?}");
+    }
+}

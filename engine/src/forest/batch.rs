@@ -1,0 +1,220 @@
+//! Group commits: one batch of writes in one write transaction, and the
+//! summary of what it changed (docs/design.md §5).
+
+use super::{dir_cache, write, Forest, WriteOp, WriteOutcome, WriteRequest};
+use crate::error::{Error, Result};
+use crate::types::*;
+use crate::validate;
+use std::collections::BTreeMap;
+
+/// An invariant check that `write_batch_checked` runs on one tree inside
+/// the batch's write transaction, after the batch and before its commit:
+/// the same checks as `check_invariants_touched` and `check_invariants`
+/// on the state the commit would store, without a read transaction of
+/// their own (for checkers that test every batch, the fuzz targets).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InvariantCheck {
+    /// `check_invariants_touched` at these nodes.
+    Touched(Vec<NodeId>),
+    /// `check_invariants`: the whole tree.
+    Whole,
+}
+
+/// What `write_batch_checked` returns when the transaction worked.
+#[derive(Debug)]
+pub struct CheckedBatch {
+    /// One result per request, as `write_batch` gives them.
+    pub results: Vec<Result<WriteOutcome>>,
+    /// What the commit changed (nothing when `verdict` is an error).
+    pub summary: CommitSummary,
+    /// The first broken invariant; then nothing of the batch is stored.
+    pub verdict: Result<(), String>,
+}
+
+/// What `write_batch` returns when the transaction worked.
+#[derive(Debug)]
+pub struct Committed {
+    /// One result per request, in request order.
+    pub results: Vec<Result<WriteOutcome>>,
+    pub summary: CommitSummary,
+}
+
+/// What one batch's transaction changed, for whoever replicates it: the one
+/// place that says which trees a commit stored ops in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitSummary {
+    /// Trees with at least one successful local write, ascending.
+    pub local_trees: Vec<TreeKey>,
+    /// Trees with at least one replicated op that was new here, ascending.
+    pub applied_trees: Vec<TreeKey>,
+    /// The error of a transaction that failed; then the lists above are
+    /// empty and `unsure_trees` holds every tree of the batch.
+    pub failure: Option<Error>,
+    /// Trees of a failed transaction, ascending: whether it stored ops in
+    /// them is unknown until the database is reopened.
+    pub unsure_trees: Vec<TreeKey>,
+}
+
+impl CommitSummary {
+    /// The summary of a transaction that committed with `results`.
+    pub fn of(requests: &[WriteRequest], results: &[Result<WriteOutcome>]) -> Self {
+        assert_eq!(requests.len(), results.len(), "one result per request");
+        let mut local = std::collections::BTreeSet::new();
+        let mut applied = std::collections::BTreeSet::new();
+        for (request, result) in requests.iter().zip(results) {
+            match (&request.op, result) {
+                (WriteOp::Apply { .. }, Ok(WriteOutcome::Applied { fresh: true })) => {
+                    applied.insert(&request.tree);
+                }
+                (WriteOp::Apply { .. }, _) | (_, Err(_)) => {}
+                (_, Ok(_)) => {
+                    local.insert(&request.tree);
+                }
+            }
+        }
+        Self {
+            local_trees: local.into_iter().cloned().collect(),
+            applied_trees: applied.into_iter().cloned().collect(),
+            failure: None,
+            unsure_trees: Vec::new(),
+        }
+    }
+
+    /// The summary of a transaction that failed with `error`.
+    pub fn failed(requests: &[WriteRequest], error: Error) -> Self {
+        let trees: std::collections::BTreeSet<&TreeKey> =
+            requests.iter().map(|r| &r.tree).collect();
+        Self {
+            failure: Some(error),
+            unsure_trees: trees.into_iter().cloned().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Every tree the commit stored ops in, or may have.
+    pub fn trees_written(&self) -> impl Iterator<Item = &TreeKey> {
+        self.local_trees
+            .iter()
+            .chain(&self.applied_trees)
+            .chain(&self.unsure_trees)
+    }
+}
+
+impl Forest {
+    /// Applies a batch in one write transaction. The outer error means the
+    /// transaction failed and nothing of the batch is stored; otherwise each
+    /// request has its own result, in request order.
+    ///
+    /// Replicated ops are applied first, per tree, merged in timestamp order
+    /// with one undo back to the oldest new op; local ops follow in request
+    /// order, each newer than everything before it.
+    pub fn write_batch(&self, requests: &[WriteRequest]) -> Result<Committed> {
+        let batch = self.write_batch_checked(requests, |_| Vec::new())?;
+        assert!(batch.verdict.is_ok(), "no check was asked for");
+        Ok(Committed {
+            results: batch.results,
+            summary: batch.summary,
+        })
+    }
+
+    /// `write_batch`, plus the invariant checks `checks` asks for given
+    /// the batch's results, run inside the batch's transaction before it
+    /// commits. A broken invariant aborts the transaction (nothing of the
+    /// batch is stored) and is reported in `verdict`.
+    pub fn write_batch_checked(
+        &self,
+        requests: &[WriteRequest],
+        checks: impl FnOnce(&[Result<WriteOutcome>]) -> Vec<(TreeKey, InvariantCheck)>,
+    ) -> Result<CheckedBatch> {
+        let mut dirs = self.lock_dir_cache();
+        dirs.align_with_canary();
+        let outcome = self.write_batch_with(requests, &mut dirs, checks);
+        if !matches!(
+            outcome,
+            Ok(CheckedBatch {
+                verdict: Ok(()),
+                ..
+            })
+        ) {
+            // Lookups made inside the failed transaction describe rows that
+            // were never committed.
+            dirs.clear();
+        }
+        outcome
+    }
+
+    fn write_batch_with(
+        &self,
+        requests: &[WriteRequest],
+        dirs: &mut dir_cache::DirCache,
+        checks: impl FnOnce(&[Result<WriteOutcome>]) -> Vec<(TreeKey, InvariantCheck)>,
+    ) -> Result<CheckedBatch> {
+        let refused: Vec<Option<Result<WriteOutcome>>> = requests
+            .iter()
+            .map(|r| {
+                validate::write(&r.tree, &r.op, self.options.input_limits())
+                    .err()
+                    .map(Err)
+            })
+            .collect();
+        let txn = self.begin_write()?;
+        let (changed, results, verdict) = {
+            let mut writer =
+                write::Writer::open(&txn, self.options.replica_id, dirs, &self.tree_numbers)?;
+            let results = apply_requests(&mut writer, requests, refused)?;
+            let changed = writer.flush()?;
+            let mut verdict = Ok(());
+            for (tree, check) in checks(&results) {
+                verdict = writer.check(&tree, &check)?;
+                if verdict.is_err() {
+                    break;
+                }
+            }
+            (changed && verdict.is_ok(), results, verdict)
+        };
+        if changed {
+            txn.commit()?;
+        } else {
+            txn.abort()?;
+        }
+        let summary = match verdict {
+            Ok(()) => CommitSummary::of(requests, &results),
+            Err(_) => CommitSummary::default(),
+        };
+        Ok(CheckedBatch {
+            results,
+            summary,
+            verdict,
+        })
+    }
+}
+
+/// Runs every request not `refused` yet through `writer`: replicated ops
+/// first, per tree, then local ones in request order. The outer error
+/// fails the batch.
+fn apply_requests(
+    writer: &mut write::Writer<'_, '_>,
+    requests: &[WriteRequest],
+    mut results: Vec<Option<Result<WriteOutcome>>>,
+) -> Result<Vec<Result<WriteOutcome>>> {
+    let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
+    for (index, request) in requests.iter().enumerate() {
+        if let (None, WriteOp::Apply { op }) = (&results[index], &request.op) {
+            let incoming = write::Incoming { index, op };
+            applies.entry(&request.tree).or_default().push(incoming);
+        }
+    }
+    for (tree, ops) in &applies {
+        writer.apply_remote(tree, ops, &mut results)?;
+    }
+    for (index, request) in requests.iter().enumerate() {
+        let local = !matches!(request.op, WriteOp::Apply { .. });
+        if local && results[index].is_none() {
+            results[index] = Some(writer.apply_local(&request.tree, &request.op)?);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every request has a result"))
+        .collect())
+}

@@ -1,0 +1,318 @@
+//! Reads of one tree: lookups by path, nodes, subtrees, the op log, and the
+//! full dumps and checks the simulator's checkers use. Each opens one read
+//! snapshot.
+
+use super::records::*;
+use super::{check, read, stamps, Forest, OpLogPage, TreeDump, TreeRead};
+use crate::error::{Error, Result};
+use crate::types::*;
+use crate::validate;
+
+impl Forest {
+    /// Nodes reached by `path` (see DESIGN §4); empty when nothing matches.
+    pub fn get_by_path(
+        &self,
+        tree: &TreeKey,
+        attr: &str,
+        path: &[String],
+        latest_only: bool,
+    ) -> Result<Vec<NodeInfo>> {
+        validate::path(attr, path, self.options.input_limits())?;
+        let read = self.read_tree(tree)?;
+        path_lookup(&read, path, latest_only)
+    }
+
+    /// `get_by_path` for many `(path, latest_only)` queries against one
+    /// snapshot, for checkers that ask many paths of one state (the
+    /// fuzz targets): one read transaction instead of one per query. The
+    /// first invalid path fails the whole call.
+    pub fn get_by_paths(
+        &self,
+        tree: &TreeKey,
+        attr: &str,
+        queries: &[(&[String], bool)],
+    ) -> Result<Vec<Vec<NodeInfo>>> {
+        for (path, _) in queries {
+            validate::path(attr, path, self.options.input_limits())?;
+        }
+        let read = self.read_tree(tree)?;
+        queries
+            .iter()
+            .map(|&(path, latest_only)| path_lookup(&read, path, latest_only))
+            .collect()
+    }
+
+    /// One node, or `None` if the tree has no such node. ROOT and TRASH are
+    /// not stored nodes: they give `None`.
+    pub fn get_node(&self, tree: &TreeKey, node: NodeId) -> Result<Option<NodeInfo>> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        read::node_info(&rows, rec.number, node)
+    }
+
+    /// `get_node` for many nodes in one read transaction: a checker that
+    /// looks up every acknowledged node would otherwise pay for a
+    /// transaction per node.
+    pub fn get_nodes(&self, tree: &TreeKey, nodes: &[NodeId]) -> Result<Vec<Option<NodeInfo>>> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        nodes
+            .iter()
+            .map(|&node| read::node_info(&rows, rec.number, node))
+            .collect()
+    }
+
+    /// Children ids of a node, ascending.
+    pub fn get_children(&self, tree: &TreeKey, node: NodeId) -> Result<Vec<NodeId>> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let mut ids: Vec<NodeId> = read::children_of(&rows, rec.number, node)?
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Depth-first, every parent before its children (children by ascending
+    /// id); depth 0 = unlimited, 1 = the root alone. At most `limit` nodes
+    /// (TooLarge beyond). ROOT and TRASH are reported with an empty meta
+    /// and themselves as parent.
+    pub fn get_subtree(
+        &self,
+        tree: &TreeKey,
+        root: NodeId,
+        depth: u32,
+        limit: usize,
+    ) -> Result<Vec<NodeInfo>> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let first = match root {
+            ROOT | TRASH => NodeInfo {
+                id: root,
+                parent: root,
+                meta: Meta::default(),
+            },
+            _ => read::node_info(&rows, rec.number, root)?.ok_or(Error::NodeNotFound(root))?,
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![(first, 1u32)];
+        while let Some((info, level)) = stack.pop() {
+            if out.len() == limit {
+                return Err(Error::TooLarge {
+                    what: "subtree".into(),
+                    size: limit as u64 + 1,
+                    limit: limit as u64,
+                });
+            }
+            if depth == 0 || level < depth {
+                let mut ids: Vec<NodeId> = read::children_of(&rows, rec.number, info.id)?
+                    .into_iter()
+                    .map(|c| c.0)
+                    .collect();
+                ids.sort_unstable();
+                for id in ids.into_iter().rev() {
+                    let child = read::node_info(&rows, rec.number, id)?
+                        .expect("children index points at a stored node");
+                    stack.push((child, level + 1));
+                }
+            }
+            out.push(info);
+        }
+        Ok(out)
+    }
+
+    /// Stored ops from `from_height` on, in this replica's storage order.
+    pub fn get_op_log(
+        &self,
+        tree: &TreeKey,
+        from_height: u64,
+        limit: usize,
+    ) -> Result<Vec<LogEntry>> {
+        Ok(self
+            .scan_op_log(tree, from_height, limit, limit, None)?
+            .entries)
+    }
+
+    /// The stored ops that originated at replica `origin` (the low bits of
+    /// their timestamps), from `from_height` on in storage order: at most
+    /// `limit` of them, looking at no more than `scan_max` heights. The
+    /// origin is read from the height index, so the ops of other replicas
+    /// are skipped without a log lookup. `next_height` is where the next
+    /// page starts: every height below it was looked at.
+    pub fn get_op_log_of_origin(
+        &self,
+        tree: &TreeKey,
+        from_height: u64,
+        limit: usize,
+        scan_max: usize,
+        origin: ReplicaId,
+    ) -> Result<OpLogPage> {
+        self.scan_op_log(tree, from_height, limit, scan_max, Some(origin))
+    }
+
+    fn scan_op_log(
+        &self,
+        tree: &TreeKey,
+        from_height: u64,
+        limit: usize,
+        scan_max: usize,
+        origin: Option<ReplicaId>,
+    ) -> Result<OpLogPage> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let mut page = OpLogPage {
+            entries: Vec::new(),
+            next_height: from_height,
+        };
+        if from_height >= rec.next_height {
+            return Ok(page);
+        }
+        let t = rec.number;
+        let start = stamps::run_holding(&rows, t, from_height)?;
+        let mut scanned = 0usize;
+        for row in rows
+            .range(height_key(t, u64::MAX)..=height_key(t, start))?
+            .rev()
+        {
+            let (key, stamps) = row?;
+            let first = height_of_key(key.value());
+            for (height, ts) in (first..).zip(decode_height_run(stamps.value())?) {
+                if height < from_height {
+                    continue;
+                }
+                if page.entries.len() >= limit || scanned >= scan_max {
+                    return Ok(page);
+                }
+                scanned += 1;
+                page.next_height = height + 1;
+                if origin.is_some_and(|o| timestamp_replica(ts) != o) {
+                    continue;
+                }
+                let record = read::log_record(&rows, rec.number, ts)?;
+                assert_eq!(record.tail.height, height, "height index out of sync");
+                page.entries.push(LogEntry {
+                    height,
+                    op: record.into_move(ts),
+                });
+            }
+        }
+        Ok(page)
+    }
+
+    /// For each op, whether the tree's log already holds exactly that op
+    /// (same timestamp, parent, child and meta): a puller need not submit
+    /// those. An absent tree holds none.
+    pub fn stored_ops(&self, tree: &TreeKey, ops: &[&Move]) -> Result<Vec<bool>> {
+        let (txn, number) = match self.read_tree_number(tree) {
+            Ok(found) => found,
+            Err(Error::TreeNotFound) => return Ok(vec![false; ops.len()]),
+            Err(e) => return Err(e),
+        };
+        let log = txn.open_table(ROWS)?;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            let same = match log.get(log_key(number, op.ts()))? {
+                Some(guard) => {
+                    LogView::parse(guard.value())?.same_op(op.parent, op.child, &op.meta.items)
+                }
+                None => false,
+            };
+            out.push(same);
+        }
+        Ok(out)
+    }
+
+    /// The height the next stored op of this tree will get (= ops stored);
+    /// 0 for a tree that does not exist.
+    pub fn next_height(&self, tree: &TreeKey) -> Result<u64> {
+        match self.read_tree(tree) {
+            Ok(read) => Ok(read.rec.next_height),
+            Err(Error::TreeNotFound) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Full state of a tree, for checkers: nodes by id, log by timestamp.
+    /// The log is read once; each node's meta comes from the logged op at
+    /// its time (found in that read, not by a lookup per node).
+    pub fn dump(&self, tree: &TreeKey) -> Result<TreeDump> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let t = rec.number;
+        let mut dump = TreeDump {
+            nodes: Vec::new(),
+            log: Vec::new(),
+        };
+        for row in read::rows_of_kind(&rows, t, RowKind::Log)? {
+            let (ts, value) = row?;
+            dump.log.push(decode_log(value.value())?.into_move(ts));
+        }
+        for row in read::rows_of_kind(&rows, t, RowKind::Node)? {
+            let (id, value) = row?;
+            let node = decode_node(value.value())?;
+            let Ok(at) = dump.log.binary_search_by_key(&node.time, |op| op.meta.time) else {
+                panic!("tree {t}: log entry {} is missing", node.time);
+            };
+            dump.nodes.push(NodeInfo {
+                id,
+                parent: node.parent,
+                meta: dump.log[at].meta.clone(),
+            });
+        }
+        Ok(dump)
+    }
+
+    /// Checks the tree invariant over the whole stored tree: one parent per
+    /// node, no cycle, indexes consistent with node state.
+    pub fn check_invariants(&self, tree: &TreeKey) -> Result<(), String> {
+        let read = self.read_tree(tree).map_err(|e| e.to_string())?;
+        check::check_tree(&read).map_err(|e| e.to_string())?
+    }
+
+    /// The checks of `check_invariants` that a write to `touched` nodes can
+    /// break, without reading the whole tree (see `check::check_touched`).
+    pub fn check_invariants_touched(
+        &self,
+        tree: &TreeKey,
+        touched: &[NodeId],
+    ) -> Result<(), String> {
+        let read = self.read_tree(tree).map_err(|e| e.to_string())?;
+        check::check_touched(&read, touched).map_err(|e| e.to_string())?
+    }
+
+    /// Number of logged ops over all trees (bench, tests).
+    pub fn log_rows(&self) -> Result<u64> {
+        let txn = self.begin_read()?;
+        let rows = txn.open_table(ROWS)?;
+        let mut count = 0u64;
+        for (_, number) in self.trees_from(&[])? {
+            for row in read::rows_of_kind(&rows, number, RowKind::Log)? {
+                row?;
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+}
+
+/// The body of `get_by_path` on an open snapshot (`path` already checked).
+fn path_lookup(read: &TreeRead, path: &[String], latest_only: bool) -> Result<Vec<NodeInfo>> {
+    let (rows, number) = (&read.rows, read.rec.number);
+    let (dirs, last) = path.split_at(path.len() - 1);
+    let (dir, found) = read::resolve_dirs(rows, number, dirs)?;
+    if found < dirs.len() {
+        return Ok(Vec::new());
+    }
+    let mut matches = read::children_named(rows, number, dir, &component_key(&last[0]))?;
+    if latest_only {
+        // Newest meta wins; times are unique, the id only breaks
+        // impossible ties deterministically.
+        matches.sort_by_key(|&(id, time, _)| (std::cmp::Reverse(time), id));
+        matches.truncate(1);
+    }
+    let mut out = Vec::with_capacity(matches.len());
+    for (id, time, _) in matches {
+        let items = read::log_record(rows, number, time)?.body.items;
+        out.push(NodeInfo {
+            id,
+            parent: dir,
+            meta: Meta { time, items },
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,114 @@
+//! Stored record types, their tables and their byte encodings.
+//!
+//! Every table is declared here, once. Keys are tuples of integers
+//! (redb's, or [`RowKey`] for the rows), ordered element by element
+//! numerically, so range scans by
+//! prefix (`(tree, ..)`, `(tree, parent, ..)`) work without hand-made
+//! big-endian keys. Each tree is mapped to a small `u64` tree number (never
+//! reused) so that the per-tree tables do not repeat the 32-byte container
+//! id and the tree name in every key.
+//!
+//! Every decoder returns `Error::Malformed` on bad bytes: a damaged record is
+//! an operating error (disk, fuzzer), not a reason to panic.
+
+mod log;
+mod node;
+mod rows;
+
+pub use log::*;
+pub use node::*;
+pub use rows::*;
+
+use crate::error::{Error, Result};
+use crate::types::*;
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+/// `cid (32 bytes) ++ tree id (UTF-8)` -> the tree's number. Byte order
+/// of the key sorts trees by container, then by tree id. Written once, when
+/// the tree is created: the tree's changing bookkeeping lives in [`ROWS`]
+/// (a [`TreeRecord`] under [`state_key`]), next to the rows a batch writes.
+pub const TREES: TableDefinition<&[u8], u64> = TableDefinition::new("trees");
+/// Forest-wide counters, e.g. [`NEXT_TREE_NUMBER`].
+pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// `(tree number, cursor kind, peer)` -> cursor value.
+pub const CURSORS: TableDefinition<(u64, u8, u16), u64> = TableDefinition::new("cursors");
+
+/// Key of [`META`] holding the number the next new tree gets.
+pub const NEXT_TREE_NUMBER: &str = "next_tree_number";
+
+/// Key of [`META`] holding the layout version of the stored tables.
+pub const FORMAT_VERSION: &str = "format_version";
+
+/// Version 2: one [`ROWS`] table instead of separate log, node, height
+/// tables and tree records. Version 3: the children index moved into
+/// [`ROWS`] (four-integer keys), node and log rows share one region.
+/// Version 4: [`ROWS`] keyed by [`RowKey`] (same bytes and order as
+/// version 3's tuple, another redb type name).
+pub const FORMAT_VERSION_CURRENT: u64 = 4;
+
+/// The key of a tree in [`TREES`].
+pub fn tree_key_bytes(tree: &TreeKey) -> Vec<u8> {
+    let mut key = Vec::with_capacity(32 + tree.tree.len());
+    key.extend_from_slice(&tree.cid.0);
+    key.extend_from_slice(tree.tree.as_bytes());
+    key
+}
+
+/// Inverse of [`tree_key_bytes`].
+pub fn decode_tree_key(bytes: &[u8]) -> Result<TreeKey> {
+    if bytes.len() < 32 {
+        return Err(Error::Malformed(
+            "tree key shorter than a container id".into(),
+        ));
+    }
+    let mut cid = [0u8; 32];
+    cid.copy_from_slice(&bytes[..32]);
+    let name = std::str::from_utf8(&bytes[32..])
+        .map_err(|_| Error::Malformed("tree id is not UTF-8".into()))?;
+    Ok(TreeKey::new(ContainerId(cid), name))
+}
+
+/// Per-tree bookkeeping (the [`RowKind::State`] row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeRecord {
+    /// The tree's number in the per-tree tables.
+    pub number: u64,
+    /// Largest Lamport counter of any op stored in the tree; a local op
+    /// takes the next one.
+    pub max_counter: u64,
+    /// Height the next stored op gets (= ops stored).
+    pub next_height: u64,
+    /// Node rows of this tree; bounds ancestor walks.
+    pub node_count: u64,
+    /// Largest parent id (TRASH aside) named by any stored op: a node id
+    /// above it can have no children, which spares the cycle check's walk
+    /// for freshly created nodes.
+    pub max_parent: u64,
+}
+
+pub fn encode_tree(record: &TreeRecord) -> Vec<u8> {
+    postcard::to_stdvec(record).expect("encoding a tree record cannot fail")
+}
+
+pub fn decode_tree(bytes: &[u8]) -> Result<TreeRecord> {
+    decode_exact(bytes, "tree record")
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    u64::from_be_bytes(bytes.try_into().expect("caller checked the length"))
+}
+
+fn be_u32(bytes: &[u8]) -> usize {
+    u32::from_be_bytes(bytes.try_into().expect("caller checked the length")) as usize
+}
+
+fn decode_exact<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T> {
+    let (value, rest) =
+        postcard::take_from_bytes(bytes).map_err(|e| Error::Malformed(format!("{what}: {e}")))?;
+    if !rest.is_empty() {
+        return Err(Error::Malformed(format!("{what}: trailing bytes")));
+    }
+    Ok(value)
+}

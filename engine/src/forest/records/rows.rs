@@ -1,0 +1,343 @@
+//! The one table of per-tree rows ([`ROWS`]): its key type, the kinds of
+//! row it holds and the key of each kind.
+
+use super::be_u64;
+use crate::error::{Error, Result};
+use crate::types::*;
+use redb::TableDefinition;
+
+/// Every per-tree row, in one b-tree, keyed by `(tree number << 2 |
+/// region, a, b, c)` (see [`RowKind`] for each kind's region and `a, b,
+/// c`).
+///
+/// Why one table: a commit pays per b-tree page it dirties (a fresh page,
+/// its checksum, the write to storage, the old page's release) and per
+/// table whose root changes (a table-tree update, a table open per
+/// transaction). The batches of a replicated service are small (often one
+/// op), and one op used to dirty a root-to-leaf path in each of six
+/// tables. In one key space the paths share their branch pages, and the
+/// rows an appending batch writes sit side by side: node and log rows
+/// share one region ordered by id/timestamp, so the node a create op makes
+/// (its id is the op's timestamp) lands next to the op's log row at the
+/// region's end; the tree's state row follows, then the newest height run
+/// (heights are keyed in descending order for this). An in-order batch of
+/// creations usually dirties one leaf for all four, plus the children
+/// index leaf under each parent.
+///
+/// The key is four integers wide for the children index, which needs
+/// `(parent, name hash, child)`; the other kinds pad with zeros.
+pub const ROWS: TableDefinition<RowKey, &[u8]> = TableDefinition::new("rows");
+
+/// The four integers of a [`ROWS`] key, as code handles them.
+pub type RowKeyParts = (u64, u64, u64, u64);
+
+/// Key type of [`ROWS`]: [`RowKeyParts`] stored as 32 bytes, each integer
+/// little-endian (the bytes redb gives the tuple `(u64, u64, u64, u64)`),
+/// ordered element by element.
+///
+/// Its own type rather than redb's tuple, for the cost of every row
+/// access: redb formats a tuple's type name anew on each table open (a
+/// `String` per element and one for the whole), serialises each tuple key
+/// into a fresh `Vec`, and compares tuples through per-element slices.
+/// This one encodes into an array, compares four loaded integers, and
+/// names itself with a constant. The stored type name differs from the
+/// tuple's, hence format version 4.
+#[derive(Debug)]
+pub struct RowKey;
+
+const ROW_KEY_BYTES: usize = 32;
+
+/// Integer `i` of an encoded row key. redb hands a fixed-width key
+/// exactly `fixed_width()` bytes. Written to stay cheap in builds with
+/// debug assertions too (the fuzz targets'): one bounds check, no
+/// `copy_from_slice` precondition checks. Millions of calls per second:
+/// every key comparison inside a b-tree page comes here.
+fn row_key_word(bytes: &[u8], i: usize) -> u64 {
+    let word: &[u8; 8] = bytes[8 * i..8 * i + 8]
+        .try_into()
+        .expect("8 bytes make a word");
+    u64::from_le_bytes(*word)
+}
+
+/// The four integers laid out as stored (each little-endian).
+#[derive(Debug)]
+pub struct RowKeyBytes([[u8; 8]; 4]);
+
+impl AsRef<[u8]> for RowKeyBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_flattened()
+    }
+}
+
+impl redb::Value for RowKey {
+    type SelfType<'a> = RowKeyParts;
+    type AsBytes<'a> = RowKeyBytes;
+
+    fn fixed_width() -> Option<usize> {
+        Some(ROW_KEY_BYTES)
+    }
+
+    fn from_bytes<'a>(data: &'a [u8]) -> RowKeyParts
+    where
+        Self: 'a,
+    {
+        let word = |i| row_key_word(data, i);
+        (word(0), word(1), word(2), word(3))
+    }
+
+    fn as_bytes<'a, 'b: 'a>(value: &'a RowKeyParts) -> RowKeyBytes
+    where
+        Self: 'b,
+    {
+        let (a, b, c, d) = *value;
+        RowKeyBytes([a, b, c, d].map(u64::to_le_bytes))
+    }
+
+    fn type_name() -> redb::TypeName {
+        redb::TypeName::new("arbor::RowKey")
+    }
+}
+
+impl redb::Key for RowKey {
+    fn compare(left: &[u8], right: &[u8]) -> std::cmp::Ordering {
+        // Rows of one tree share the first integer: decode only as far
+        // as the keys agree.
+        for i in 0..4 {
+            let order = row_key_word(left, i).cmp(&row_key_word(right, i));
+            if order.is_ne() {
+                return order;
+            }
+        }
+        std::cmp::Ordering::Equal
+    }
+}
+
+/// What a [`ROWS`] row holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowKind {
+    /// Ops region, `(a, b) = (node, 0)`: encoded [`NodeRecord`], the
+    /// node's current state.
+    Node,
+    /// Ops region, `(a, b) = (timestamp, 1)`: encoded log record (see
+    /// [`LogRecord`]), the op log in timestamp order.
+    Log,
+    /// State region, a = 0: encoded [`TreeRecord`].
+    State,
+    /// Height region, a = `u64::MAX - first height`: the timestamps (8
+    /// bytes each, BE) of the ops stored at heights `first, first + 1,
+    /// ..`, the log in this replica's storage order. One row per run of
+    /// consecutive heights written by one batch (at most
+    /// [`HEIGHT_RUN_MAX`]) rather than one per op.
+    Height,
+    /// Children region, `(a, b, c) = (parent, name hash, child)`: the
+    /// children index, an encoded [`ChildEntry`] (`meta time (8, BE) ++
+    /// internal (1) ++ name key`). The name key is `[0]` for a node
+    /// without `FileName` and `[1] ++ value` otherwise; the key holds only
+    /// its [`name_hash`], so every key has the same fixed width and the
+    /// full name in the value settles the rare hash collision. One range
+    /// serves "children of p" (prefix `(parent)`) and path lookup (prefix
+    /// `(parent, hash)`, filtered by name), and within one name rows are
+    /// in child order, so the smallest id of a duplicated directory comes
+    /// first.
+    Child,
+}
+
+/// The low bits of a key's first element.
+#[derive(Clone, Copy)]
+enum Region {
+    Ops = 0,
+    State = 1,
+    Height = 2,
+    Child = 3,
+}
+
+const REGION_BITS: u32 = 2;
+
+/// The key's third element in the ops region.
+const OPS_NODE: u64 = 0;
+
+const OPS_LOG: u64 = 1;
+
+/// Largest tree number that fits beside a region in a key.
+pub const TREE_NUMBER_MAX: u64 = u64::MAX >> REGION_BITS;
+
+fn row_prefix(tree: u64, region: Region) -> u64 {
+    assert!(tree <= TREE_NUMBER_MAX, "tree number {tree} out of range");
+    (tree << REGION_BITS) | region as u64
+}
+
+fn region_of(kind: RowKind) -> Region {
+    match kind {
+        RowKind::Node | RowKind::Log => Region::Ops,
+        RowKind::State => Region::State,
+        RowKind::Height => Region::Height,
+        RowKind::Child => Region::Child,
+    }
+}
+
+/// What the row under `key` holds; `None` for a key no kind uses (damage).
+pub fn key_kind(key: RowKeyParts) -> Option<RowKind> {
+    match (key.0 & ((1 << REGION_BITS) - 1), key.2) {
+        (0, OPS_NODE) => Some(RowKind::Node),
+        (0, OPS_LOG) => Some(RowKind::Log),
+        (0, _) => None,
+        (1, _) => Some(RowKind::State),
+        (2, _) => Some(RowKind::Height),
+        _ => Some(RowKind::Child),
+    }
+}
+
+pub fn node_key(tree: u64, node: NodeId) -> RowKeyParts {
+    (row_prefix(tree, Region::Ops), node, OPS_NODE, 0)
+}
+
+pub fn log_key(tree: u64, ts: Timestamp) -> RowKeyParts {
+    (row_prefix(tree, Region::Ops), ts, OPS_LOG, 0)
+}
+
+pub fn state_key(tree: u64) -> RowKeyParts {
+    (row_prefix(tree, Region::State), 0, 0, 0)
+}
+
+/// Key of the height run starting at `first`: descending, so that the
+/// newest run is the first row after the state row.
+pub fn height_key(tree: u64, first: u64) -> RowKeyParts {
+    (row_prefix(tree, Region::Height), u64::MAX - first, 0, 0)
+}
+
+/// The first height of the run stored under `key` (a [`height_key`]).
+pub fn height_of_key(key: RowKeyParts) -> u64 {
+    u64::MAX - key.1
+}
+
+/// Key of the children-index row of `child` under `parent`.
+pub fn child_key(tree: u64, parent: NodeId, name_hash: u64, child: NodeId) -> RowKeyParts {
+    (row_prefix(tree, Region::Child), parent, name_hash, child)
+}
+
+/// Every children-index row of `parent`.
+pub fn children_range(tree: u64, parent: NodeId) -> std::ops::RangeInclusive<RowKeyParts> {
+    child_key(tree, parent, 0, 0)..=child_key(tree, parent, u64::MAX, u64::MAX)
+}
+
+/// Every children-index row of `parent` whose name hashes to `name_hash`.
+pub fn children_hash_range(
+    tree: u64,
+    parent: NodeId,
+    name_hash: u64,
+) -> std::ops::RangeInclusive<RowKeyParts> {
+    child_key(tree, parent, name_hash, 0)..=child_key(tree, parent, name_hash, u64::MAX)
+}
+
+/// Every row of the region that holds `kind` in one tree. Node and log
+/// rows share a region: a scan for either meets both and tells them
+/// apart with [`key_kind`].
+pub fn region_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKeyParts> {
+    let prefix = row_prefix(tree, region_of(kind));
+    (prefix, 0, 0, 0)..=(prefix, u64::MAX, u64::MAX, u64::MAX)
+}
+
+/// Every [`ROWS`] row of one tree.
+pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKeyParts> {
+    let first = row_prefix(tree, Region::Ops);
+    let last = row_prefix(tree, Region::Child);
+    (first, 0, 0, 0)..=(last, u64::MAX, u64::MAX, u64::MAX)
+}
+
+/// Most timestamps in one height run (4 KiB of value).
+pub const HEIGHT_RUN_MAX: usize = 512;
+
+/// The timestamps of an encoded height run.
+pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = Timestamp> + '_> {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(8) || bytes.len() > 8 * HEIGHT_RUN_MAX {
+        return Err(Error::Malformed(format!(
+            "height run of {} bytes",
+            bytes.len()
+        )));
+    }
+    Ok(bytes.chunks_exact(8).map(be_u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::{Key, Value};
+
+    type Tuple = (u64, u64, u64, u64);
+
+    /// `RowKey` stores the bytes redb gives the four-integer tuple and
+    /// orders them as the tuple orders its integers (so version 3's rows
+    /// sort the same, and the key functions' order is the stored one).
+    #[test]
+    fn row_keys_encode_and_order_as_the_tuple_did() {
+        let edges = [0, 1, 2, 255, 256, 1 << 32, u64::MAX - 1, u64::MAX];
+        let mut parts = Vec::new();
+        for &a in &edges {
+            for &b in &edges[..4] {
+                parts.push((a, b, edges[(a % 8) as usize], edges[(b % 8) as usize]));
+                parts.push((b, a, u64::MAX - a, a ^ b));
+            }
+        }
+        for x in &parts {
+            let encoded = RowKey::as_bytes(x);
+            let bytes = encoded.as_ref();
+            assert_eq!(bytes, Tuple::as_bytes(x).as_slice());
+            assert_eq!(RowKey::from_bytes(bytes), *x);
+            for y in &parts {
+                let other = RowKey::as_bytes(y);
+                let order = RowKey::compare(bytes, other.as_ref());
+                assert_eq!(order, x.cmp(y), "{x:?} {y:?}");
+                assert_eq!(order, Tuple::compare(bytes, other.as_ref()));
+            }
+        }
+        assert_eq!(RowKey::fixed_width(), Tuple::fixed_width());
+    }
+
+    #[test]
+    fn keys_keep_each_trees_rows_together_and_in_order() {
+        let t = 5;
+        // A created node sits right before its creating op's log row.
+        assert!(node_key(t, 9) < log_key(t, 9));
+        assert!(log_key(t, 9) < node_key(t, 10));
+        // State after every op row, then heights newest first.
+        assert!(log_key(t, u64::MAX) < state_key(t));
+        assert!(state_key(t) < height_key(t, 7));
+        assert!(height_key(t, 7) < height_key(t, 3));
+        // Children: one parent's rows form one range, names grouped,
+        // children of one name in id order; TRASH's too.
+        for parent in [ROOT, 42, TRASH] {
+            let all = children_range(t, parent);
+            let named = children_hash_range(t, parent, 77);
+            assert!(all.contains(named.start()) && all.contains(named.end()));
+            assert!(child_key(t, parent, 77, 1) < child_key(t, parent, 77, 2));
+            assert!(all.contains(&child_key(t, parent, 0, 0)));
+            assert!(!all.contains(&child_key(t, parent.wrapping_add(1), 0, 0)));
+        }
+        // Every kind of tree t is in its range, nothing of its neighbours.
+        let rows = tree_rows(t);
+        for key in [
+            node_key(t, 0),
+            log_key(t, u64::MAX),
+            state_key(t),
+            height_key(t, 0),
+            child_key(t, TRASH, u64::MAX, u64::MAX),
+        ] {
+            assert!(rows.contains(&key), "{key:?}");
+        }
+        assert!(!rows.contains(&child_key(t - 1, TRASH, 0, 0)));
+        assert!(!rows.contains(&node_key(t + 1, 0)));
+        let last = tree_rows(TREE_NUMBER_MAX);
+        assert!(last.contains(&child_key(TREE_NUMBER_MAX, TRASH, 1, 1)));
+    }
+
+    #[test]
+    fn key_kinds_round_trip_and_unknown_ones_are_named() {
+        assert_eq!(key_kind(node_key(3, 8)), Some(RowKind::Node));
+        assert_eq!(key_kind(log_key(3, 8)), Some(RowKind::Log));
+        assert_eq!(key_kind(state_key(3)), Some(RowKind::State));
+        assert_eq!(key_kind(height_key(3, 8)), Some(RowKind::Height));
+        assert_eq!(key_kind(child_key(3, 1, 2, 8)), Some(RowKind::Child));
+        let (prefix, id, _, _) = node_key(3, 8);
+        assert_eq!(key_kind((prefix, id, 2, 0)), None);
+    }
+}

@@ -1,0 +1,189 @@
+//! The forest's trees as a whole: listing, dropping, per-peer cursors, and
+//! emptying the forest.
+
+use super::records::*;
+use super::{open_all_tables, tree_number, CursorKind, Forest};
+use crate::error::{Error, Result};
+use crate::types::*;
+use redb::ReadableTable;
+
+impl Forest {
+    /// Tree ids of a container, ascending.
+    pub fn tree_list(&self, cid: &ContainerId) -> Result<Vec<String>> {
+        Ok(self
+            .trees_from(&cid.0)?
+            .into_iter()
+            .take_while(|(key, _)| key.cid == *cid)
+            .map(|(key, _)| key.tree)
+            .collect())
+    }
+
+    /// Every tree of the forest, ascending.
+    pub fn all_trees(&self) -> Result<Vec<TreeKey>> {
+        Ok(self.trees_from(&[])?.into_iter().map(|t| t.0).collect())
+    }
+
+    /// At most `limit` trees after `after` (from the first with `None`),
+    /// ascending: a walk over every tree in bounded steps.
+    pub fn trees_after(&self, after: Option<&TreeKey>, limit: usize) -> Result<Vec<TreeKey>> {
+        let txn = self.begin_read()?;
+        let trees = txn.open_table(TREES)?;
+        let from = after.map(tree_key_bytes).unwrap_or_default();
+        let mut out = Vec::with_capacity(limit.min(1024));
+        for row in trees.range(from.as_slice()..)? {
+            if out.len() == limit {
+                break;
+            }
+            let key = decode_tree_key(row?.0.value())?;
+            if Some(&key) != after {
+                out.push(key);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every tree whose key is at least `from`, ascending, with its number.
+    pub(super) fn trees_from(&self, from: &[u8]) -> Result<Vec<(TreeKey, u64)>> {
+        let txn = self.begin_read()?;
+        let trees = txn.open_table(TREES)?;
+        let mut out = Vec::new();
+        for row in trees.range(from..)? {
+            let (key, value) = row?;
+            out.push((decode_tree_key(key.value())?, value.value()));
+        }
+        Ok(out)
+    }
+
+    pub fn tree_exists(&self, tree: &TreeKey) -> Result<bool> {
+        match self.read_tree_number(tree) {
+            Ok(_) => Ok(true),
+            Err(Error::TreeNotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes one tree (`Some`; TreeNotFound if absent) or every tree of
+    /// the container (`None`), with all their rows.
+    pub fn tree_drop(&self, cid: &ContainerId, tree: Option<&str>) -> Result<()> {
+        let victims: Vec<(TreeKey, u64)> = match tree {
+            Some(name) => {
+                let key = TreeKey::new(*cid, name);
+                let (_, number) = self.read_tree_number(&key)?;
+                vec![(key, number)]
+            }
+            None => self
+                .trees_from(&cid.0)?
+                .into_iter()
+                .take_while(|(key, _)| key.cid == *cid)
+                .collect(),
+        };
+        if victims.is_empty() {
+            return Ok(());
+        }
+        // Tree numbers are never reused, so the dropped trees' lookups
+        // could not be hit again; emptying the cache keeps it small.
+        let mut dirs = self.lock_dir_cache();
+        dirs.clear();
+        let txn = self.begin_write()?;
+        for (key, number) in &victims {
+            delete_tree_rows(&txn, key, *number)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// A durable per-peer cursor (0 when never set or the tree is absent).
+    pub fn cursor(&self, tree: &TreeKey, kind: CursorKind, peer: ReplicaId) -> Result<u64> {
+        let (txn, number) = match self.read_tree_number(tree) {
+            Ok(found) => found,
+            Err(Error::TreeNotFound) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let cursors = txn.open_table(CURSORS)?;
+        Ok(cursors
+            .get((number, kind as u8, peer))?
+            .map_or(0, |g| g.value()))
+    }
+
+    /// Moves a cursor forward; moving it backwards is a programming error.
+    /// TreeNotFound when the tree does not exist.
+    pub fn set_cursor(
+        &self,
+        tree: &TreeKey,
+        kind: CursorKind,
+        peer: ReplicaId,
+        value: u64,
+    ) -> Result<()> {
+        let txn = self.begin_write()?;
+        let moved = {
+            let number = tree_number(&txn.open_table(TREES)?, tree)?;
+            let mut cursors = txn.open_table(CURSORS)?;
+            let key = (number, kind as u8, peer);
+            let current = cursors.get(key)?.map_or(0, |g| g.value());
+            assert!(
+                value >= current,
+                "cursor {kind:?}/{peer} moved back from {current} to {value}"
+            );
+            if value > current {
+                cursors.insert(key, value)?;
+            }
+            value > current
+        };
+        // A cursor already at `value` is durable as it is: a commit would
+        // cost a flush and change nothing.
+        if moved {
+            txn.commit()?;
+        } else {
+            txn.abort()?;
+        }
+        Ok(())
+    }
+
+    /// Empties every table, tree numbering included, so the forest behaves
+    /// exactly like a freshly created one; one durable commit. For harnesses
+    /// that run many short cases on one database (fuzzing), where opening
+    /// and closing redb per case costs more than the case.
+    pub fn clear(&self) -> Result<()> {
+        self.clear_with(redb::Durability::Immediate)
+    }
+
+    /// `clear` in a commit without durability, for harnesses whose forests
+    /// commit without it anyway (`ForestOptions::durable` false): redb
+    /// frees the pages of non-durable commits at once, so this skips the
+    /// flush of `clear` and nothing grows; a later `clear` makes it all
+    /// durable.
+    pub fn clear_without_sync(&self) -> Result<()> {
+        self.clear_with(redb::Durability::None)
+    }
+
+    fn clear_with(&self, durability: redb::Durability) -> Result<()> {
+        // Tree numbers start over, so a cached lookup would name a node of
+        // a deleted tree. Taken before `db`, in the order `write_batch` does.
+        let mut dirs = self.lock_dir_cache();
+        dirs.clear();
+        let mut txn = self.begin_write()?;
+        txn.set_durability(durability)
+            .map_err(|e| Error::Storage(e.to_string()))?;
+        txn.delete_table(TREES)?;
+        txn.delete_table(META)?;
+        txn.delete_table(ROWS)?;
+        txn.delete_table(CURSORS)?;
+        // Recreated at once: reads never meet a missing table.
+        open_all_tables(&txn)?;
+        let committed = txn.commit();
+        // Tree numbers start over (also after a commit that failed half
+        // way). Still under the directory lock.
+        self.tree_numbers.new_epoch();
+        committed
+    }
+}
+
+fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
+    txn.open_table(ROWS)?
+        .retain_in(tree_rows(t), |_, _| false)?;
+    txn.open_table(CURSORS)?
+        .retain_in((t, 0, 0)..=(t, u8::MAX, u16::MAX), |_, _| false)?;
+    txn.open_table(TREES)?
+        .remove(tree_key_bytes(key).as_slice())?;
+    Ok(())
+}

@@ -1,0 +1,422 @@
+//! One op's do and undo on the rows: node state, the children index and
+//! the log, through the overlay while an undo/redo pass runs.
+
+use super::super::read;
+use super::super::records::*;
+use super::{strict, HeightRun, Writer};
+use crate::error::Result;
+use crate::types::*;
+use redb::ReadableTable;
+
+impl Writer<'_, '_> {
+    /// Does a new op and stores it with the tree's next height.
+    pub(super) fn append(
+        &mut self,
+        rec: &mut TreeRecord,
+        ts: Timestamp,
+        parent: NodeId,
+        child: NodeId,
+        items: &[KeyValue],
+    ) -> Result<()> {
+        let mut name = std::mem::take(&mut self.scratch.name);
+        name_key_from_items(items, &mut name);
+        let undo = self.do_op(rec, ts, parent, child, is_internal(items), &name);
+        self.scratch.name = name;
+        let tail = LogTail {
+            height: rec.next_height,
+            undo: undo?,
+        };
+        encode_log_into(&mut self.scratch.log, parent, child, items, tail);
+        let stored_before = self
+            .rows
+            .insert(log_key(rec.number, ts), self.scratch.log.as_slice())?
+            .is_some();
+        assert!(!stored_before, "timestamp {ts} stored twice");
+        self.record_height(rec.number, rec.next_height, ts);
+        rec.next_height += 1;
+        rec.max_counter = rec.max_counter.max(timestamp_counter(ts));
+        if parent != TRASH {
+            rec.max_parent = rec.max_parent.max(parent);
+        }
+        self.changed = true;
+        Ok(())
+    }
+
+    /// Remembers that `ts` is stored at `height`: extends the current run
+    /// when the height follows it, else starts a new one.
+    pub(super) fn record_height(&mut self, tree: u64, height: u64, ts: Timestamp) {
+        let extends = self.height_runs.last().is_some_and(|run| {
+            let len = run.stamps.len() / 8;
+            run.tree == tree && run.first + len as u64 == height && len < HEIGHT_RUN_MAX
+        });
+        if !extends {
+            self.height_runs.push(HeightRun {
+                tree,
+                first: height,
+                stamps: Vec::with_capacity(8 * 128),
+            });
+        }
+        let run = self.height_runs.last_mut().expect("pushed above");
+        run.stamps.extend_from_slice(&ts.to_be_bytes());
+    }
+
+    /// The "do" step: moves `child` under `parent` with the op's meta
+    /// (`internal`, `name_key`) unless that would make a cycle. Returns how
+    /// to undo it.
+    pub(super) fn do_op(
+        &mut self,
+        rec: &mut TreeRecord,
+        ts: Timestamp,
+        parent: NodeId,
+        child: NodeId,
+        internal: bool,
+        name_key: &[u8],
+    ) -> Result<Undo> {
+        if child == parent {
+            return Ok(Undo::NoEffect);
+        }
+        let tree = rec.number;
+        // The new state is written before the cycle check, so that one
+        // descent of the node table both reads the old state and writes the
+        // new one. The check walks up from `parent` and stops on reaching
+        // `child`, so it never reads the child's own (already new) row.
+        let old = self.put_node(tree, child, parent, ts, internal, name_key)?;
+        // A child that was not stored and has no children cannot be above
+        // `parent`: skip the ancestor walk.
+        let may_be_above =
+            old.is_some() || (child <= rec.max_parent && self.may_have_children(tree, child)?);
+        if may_be_above && self.is_ancestor_or_self(rec, child, parent)? {
+            self.restore_node(tree, child, old.as_ref())?;
+            return Ok(Undo::NoEffect);
+        }
+        let undo = match old {
+            Some(old) => {
+                self.remove_child_entry(tree, child, &old)?;
+                Undo::Moved {
+                    old_parent: old.parent,
+                    old_ts: old.time,
+                }
+            }
+            None => {
+                rec.node_count += 1;
+                Undo::Created
+            }
+        };
+        let entry = ChildEntry {
+            time: ts,
+            internal,
+            name_key,
+        };
+        self.insert_child_entry(tree, parent, child, entry)?;
+        Ok(undo)
+    }
+
+    /// Puts back the row `do_op` overwrote for an op that turned out to be
+    /// a no-op.
+    pub(super) fn restore_node(
+        &mut self,
+        tree: u64,
+        id: NodeId,
+        old: Option<&NodeRecord>,
+    ) -> Result<()> {
+        if self.overlay.is_some() {
+            self.overlay_set(tree, id, old.cloned())?;
+            return Ok(());
+        }
+        match old {
+            Some(old) => {
+                self.rows
+                    .insert(node_key(tree, id), encode_node(old).as_slice())?;
+            }
+            None => {
+                self.rows.remove(node_key(tree, id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reverts one op, given that every newer op is already undone.
+    pub(super) fn undo_op(
+        &mut self,
+        rec: &mut TreeRecord,
+        ts: Timestamp,
+        op: &LogView<'_>,
+    ) -> Result<()> {
+        let tree = rec.number;
+        let child = op.child;
+        let mut restored_internal = false;
+        let current = match op.tail.undo {
+            Undo::NoEffect => return Ok(()),
+            Undo::Created => {
+                let current = self.remove_node(tree, child)?;
+                if current.is_some() {
+                    rec.node_count -= 1;
+                }
+                current
+            }
+            Undo::Moved { old_parent, old_ts } => {
+                let (current, internal) = self.restore_moved(tree, child, old_parent, old_ts)?;
+                restored_internal = internal;
+                if current.is_none() {
+                    rec.node_count += 1;
+                }
+                current
+            }
+        };
+        if strict() {
+            let matches = current
+                .as_ref()
+                .is_some_and(|n| n.parent == op.parent && n.time == ts);
+            assert!(
+                matches,
+                "tree {tree}: undo of {ts} finds node {child} in another state"
+            );
+        }
+        if let Some(current) = &current {
+            self.remove_child_entry(tree, child, current)?;
+        }
+        if let Undo::Moved { old_parent, old_ts } = op.tail.undo {
+            let name = std::mem::take(&mut self.scratch.name);
+            let entry = ChildEntry {
+                time: old_ts,
+                internal: restored_internal,
+                name_key: &name,
+            };
+            let inserted = self.insert_child_entry(tree, old_parent, child, entry);
+            self.scratch.name = name;
+            inserted?;
+        }
+        Ok(())
+    }
+
+    /// Writes back the node state an op replaced (its meta is that of the
+    /// op at `old_ts`); returns the state it overwrote and whether the
+    /// restored node is internal, and leaves its name key in
+    /// `scratch.name` for the children index.
+    pub(super) fn restore_moved(
+        &mut self,
+        tree: u64,
+        child: NodeId,
+        old_parent: NodeId,
+        old_ts: Timestamp,
+    ) -> Result<(Option<NodeRecord>, bool)> {
+        let internal = {
+            let guard = self.rows.get(log_key(tree, old_ts))?;
+            let guard =
+                guard.unwrap_or_else(|| panic!("tree {tree}: log entry {old_ts} is missing"));
+            let old_op = LogView::parse(guard.value())?;
+            old_op.name_key_into(&mut self.scratch.name);
+            old_op.is_internal()
+        };
+        let name = std::mem::take(&mut self.scratch.name);
+        let current = self.put_node(tree, child, old_parent, old_ts, internal, &name);
+        self.scratch.name = name;
+        Ok((current?, internal))
+    }
+
+    pub(super) fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
+        let mut range = self.rows.range(children_range(tree, node))?;
+        Ok(range.next().transpose()?.is_some())
+    }
+
+    /// False only when `node` has no children. During an undo/redo pass
+    /// the stored children rows are stale, so a stored child that has
+    /// moved away still counts: a wrong "yes" costs an ancestor walk, a
+    /// wrong "no" would skip a needed one.
+    pub(super) fn may_have_children(&self, tree: u64, node: NodeId) -> Result<bool> {
+        if self
+            .overlay
+            .as_ref()
+            .is_some_and(|overlay| overlay.has_children_now(node))
+        {
+            return Ok(true);
+        }
+        self.has_children(tree, node)
+    }
+
+    /// Stores the state of a node; returns the state it replaces. Into
+    /// the overlay during an undo/redo pass, else into `ROWS` (one descent
+    /// reads the old row and writes the new one).
+    pub(super) fn put_node(
+        &mut self,
+        tree: u64,
+        id: NodeId,
+        parent: NodeId,
+        time: Timestamp,
+        internal: bool,
+        name_key: &[u8],
+    ) -> Result<Option<NodeRecord>> {
+        if self.overlay.is_some() {
+            let record = NodeRecord {
+                parent,
+                time,
+                internal,
+                name_key: name_key.to_vec(),
+            };
+            return self.overlay_set(tree, id, Some(record));
+        }
+        encode_node_into(&mut self.scratch.node, parent, time, internal, name_key);
+        match self
+            .rows
+            .insert(node_key(tree, id), self.scratch.node.as_slice())?
+        {
+            Some(guard) => Ok(Some(decode_node(guard.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Deletes a node's state; returns the state it had.
+    pub(super) fn remove_node(&mut self, tree: u64, id: NodeId) -> Result<Option<NodeRecord>> {
+        if self.overlay.is_some() {
+            return self.overlay_set(tree, id, None);
+        }
+        match self.rows.remove(node_key(tree, id))? {
+            Some(guard) => Ok(Some(decode_node(guard.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Sets a node's state in the overlay, reading its stored state on
+    /// first touch; returns the state it replaces.
+    pub(super) fn overlay_set(
+        &mut self,
+        tree: u64,
+        id: NodeId,
+        state: Option<NodeRecord>,
+    ) -> Result<Option<NodeRecord>> {
+        let overlay = self.overlay.as_ref().expect("an undo/redo pass is running");
+        assert_eq!(overlay.tree, tree, "overlay of another tree");
+        if !overlay.contains(id) {
+            let stored = read::node_record(&self.rows, tree, id)?;
+            self.overlay
+                .as_mut()
+                .expect("checked above")
+                .start(id, stored);
+        }
+        Ok(self.overlay.as_mut().expect("checked above").set(id, state))
+    }
+
+    /// The parent of a node now, `None` if it does not exist.
+    pub(super) fn parent_of(&self, tree: u64, id: NodeId) -> Result<Option<NodeId>> {
+        if let Some(current) = self.overlay.as_ref().and_then(|o| o.current(id)) {
+            return Ok(current.map(|record| record.parent));
+        }
+        match self.rows.get(node_key(tree, id))? {
+            Some(guard) => Ok(Some(node_parent(guard.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Ends an undo/redo pass: writes the node and children rows of every
+    /// node whose state differs from the stored one, and nothing for the
+    /// nodes that ended where they started.
+    pub(super) fn flush_overlay(&mut self) -> Result<()> {
+        let overlay = self.overlay.take().expect("an undo/redo pass is running");
+        let tree = overlay.tree;
+        for (id, change) in overlay.into_changes() {
+            if change.stored == change.current {
+                continue;
+            }
+            if let Some(stored) = &change.stored {
+                self.remove_child_entry(tree, id, stored)?;
+            }
+            match &change.current {
+                Some(now) => {
+                    self.rows
+                        .insert(node_key(tree, id), encode_node(now).as_slice())?;
+                    let entry = ChildEntry {
+                        time: now.time,
+                        internal: now.internal,
+                        name_key: &now.name_key,
+                    };
+                    self.insert_child_entry(tree, now.parent, id, entry)?;
+                }
+                None => {
+                    let removed = self.rows.remove(node_key(tree, id))?.is_some();
+                    assert!(removed, "tree {tree}: node {id} vanished during a pass");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True when `ancestor` is `node` or one of its ancestors. The walk is
+    /// bounded by the node count: a longer walk means a cycle.
+    pub(super) fn is_ancestor_or_self(
+        &self,
+        rec: &TreeRecord,
+        ancestor: NodeId,
+        node: NodeId,
+    ) -> Result<bool> {
+        let mut current = node;
+        let mut steps = 0u64;
+        loop {
+            if current == ancestor {
+                return Ok(true);
+            }
+            let Some(parent) = self.parent_of(rec.number, current)? else {
+                return Ok(false);
+            };
+            current = parent;
+            steps += 1;
+            assert!(
+                steps <= rec.node_count,
+                "tree {}: cycle above node {node}",
+                rec.number
+            );
+        }
+    }
+
+    /// Adds the children-index row of `id` under `parent`.
+    pub(super) fn insert_child_entry(
+        &mut self,
+        tree: u64,
+        parent: NodeId,
+        id: NodeId,
+        entry: ChildEntry<'_>,
+    ) -> Result<()> {
+        if self.overlay.is_some() {
+            // Written by `flush_overlay` from the node's final state.
+            return Ok(());
+        }
+        encode_child_into(&mut self.scratch.child, entry);
+        let hash = name_hash(entry.name_key);
+        let fresh = self
+            .rows
+            .insert(
+                child_key(tree, parent, hash, id),
+                self.scratch.child.as_slice(),
+            )?
+            .is_none();
+        assert!(fresh, "tree {tree}: node {id} indexed twice");
+        if entry.internal {
+            self.dirs.forget(tree, parent, hash);
+        }
+        Ok(())
+    }
+
+    /// Drops the children-index row of `node` (its current state).
+    pub(super) fn remove_child_entry(
+        &mut self,
+        tree: u64,
+        id: NodeId,
+        node: &NodeRecord,
+    ) -> Result<()> {
+        if self.overlay.is_some() {
+            return Ok(());
+        }
+        let hash = name_hash(&node.name_key);
+        let removed = self
+            .rows
+            .remove(child_key(tree, node.parent, hash, id))?
+            .is_some();
+        assert!(
+            removed,
+            "tree {tree}: node {id} missing from the children index"
+        );
+        if node.internal {
+            self.dirs.forget(tree, node.parent, hash);
+        }
+        Ok(())
+    }
+}

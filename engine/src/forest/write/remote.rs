@@ -1,0 +1,264 @@
+//! Replicated ops: known ones are recognised and skipped, new ones merged
+//! into the log in timestamp order with one undo back to the oldest of them
+//! (docs/design.md §2).
+
+use super::super::overlay::Overlay;
+use super::super::read;
+use super::super::records::*;
+use super::super::WriteOutcome;
+use super::{strict, Incoming, Writer};
+use crate::canary::{self, Canary};
+use crate::error::{Error, Result};
+use crate::types::*;
+use redb::ReadableTable;
+use std::collections::BTreeSet;
+
+impl Writer<'_, '_> {
+    /// Applies the replicated ops of one tree: known ones are recognised
+    /// and skipped, the new ones are merged into the log with a single
+    /// undo back to the oldest of them.
+    pub fn apply_remote(
+        &mut self,
+        key: &TreeKey,
+        ops: &[Incoming<'_>],
+        results: &mut [Option<Result<WriteOutcome>>],
+    ) -> Result<()> {
+        let mut rec = self.load_tree(key, true)?.expect("created on demand");
+        let mut fresh = self.filter_known(&rec, ops, results)?;
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        if canary::active(Canary::OldOpWrongPosition) {
+            fresh = self.apply_older_than_log_at_end(&mut rec, fresh, results)?;
+        }
+        if let Some(first) = fresh.first() {
+            // Nothing stored is newer than an op whose counter is above the
+            // tree's: an in-order stream undoes nothing and scans nothing.
+            let newer = if timestamp_counter(first.op.ts()) > rec.max_counter {
+                Vec::new()
+            } else {
+                self.logged_from(&rec, first.op.ts())?
+            };
+            if newer.is_empty() || (strict() && self.commute_with(&rec, &newer, &fresh)?) {
+                for incoming in &fresh {
+                    let op = incoming.op;
+                    self.append(&mut rec, op.ts(), op.parent, op.child, &op.meta.items)?;
+                }
+            } else {
+                self.overlay = Some(Overlay::new(rec.number));
+                for (op_ts, bytes) in newer.iter().rev() {
+                    self.undo_op(&mut rec, *op_ts, &LogView::parse(bytes)?)?;
+                }
+                self.redo_merged(&mut rec, newer, &fresh)?;
+                self.flush_overlay()?;
+            }
+        }
+        for incoming in &fresh {
+            results[incoming.index] = Some(Ok(WriteOutcome::Applied { fresh: true }));
+        }
+        self.store_tree(key, rec);
+        Ok(())
+    }
+
+    /// Drops ops already in the log (or repeated in the batch) and returns
+    /// the rest sorted by timestamp.
+    pub(super) fn filter_known<'a>(
+        &self,
+        rec: &TreeRecord,
+        ops: &[Incoming<'a>],
+        results: &mut [Option<Result<WriteOutcome>>],
+    ) -> Result<Vec<Incoming<'a>>> {
+        let mut fresh: Vec<Incoming<'a>> = Vec::with_capacity(ops.len());
+        for incoming in ops {
+            let op = incoming.op;
+            // An op newer than every stored one cannot be stored: no lookup.
+            let known = if timestamp_counter(op.ts()) > rec.max_counter {
+                None
+            } else {
+                match self.rows.get(log_key(rec.number, op.ts()))? {
+                    Some(guard) => Some(LogView::parse(guard.value())?.same_op(
+                        op.parent,
+                        op.child,
+                        &op.meta.items,
+                    )),
+                    None => None,
+                }
+            };
+            match known {
+                Some(same) => results[incoming.index] = Some(known_outcome(same, op.ts())),
+                None => fresh.push(Incoming { ..*incoming }),
+            }
+        }
+        // Stable: of two requests with one timestamp the first one wins.
+        fresh.sort_by_key(|i| i.op.ts());
+        let mut unique: Vec<Incoming<'a>> = Vec::with_capacity(fresh.len());
+        for incoming in fresh {
+            match unique.last() {
+                Some(last) if last.op.ts() == incoming.op.ts() => {
+                    let same = last.op == incoming.op;
+                    results[incoming.index] = Some(known_outcome(same, incoming.op.ts()));
+                }
+                _ => unique.push(incoming),
+            }
+        }
+        assert!(
+            unique.windows(2).all(|w| w[0].op.ts() < w[1].op.ts()),
+            "batch not sorted by timestamp"
+        );
+        Ok(unique)
+    }
+
+    /// Every logged op from `ts` on (encoded), oldest first.
+    pub(super) fn logged_from(
+        &self,
+        rec: &TreeRecord,
+        ts: Timestamp,
+    ) -> Result<Vec<(Timestamp, Vec<u8>)>> {
+        let tree = rec.number;
+        let mut newer = Vec::new();
+        // Node rows share the range; they are passed over.
+        for row in self
+            .rows
+            .range(log_key(tree, ts)..=log_key(tree, u64::MAX))?
+        {
+            let (key, value) = row?;
+            match key_kind(key.value()) {
+                Some(RowKind::Log) => newer.push((key.value().1, value.value().to_vec())),
+                Some(_) => {}
+                None => return Err(Error::Malformed(format!("tree {tree}: row key of no kind"))),
+            }
+        }
+        Ok(newer)
+    }
+
+    /// True when undoing `newer`, doing `fresh` and redoing `newer` (the
+    /// CRDT's order) ends in exactly the state, undo records and heights
+    /// that doing `fresh` on top of the current state gives, so the undo
+    /// and redo can be skipped. That holds when the fresh ops only move
+    /// nodes `D` this tree has never stored, that have no children here,
+    /// and that no op of `newer` names (as child, parent or undo parent):
+    /// then no node outside `D` ever hangs under a node of `D`, so the
+    /// fresh ops cannot change any cycle check or undo record of `newer`
+    /// and vice versa; each pair commutes, and the fresh ops keep their
+    /// relative order (and so their heights). Pushed creations of new
+    /// nodes, the common case, pass.
+    pub(super) fn commute_with(
+        &self,
+        rec: &TreeRecord,
+        newer: &[(Timestamp, Vec<u8>)],
+        fresh: &[Incoming<'_>],
+    ) -> Result<bool> {
+        let moved: BTreeSet<NodeId> = fresh.iter().map(|i| i.op.child).collect();
+        for &node in &moved {
+            if self.rows.get(node_key(rec.number, node))?.is_some() {
+                return Ok(false);
+            }
+            if node <= rec.max_parent && self.has_children(rec.number, node)? {
+                return Ok(false);
+            }
+        }
+        for (_, bytes) in newer {
+            let op = LogView::parse(bytes)?;
+            let undo_parent = match op.tail.undo {
+                Undo::Moved { old_parent, .. } => Some(old_parent),
+                Undo::Created | Undo::NoEffect => None,
+            };
+            let names_moved = moved.contains(&op.child)
+                || moved.contains(&op.parent)
+                || undo_parent.is_some_and(|p| moved.contains(&p));
+            if names_moved {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Redoes the undone ops and does the new ones, in timestamp order.
+    pub(super) fn redo_merged(
+        &mut self,
+        rec: &mut TreeRecord,
+        undone: Vec<(Timestamp, Vec<u8>)>,
+        fresh: &[Incoming<'_>],
+    ) -> Result<()> {
+        let mut old = undone.into_iter().peekable();
+        let mut new = fresh.iter().peekable();
+        loop {
+            let take_old = match (old.peek(), new.peek()) {
+                (Some(o), Some(n)) => o.0 < n.op.ts(),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => return Ok(()),
+            };
+            if take_old {
+                let (ts, bytes) = old.next().expect("peeked");
+                self.redo_op(rec, ts, bytes)?;
+            } else {
+                let op = new.next().expect("peeked").op;
+                self.append(rec, op.ts(), op.parent, op.child, &op.meta.items)?;
+            }
+        }
+    }
+
+    /// Re-evaluates an undone op; its undo information is recomputed (the
+    /// state it was computed against may have changed) and it keeps its
+    /// height.
+    pub(super) fn redo_op(
+        &mut self,
+        rec: &mut TreeRecord,
+        ts: Timestamp,
+        mut bytes: Vec<u8>,
+    ) -> Result<()> {
+        let view = LogView::parse(&bytes)?;
+        let (parent, child, stored) = (view.parent, view.child, view.tail);
+        let mut name = std::mem::take(&mut self.scratch.name);
+        view.name_key_into(&mut name);
+        let undo = self.do_op(rec, ts, parent, child, view.is_internal(), &name);
+        self.scratch.name = name;
+        let mut undo = undo?;
+        if canary::active(Canary::StaleUndoOnRedo) {
+            undo = stored.undo;
+        }
+        if undo != stored.undo {
+            let tail = LogTail {
+                height: stored.height,
+                undo,
+            };
+            set_log_tail(&mut bytes, tail);
+            self.rows
+                .insert(log_key(rec.number, ts), bytes.as_slice())?;
+        }
+        Ok(())
+    }
+
+    /// Planted bug: ops older than the whole log are done on top of the
+    /// current state instead of before every logged op.
+    pub(super) fn apply_older_than_log_at_end<'a>(
+        &mut self,
+        rec: &mut TreeRecord,
+        fresh: Vec<Incoming<'a>>,
+        results: &mut [Option<Result<WriteOutcome>>],
+    ) -> Result<Vec<Incoming<'a>>> {
+        let tree = rec.number;
+        let oldest = match read::rows_of_kind(&self.rows, tree, RowKind::Log)?.next() {
+            Some(row) => row?.0,
+            None => return Ok(fresh),
+        };
+        let (older, rest): (Vec<_>, Vec<_>) = fresh.into_iter().partition(|i| i.op.ts() < oldest);
+        for incoming in &older {
+            let op = incoming.op;
+            self.append(rec, op.ts(), op.parent, op.child, &op.meta.items)?;
+            results[incoming.index] = Some(Ok(WriteOutcome::Applied { fresh: true }));
+        }
+        Ok(rest)
+    }
+}
+
+fn known_outcome(same: bool, ts: Timestamp) -> Result<WriteOutcome> {
+    if same {
+        Ok(WriteOutcome::Applied { fresh: false })
+    } else {
+        Err(Error::InvalidOp(format!(
+            "timestamp {ts} is already used by a different op"
+        )))
+    }
+}
