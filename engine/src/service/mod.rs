@@ -78,6 +78,8 @@ pub struct ServiceStats {
     pub reopens: u64,
     /// Trees with push state now (at most `limits.max_tracked_trees`).
     pub push_trees_tracked: u64,
+    /// Of them, trees with nothing to push (the first to go for room).
+    pub push_trees_settled: u64,
     /// (tree, peer) pairs queued for a push worker now.
     pub push_pairs_queued: u64,
     /// Pairs whose hint found the queue full, waiting for room now.
@@ -239,6 +241,7 @@ impl Service {
             hints_dropped: load(&push.hints_dropped),
             reopens: load(&self.recovery.reopens),
             push_trees_tracked: sizes.trees as u64,
+            push_trees_settled: sizes.settled as u64,
             push_pairs_queued: sizes.queued as u64,
             push_pairs_backlog: sizes.backlog as u64,
             push_pairs_delayed: sizes.delayed as u64,

@@ -3,16 +3,15 @@
 //! observer writes to it too, so it holds nothing that reaches the batcher;
 //! every method takes its lock once and never across an await.
 //!
-//! A tree is tracked only while it has something to say: a pair that may
-//! have unsent ops, is queued, running or backing off, or whose cursor is
-//! ahead of its durable copy. A tree whose pairs are all idle, clean and
-//! durable is forgotten at once (its durable cursors are the truth), so the
-//! book holds the trees with work, never every tree that ever was. A sweep
-//! looks at tracked trees only; an untracked tree has nothing unsent,
-//! because every commit to it tracks it again. Two cases break that, and a
-//! walk over the forest's trees (a bounded stretch per sweep) covers them:
-//! the start (a restart may have interrupted pushes), and a commit to a
-//! tree that found the book full (`limits.max_tracked_trees`).
+//! At most `limits.max_tracked_trees` trees are tracked. A tree whose pairs
+//! are all idle, clean and durable is *settled*: it stays (a sweep skips
+//! it, and its next pass needs no cursor read) until the book needs room,
+//! then the one settled longest ago goes (its durable cursors are the
+//! truth). A sweep looks at tracked trees only; an untracked tree has
+//! nothing unsent, because every commit to it tracks it again. Two cases
+//! break that, and a walk over the forest's trees (a bounded stretch per
+//! sweep) covers them: the start (a restart may have interrupted pushes),
+//! and a commit to a tree that found the book full of unsettled trees.
 
 use super::super::backoff::backoff;
 use super::super::cursor::LazyCursor;
@@ -66,6 +65,8 @@ pub(crate) struct PassEnd {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct BookSizes {
     pub trees: usize,
+    /// Of them, found settled (evicted first when room is needed).
+    pub settled: usize,
     pub queued: usize,
     pub backlog: usize,
     pub delayed: usize,
@@ -135,6 +136,8 @@ struct TrackedTree {
     /// Commits that stored (or may have stored) ops in it since tracked.
     changes: u64,
     pairs: Vec<Pair>,
+    /// Its place in `Book::settled`, when it was last found settled.
+    settled_at: Option<u64>,
 }
 
 impl TrackedTree {
@@ -168,8 +171,50 @@ struct Book {
     workers: usize,
     tickets: u64,
     walk: Walk,
+    /// Trees found settled, oldest first: the ones to evict. An entry goes
+    /// stale when its tree gets work again; eviction checks it.
+    settled: BTreeMap<u64, TreeKey>,
+    settled_seen: u64,
     /// Canary `ReplicationDropsOnFullQueue`: heights pushers skip to.
     skips: BTreeMap<TreeKey, u64>,
+}
+
+impl Book {
+    /// Records `tree` as settled now, if it is.
+    fn mark_if_settled(&mut self, tree: &TreeKey) {
+        let Some(tracked) = self.trees.get_mut(tree) else {
+            return;
+        };
+        if !tracked.settled() {
+            return;
+        }
+        self.settled_seen += 1;
+        if let Some(before) = tracked.settled_at.replace(self.settled_seen) {
+            self.settled.remove(&before);
+        }
+        self.settled.insert(self.settled_seen, tree.clone());
+    }
+
+    /// Drops the tree settled longest ago; false when none is.
+    fn evict_settled(&mut self) -> bool {
+        while let Some((seen, tree)) = self.settled.pop_first() {
+            let Some(tracked) = self.trees.get_mut(&tree) else {
+                continue;
+            };
+            assert_eq!(tracked.settled_at, Some(seen), "settled index out of step");
+            tracked.settled_at = None;
+            if tracked.settled() {
+                self.trees.remove(&tree);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Trees that are not known to be settled.
+    fn unsettled(&self) -> usize {
+        self.trees.len().saturating_sub(self.settled.len())
+    }
 }
 
 /// Counters of the push side (see `ServiceStats`).
@@ -206,6 +251,8 @@ impl PushBook {
                     after: None,
                     again: false,
                 },
+                settled: BTreeMap::new(),
+                settled_seen: 0,
                 skips: BTreeMap::new(),
             }),
             limits,
@@ -228,9 +275,10 @@ impl PushBook {
         local: &[TreeKey],
     ) -> Vec<TreeKey> {
         let mut book = self.lock();
-        for tree in written {
-            if let Some(tracked) = self.track(&mut book, tree) {
-                tracked.changes += 1;
+        for tree in written.filter(|tree| self.pushes(tree)) {
+            match self.track(&mut book, tree) {
+                Some(tracked) => tracked.changes += 1,
+                None => walk_again(&mut book.walk),
             }
         }
         let mut dropped = Vec::new();
@@ -259,23 +307,38 @@ impl PushBook {
         dropped
     }
 
-    /// The tree's entry, made if absent; `None` for a tree this node does
-    /// not push (not held here, or no peers) and for one the full book
-    /// cannot take (the walk then starts over).
+    /// Whether this node pushes the tree's ops: it holds the container and
+    /// the container has peers.
+    fn pushes(&self, tree: &TreeKey) -> bool {
+        self.membership.replicates(&tree.cid) && !self.membership.peers_of(&tree.cid).is_empty()
+    }
+
+    /// The entry of a tree this node pushes, made if absent (making room
+    /// by evicting a settled tree); `None` when the book is full of trees
+    /// with work.
     fn track<'b>(&self, book: &'b mut Book, tree: &TreeKey) -> Option<&'b mut TrackedTree> {
+        assert!(self.pushes(tree), "tracked a tree this node does not push");
         if !book.trees.contains_key(tree) {
-            let peers = self.membership.peers_of(&tree.cid);
-            if !self.membership.replicates(&tree.cid) || peers.is_empty() {
+            if book.trees.len() >= self.limits.trees_max && !book.evict_settled() {
                 return None;
             }
-            if book.trees.len() >= self.limits.trees_max {
-                walk_again(&mut book.walk);
-                return None;
-            }
-            let pairs = peers.iter().map(|&peer| Pair::new(peer)).collect();
-            book.trees
-                .insert(tree.clone(), TrackedTree { changes: 0, pairs });
+            let pairs = self
+                .membership
+                .peers_of(&tree.cid)
+                .iter()
+                .map(|&peer| Pair::new(peer))
+                .collect();
+            let tracked = TrackedTree {
+                changes: 0,
+                pairs,
+                settled_at: None,
+            };
+            book.trees.insert(tree.clone(), tracked);
         }
+        assert!(
+            book.trees.len() <= self.limits.trees_max,
+            "book over its bound"
+        );
         book.trees.get_mut(tree)
     }
 
@@ -345,7 +408,7 @@ impl PushBook {
     /// tree was dropped meanwhile).
     pub fn begin_pass(&self, key: &PushKey, ticket: u64) -> Option<PassStart> {
         let mut book = self.lock();
-        let pressure = book.trees.len() * 4 >= self.limits.trees_max * 3;
+        let pressure = book.unsettled() * 4 >= self.limits.trees_max * 3;
         let skip = book.skips.get(&key.0).copied();
         let tree = book.trees.get_mut(&key.0)?;
         let changes = tree.changes;
@@ -401,21 +464,16 @@ impl PushBook {
             pair.dirty = true;
             book.delayed.insert((at, key.clone()));
         }
-        forget_if_settled(&mut book, &key.0);
+        book.mark_if_settled(&key.0);
     }
 
     /// Queues every tracked pair that may have unsent ops or a cursor due
-    /// to be written, and forgets settled trees; returns how many it
-    /// queued.
+    /// to be written; returns how many it queued.
     pub fn sweep(&self, now: Duration, period: Duration) -> usize {
         let mut book = self.lock();
-        let pressure = book.trees.len() * 4 >= self.limits.trees_max * 3;
+        let pressure = book.unsettled() * 4 >= self.limits.trees_max * 3;
         let mut wanted = Vec::new();
-        let mut settled = Vec::new();
         for (tree, tracked) in &book.trees {
-            if tracked.settled() {
-                settled.push(tree.clone());
-            }
             for pair in &tracked.pairs {
                 if pair.phase == Phase::Idle
                     && pair.wants_pass(tracked.changes, now, period, pressure)
@@ -423,9 +481,6 @@ impl PushBook {
                     wanted.push((tree.clone(), pair.peer));
                 }
             }
-        }
-        for tree in settled {
-            book.trees.remove(&tree);
         }
         let queued = wanted.len();
         for key in wanted {
@@ -439,7 +494,7 @@ impl PushBook {
     /// when no walk is under way or the book is full.
     pub fn walk_position(&self) -> Option<(Option<TreeKey>, usize)> {
         let book = self.lock();
-        let room = self.limits.trees_max.saturating_sub(book.trees.len());
+        let room = self.limits.trees_max.saturating_sub(book.unsettled());
         match &book.walk {
             Walk::Walking { after, .. } if room > 0 => Some((after.clone(), room)),
             _ => None,
@@ -458,13 +513,11 @@ impl PushBook {
         }
         for (i, tree) in found.iter().enumerate() {
             assert!(i == 0 || found[i - 1] < *tree, "trees listed out of order");
-            if !book.trees.contains_key(tree) {
-                if book.trees.len() >= self.limits.trees_max {
-                    set_walk_after(&mut book.walk, found[..i].last().cloned().or(from.cloned()));
-                    return;
-                }
+            if self.pushes(tree) && !book.trees.contains_key(tree) {
                 let Some(tracked) = self.track(&mut book, tree) else {
-                    continue;
+                    let before = found[..i].last().cloned().or(from.cloned());
+                    set_walk_after(&mut book.walk, before);
+                    return;
                 };
                 let peers: Vec<ReplicaId> = tracked.pairs.iter().map(|p| p.peer).collect();
                 for peer in peers {
@@ -489,7 +542,9 @@ impl PushBook {
     pub fn forget(&self, trees: &BTreeSet<TreeKey>) {
         let mut book = self.lock();
         for tree in trees {
-            book.trees.remove(tree);
+            if let Some(seen) = book.trees.remove(tree).and_then(|t| t.settled_at) {
+                book.settled.remove(&seen);
+            }
             book.skips.remove(tree);
         }
         book.ready.retain(|key| !trees.contains(&key.0));
@@ -508,6 +563,7 @@ impl PushBook {
         let book = self.lock();
         BookSizes {
             trees: book.trees.len(),
+            settled: book.settled.len(),
             queued: book.ready.len(),
             backlog: book.backlog.len(),
             delayed: book.delayed.len(),
@@ -537,12 +593,6 @@ fn queue(book: &mut Book, key: PushKey) {
     );
     pair.phase = Phase::Queued;
     book.ready.push_back(key);
-}
-
-fn forget_if_settled(book: &mut Book, tree: &TreeKey) {
-    if book.trees.get(tree).is_some_and(TrackedTree::settled) {
-        book.trees.remove(tree);
-    }
 }
 
 fn walk_again(walk: &mut Walk) {
