@@ -281,6 +281,7 @@ impl Batcher {
     /// exceed the bound. A job larger than the bound is let in when nothing
     /// else waits, so a full replication page always makes progress.
     fn admit(&self, count: u64) -> Result<PendingToken> {
+        assert!(count > 0, "an empty job");
         let max = self.options.max_pending as u64;
         let admitted = self.shared.counters.pending.fetch_update(
             Ordering::SeqCst,
@@ -441,6 +442,11 @@ impl Worker {
             batch.push(job);
             due = due || urgent >= options.max_batch_size;
         }
+        // One job larger than the cap is let in alone (see `admit`).
+        assert!(
+            size <= cap || batch.len() == 1,
+            "batch of {size} over the cap {cap}"
+        );
         Ok(batch)
     }
 

@@ -301,8 +301,21 @@ mod records_codec {
 
             let node = NodeRecord { parent, time: old_ts, internal, name_key: name_key(&items) };
             prop_assert_eq!(decode_node(&encode_node(&node)).unwrap(), node);
-            let tree = TreeRecord { number: parent, max_counter: child, next_height: height, node_count: old_ts, max_parent: parent };
+            // A record as the write path keeps them: stored ops made every
+            // node, and there is a newest counter exactly when ops are stored.
+            let next_height = height / 2;
+            let tree = TreeRecord {
+                number: 1 + parent % arbor::forest::records::TREE_NUMBER_MAX,
+                max_counter: if next_height == 0 { 0 } else { 1 + child % arbor::COUNTER_MAX },
+                next_height,
+                node_count: old_ts % (next_height + 1),
+                max_parent: parent,
+            };
             prop_assert_eq!(decode_tree(&encode_tree(&tree)).unwrap(), tree);
+            // One that breaks them is damage: a typed error, never a panic.
+            let broken = TreeRecord { node_count: next_height + 1, ..tree };
+            let bytes = postcard::to_stdvec(&broken).unwrap();
+            prop_assert!(matches!(decode_tree(&bytes), Err(arbor::Error::Malformed(_))));
             let key = TreeKey::new(ContainerId([height as u8; 32]), "tree/ü");
             prop_assert_eq!(decode_tree_key(&tree_key_bytes(&key)).unwrap(), key);
         }

@@ -172,6 +172,7 @@ impl Forest {
             }
             (changed && verdict.is_ok(), results, verdict)
         };
+        assert_eq!(results.len(), requests.len(), "one result per request");
         if changed {
             txn.commit()?;
         } else {

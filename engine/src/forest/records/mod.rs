@@ -88,12 +88,45 @@ pub struct TreeRecord {
     pub max_parent: u64,
 }
 
+impl TreeRecord {
+    /// What every stored tree record satisfies; asserted before each write
+    /// and checked (a typed error: disk damage) after each read.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.number == 0 || self.number > TREE_NUMBER_MAX {
+            return Err(format!("tree number {} out of range", self.number));
+        }
+        if self.max_counter > COUNTER_MAX {
+            return Err(format!("counter {} out of range", self.max_counter));
+        }
+        if (self.next_height == 0) != (self.max_counter == 0) {
+            return Err(format!(
+                "{} ops stored, newest counter {}",
+                self.next_height, self.max_counter
+            ));
+        }
+        if self.node_count > self.next_height {
+            return Err(format!(
+                "{} nodes made by {} ops",
+                self.node_count, self.next_height
+            ));
+        }
+        Ok(())
+    }
+}
+
 pub fn encode_tree(record: &TreeRecord) -> Vec<u8> {
+    if let Err(broken) = record.check() {
+        panic!("writing a broken tree record {record:?}: {broken}");
+    }
     postcard::to_stdvec(record).expect("encoding a tree record cannot fail")
 }
 
 pub fn decode_tree(bytes: &[u8]) -> Result<TreeRecord> {
-    decode_exact(bytes, "tree record")
+    let record: TreeRecord = decode_exact(bytes, "tree record")?;
+    record
+        .check()
+        .map_err(|broken| Error::Malformed(format!("tree record: {broken}")))?;
+    Ok(record)
 }
 
 fn be_u64(bytes: &[u8]) -> u64 {

@@ -30,6 +30,16 @@ pub(super) fn name_key_into(file_name: Option<&[u8]>, out: &mut Vec<u8>) {
     }
 }
 
+/// Whether `key` is a name key: `[0]`, or `[1] ++ name`. Asserted before a
+/// node or children row is written, checked after one is read.
+pub fn name_key_valid(key: &[u8]) -> bool {
+    match key.first() {
+        Some(0) => key.len() == 1,
+        Some(1) => true,
+        _ => false,
+    }
+}
+
 /// The name key of a path component.
 pub fn component_key(component: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + component.len());
@@ -63,6 +73,7 @@ const CHILD_HEADER_BYTES: usize = 9;
 
 /// `time (8, BE) ++ internal (1) ++ name key` into a reused buffer.
 pub fn encode_child_into(out: &mut Vec<u8>, entry: ChildEntry<'_>) {
+    assert!(name_key_valid(entry.name_key), "writing a broken name key");
     out.clear();
     out.extend_from_slice(&entry.time.to_be_bytes());
     out.push(u8::from(entry.internal));
@@ -78,10 +89,14 @@ pub fn decode_child(bytes: &[u8]) -> Result<ChildEntry<'_>> {
         1 => true,
         other => return Err(Error::Malformed(format!("children row flag {other}"))),
     };
+    let name_key = &bytes[CHILD_HEADER_BYTES..];
+    if !name_key_valid(name_key) {
+        return Err(Error::Malformed("children row name key".into()));
+    }
     Ok(ChildEntry {
         time: be_u64(&bytes[..8]),
         internal,
-        name_key: &bytes[CHILD_HEADER_BYTES..],
+        name_key,
     })
 }
 
@@ -124,6 +139,7 @@ pub fn encode_node_into(
     internal: bool,
     name_key: &[u8],
 ) {
+    assert!(name_key_valid(name_key), "writing a broken name key");
     out.clear();
     out.reserve(NODE_HEADER_BYTES + name_key.len());
     out.extend_from_slice(&parent.to_be_bytes());
@@ -141,12 +157,7 @@ pub fn decode_node(bytes: &[u8]) -> Result<NodeRecord> {
         other => return Err(Error::Malformed(format!("node flag {other}"))),
     };
     let name_key = bytes[NODE_HEADER_BYTES..].to_vec();
-    let name_ok = match name_key.first() {
-        Some(0) => name_key.len() == 1,
-        Some(1) => true,
-        _ => false,
-    };
-    if !name_ok {
+    if !name_key_valid(&name_key) {
         return Err(Error::Malformed("node name key".into()));
     }
     Ok(NodeRecord {

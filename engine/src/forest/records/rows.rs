@@ -247,9 +247,15 @@ pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKeyParts> {
 /// Most timestamps in one height run (4 KiB of value).
 pub const HEIGHT_RUN_MAX: usize = 512;
 
+/// Whether an encoded height run may be `len` bytes long: asserted before
+/// a run is written, checked after one is read.
+pub fn height_run_len_valid(len: usize) -> bool {
+    len > 0 && len.is_multiple_of(8) && len <= 8 * HEIGHT_RUN_MAX
+}
+
 /// The timestamps of an encoded height run.
 pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = Timestamp> + '_> {
-    if bytes.is_empty() || !bytes.len().is_multiple_of(8) || bytes.len() > 8 * HEIGHT_RUN_MAX {
+    if !height_run_len_valid(bytes.len()) {
         return Err(Error::Malformed(format!(
             "height run of {} bytes",
             bytes.len()

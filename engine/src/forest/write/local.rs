@@ -24,7 +24,13 @@ impl Writer<'_, '_> {
                 }
             };
             match found {
-                Some(next) => current = next,
+                Some(next) => {
+                    assert!(
+                        next != ROOT && next != TRASH,
+                        "reserved node {next} as a directory"
+                    );
+                    current = next;
+                }
                 None => return Ok((current, i)),
             }
         }
@@ -60,6 +66,7 @@ impl Writer<'_, '_> {
         rec: &mut TreeRecord,
         count: u64,
     ) -> Result<Vec<Timestamp>, Error> {
+        assert!(count >= 1, "no timestamp reserved");
         if rec.max_counter + count > COUNTER_MAX {
             return Err(Error::InvalidOp("timestamp counter space exhausted".into()));
         }
@@ -82,6 +89,11 @@ impl Writer<'_, '_> {
         };
         let node = child.unwrap_or(ts);
         self.append(rec, ts, parent, node, items)?;
+        assert_eq!(
+            rec.max_counter,
+            timestamp_counter(ts),
+            "a local op is the newest"
+        );
         Ok(Ok(WriteOutcome::Moved { node, ts }))
     }
 
@@ -90,6 +102,11 @@ impl Writer<'_, '_> {
         rec: &mut TreeRecord,
         node: NodeId,
     ) -> Result<Result<WriteOutcome>> {
+        // Checked on arrival (`validate::movable`).
+        assert!(
+            node != ROOT && node != TRASH,
+            "reserved node {node} removed"
+        );
         let Some(current) = read::node_record(&self.rows, rec.number, node)? else {
             return Ok(Err(Error::NodeNotFound(node)));
         };

@@ -107,6 +107,11 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// before it commits.
     pub fn flush(&mut self) -> Result<bool> {
         for run in std::mem::take(&mut self.height_runs) {
+            assert!(
+                height_run_len_valid(run.stamps.len()),
+                "height run of {} bytes",
+                run.stamps.len()
+            );
             let previous = self
                 .rows
                 .insert(height_key(run.tree, run.first), run.stamps.as_slice())?;
@@ -137,6 +142,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// Runs an invariant check on a tree as this batch leaves it (call
     /// after `flush`). Outer error: storage; inner: the broken invariant.
     pub fn check(&mut self, key: &TreeKey, check: &InvariantCheck) -> Result<Result<(), String>> {
+        assert!(self.states.is_empty(), "a check runs after flush");
         let Some(rec) = self.flushed_tree(key)? else {
             return Ok(Err(Error::TreeNotFound.to_string()));
         };
@@ -174,6 +180,12 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// The tree's record, created (with a fresh tree number) when `create`.
     fn load_tree(&mut self, key: &TreeKey, create: bool) -> Result<Option<TreeRecord>> {
         if let Some(state) = self.states.get(key) {
+            assert!(
+                state
+                    .stored
+                    .is_none_or(|s| s.number == state.current.number),
+                "a tree changed its number within a batch"
+            );
             return Ok(Some(state.current));
         }
         let stored = self.stored_tree(key)?;
@@ -213,6 +225,9 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     fn new_tree_record(&mut self) -> Result<TreeRecord> {
         let mut meta = self.txn.open_table(META)?;
         let number = meta.get(NEXT_TREE_NUMBER)?.map_or(1, |g| g.value());
+        if number == 0 {
+            return Err(Error::Malformed("next tree number 0".into()));
+        }
         if number > TREE_NUMBER_MAX {
             return Err(Error::Storage("tree numbers exhausted".into()));
         }
@@ -229,6 +244,14 @@ impl<'txn, 'c> Writer<'txn, 'c> {
 
     fn store_tree(&mut self, key: &TreeKey, record: TreeRecord) {
         let state = self.states.get_mut(key).expect("tree loaded in this batch");
+        assert_eq!(
+            state.current.number, record.number,
+            "stored under another tree"
+        );
+        assert!(
+            record.next_height >= state.current.next_height,
+            "a batch took heights back"
+        );
         state.current = record;
     }
 }

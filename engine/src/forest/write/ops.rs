@@ -18,6 +18,11 @@ impl Writer<'_, '_> {
         child: NodeId,
         items: &[KeyValue],
     ) -> Result<()> {
+        // Checked on arrival (`validate`): never ROOT or TRASH.
+        assert!(
+            child != ROOT && child != TRASH,
+            "op moves reserved node {child}"
+        );
         let mut name = std::mem::take(&mut self.scratch.name);
         name_key_from_items(items, &mut name);
         let undo = self.do_op(rec, ts, parent, child, is_internal(items), &name);
@@ -58,6 +63,10 @@ impl Writer<'_, '_> {
         }
         let run = self.height_runs.last_mut().expect("pushed above");
         run.stamps.extend_from_slice(&ts.to_be_bytes());
+        assert!(
+            height_run_len_valid(run.stamps.len()),
+            "height run overfull"
+        );
     }
 
     /// The "do" step: moves `child` under `parent` with the op's meta
@@ -81,6 +90,15 @@ impl Writer<'_, '_> {
         // new one. The check walks up from `parent` and stops on reaching
         // `child`, so it never reads the child's own (already new) row.
         let old = self.put_node(tree, child, parent, ts, internal, name_key)?;
+        // Every op newer than this one is undone (or this one is the
+        // newest): the state it replaces is older.
+        if let Some(old) = old.as_ref().filter(|_| strict()) {
+            assert!(
+                old.time < ts,
+                "tree {tree}: op {ts} replaces newer state {}",
+                old.time
+            );
+        }
         // A child that was not stored and has no children cannot be above
         // `parent`: skip the ancestor walk.
         let may_be_above =
@@ -119,6 +137,10 @@ impl Writer<'_, '_> {
         id: NodeId,
         old: Option<&NodeRecord>,
     ) -> Result<()> {
+        assert!(
+            old.is_none_or(|old| old.parent != id),
+            "node {id} under itself"
+        );
         if self.overlay.is_some() {
             self.overlay_set(tree, id, old.cloned())?;
             return Ok(());
@@ -215,6 +237,7 @@ impl Writer<'_, '_> {
     }
 
     pub(super) fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
+        assert_ne!(node, TRASH, "TRASH always may have children");
         let mut range = self.rows.range(children_range(tree, node))?;
         Ok(range.next().transpose()?.is_some())
     }
@@ -246,6 +269,10 @@ impl Writer<'_, '_> {
         internal: bool,
         name_key: &[u8],
     ) -> Result<Option<NodeRecord>> {
+        assert!(
+            id != parent && id != ROOT && id != TRASH,
+            "node {id} put under {parent}"
+        );
         if self.overlay.is_some() {
             let record = NodeRecord {
                 parent,
@@ -267,6 +294,7 @@ impl Writer<'_, '_> {
 
     /// Deletes a node's state; returns the state it had.
     pub(super) fn remove_node(&mut self, tree: u64, id: NodeId) -> Result<Option<NodeRecord>> {
+        assert!(id != ROOT && id != TRASH, "reserved node {id} removed");
         if self.overlay.is_some() {
             return self.overlay_set(tree, id, None);
         }

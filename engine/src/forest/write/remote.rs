@@ -114,6 +114,10 @@ impl Writer<'_, '_> {
         rec: &TreeRecord,
         ts: Timestamp,
     ) -> Result<Vec<(Timestamp, Vec<u8>)>> {
+        assert!(
+            timestamp_counter(ts) <= rec.max_counter,
+            "nothing stored is that new"
+        );
         let tree = rec.number;
         let mut newer = Vec::new();
         // Node rows share the range; they are passed over.
@@ -148,6 +152,7 @@ impl Writer<'_, '_> {
         newer: &[(Timestamp, Vec<u8>)],
         fresh: &[Incoming<'_>],
     ) -> Result<bool> {
+        assert!(!newer.is_empty() && !fresh.is_empty(), "nothing to commute");
         let moved: BTreeSet<NodeId> = fresh.iter().map(|i| i.op.child).collect();
         for &node in &moved {
             if self.rows.get(node_key(rec.number, node))?.is_some() {
@@ -208,8 +213,15 @@ impl Writer<'_, '_> {
         ts: Timestamp,
         mut bytes: Vec<u8>,
     ) -> Result<()> {
+        assert!(self.overlay.is_some(), "a redo outside an undo/redo pass");
         let view = LogView::parse(&bytes)?;
         let (parent, child, stored) = (view.parent, view.child, view.tail);
+        if stored.height >= rec.next_height {
+            return Err(Error::Malformed(format!(
+                "tree {}: op {ts} at height {} of {}",
+                rec.number, stored.height, rec.next_height
+            )));
+        }
         let mut name = std::mem::take(&mut self.scratch.name);
         view.name_key_into(&mut name);
         let undo = self.do_op(rec, ts, parent, child, view.is_internal(), &name);

@@ -153,6 +153,10 @@ impl Puller {
             }
         }
         self.counters.sync_rounds.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            dropped.is_empty() || canary::active(Canary::SyncDropsTreeOnPeerError),
+            "sync dropped a tree"
+        );
         dropped
     }
 
@@ -215,6 +219,10 @@ impl Puller {
                 }
             }
         }
+        assert!(
+            trees.iter().all(|t| membership.replicates(&t.cid)),
+            "synced a foreign tree"
+        );
         trees
     }
 
@@ -250,6 +258,7 @@ impl Puller {
         let start = (round as usize).wrapping_mul(max) % names.len();
         names.rotate_left(start);
         names.truncate(max);
+        assert_eq!(names.len(), max, "a full stretch of names");
         names
     }
 
@@ -321,6 +330,13 @@ impl Puller {
                 _ => return Ok(()),
             };
             let pulled = self.pull_missing(tree, peer, from, &stamps).await?;
+            if pulled.complete && pulled.stop.is_none() {
+                let end = stamps.last().expect("a page is not empty").height + 1;
+                assert_eq!(
+                    pulled.applied_to, end,
+                    "a whole page moves the pull past it"
+                );
+            }
             cursor.advance(pulled.applied_to);
             if cursor.lag_exceeded() {
                 cursor::persist(&self.core, tree, CursorKind::Pull, cursor_peer, cursor).await?;
@@ -397,6 +413,7 @@ impl Puller {
                 .map_err(|other| page::unexpected_answer(peer, P::REQUEST, &other))?,
         };
         check_page(peer, from_height, page.iter().map(P::height), limit)?;
+        assert!(page.len() <= limit, "checked above");
         Ok(Some(page))
     }
 

@@ -101,6 +101,10 @@ pub(super) fn missing_runs(missing: &[u64], gap_max: u64) -> Vec<(u64, u64)> {
             _ => runs.push((height, height)),
         }
     }
+    assert!(
+        runs.windows(2).all(|w| w[0].1 + gap_max + 1 < w[1].0),
+        "runs apart"
+    );
     runs
 }
 

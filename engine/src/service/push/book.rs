@@ -266,6 +266,22 @@ impl PushBook {
         self.state.lock().expect("push book")
     }
 
+    /// The book's bounds hold (checked as a method lets go of the book).
+    fn check(&self, book: &Book) {
+        assert!(
+            book.trees.len() <= self.limits.trees_max,
+            "book over its bound"
+        );
+        assert!(
+            book.settled.len() <= book.trees.len(),
+            "settled index over the book"
+        );
+        assert!(
+            book.workers <= self.limits.workers_max,
+            "workers over the pool"
+        );
+    }
+
     /// A commit stored (or may have stored) ops in `written`, of which
     /// `local` hold new local ops: their pairs are queued. Returns the
     /// trees whose hints found the queue full.
@@ -304,6 +320,7 @@ impl PushBook {
             }
         }
         dropped.dedup();
+        self.check(&book);
         dropped
     }
 
@@ -360,6 +377,7 @@ impl PushBook {
         let wanted = book.ready.len().min(self.limits.workers_max);
         let start = wanted.saturating_sub(book.workers);
         book.workers += start;
+        self.check(&book);
         (start, book.delayed.first().map(|(at, _)| *at))
     }
 
@@ -393,6 +411,7 @@ impl PushBook {
 
     /// Queues backlogged pairs, up to `queue_max`.
     fn refill(&self, book: &mut Book) {
+        assert!(book.ready.is_empty(), "refilled a queue with work");
         while book.ready.len() < self.limits.queue_max {
             let Some(key) = book.backlog.pop_first() else {
                 return;
@@ -416,6 +435,11 @@ impl PushBook {
         if pair.phase != Phase::Running(ticket) {
             return None;
         }
+        // The change count only grows.
+        assert!(
+            pair.clean_at.is_none_or(|clean| clean <= changes),
+            "clean in the future"
+        );
         Some(PassStart {
             changes,
             cursor: pair.cursor,
@@ -465,6 +489,7 @@ impl PushBook {
             book.delayed.insert((at, key.clone()));
         }
         book.mark_if_settled(&key.0);
+        self.check(&book);
     }
 
     /// Queues every tracked pair that may have unsent ops or a cursor due
@@ -487,6 +512,7 @@ impl PushBook {
             book.backlog.remove(&key);
             queue(&mut book, key);
         }
+        assert!(book.ready.len() >= queued, "queued pairs wait");
         queued
     }
 
@@ -550,6 +576,7 @@ impl PushBook {
         book.ready.retain(|key| !trees.contains(&key.0));
         book.backlog.retain(|key| !trees.contains(&key.0));
         book.delayed.retain(|(_, key)| !trees.contains(&key.0));
+        self.check(&book);
     }
 
     /// The pair's acknowledged height, when the book knows it.

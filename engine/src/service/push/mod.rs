@@ -33,6 +33,27 @@ pub(super) const ITEM_OVERHEAD_BYTES: usize = 64;
 /// for: the listing is a read of the trees table.
 const WALK_LIST_MAX: usize = 4096;
 
+/// What every page of own ops satisfies, from the log or a window: no
+/// more than asked, ascending heights in `[from, next_height)`, all of
+/// this node's origin.
+fn check_own_page(page: &OpLogPage, from: u64, limit: usize, own: ReplicaId) {
+    assert!(page.entries.len() <= limit, "op log page over its limit");
+    assert!(page.next_height >= from, "op log page before its start");
+    let mut next_min = from;
+    for entry in &page.entries {
+        assert!(
+            entry.height >= next_min && entry.height < page.next_height,
+            "op log page out of order"
+        );
+        assert_eq!(
+            timestamp_replica(entry.op.ts()),
+            own,
+            "foreign op in an own page"
+        );
+        next_min = entry.height + 1;
+    }
+}
+
 /// The push side of one node.
 pub(super) struct Pusher {
     core: Arc<Core>,
@@ -66,6 +87,10 @@ impl Pusher {
         loop {
             let now = self.core.env.clock.now();
             let (start, next_retry) = self.book.dispatch(now);
+            assert!(
+                next_retry.is_none_or(|at| at > now),
+                "a due retry left behind"
+            );
             for _ in 0..start {
                 self.core.spawn("push-worker", self.clone().run_worker());
             }
@@ -92,6 +117,7 @@ impl Pusher {
             let Some((key, ticket)) = self.book.take() else {
                 return;
             };
+            assert!(ticket > 0, "tickets start at 1");
             self.pass(&key, ticket).await;
         }
     }
@@ -106,6 +132,10 @@ impl Pusher {
             return; // dropped meanwhile
         };
         let (cursor, result) = self.push_from(key, &start).await;
+        assert!(
+            result.is_err() || cursor.is_some(),
+            "a clean pass knows its cursor"
+        );
         if let Err(error) = &result {
             counters.push_failures.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%error, peer = key.1, tree = ?key.0, "push failed");
@@ -141,6 +171,7 @@ impl Pusher {
         if let Some(skip) = start.skip.filter(|&skip| skip > cursor.position()) {
             cursor.advance(skip); // planted bug: the skipped ops count as sent
         }
+        let from = cursor.position();
         let result = match self.push_pages(tree, *peer, &mut cursor).await {
             Err(Error::TreeNotFound) => Ok(()), // nothing left to push
             other => other,
@@ -154,7 +185,9 @@ impl Pusher {
             if let Err(error) = persisted {
                 return (Some(cursor), Err(error));
             }
+            assert!(!cursor.lagging(), "a written cursor is durable");
         }
+        assert!(cursor.position() >= from, "push cursor moved back");
         (Some(cursor), result)
     }
 
@@ -196,19 +229,13 @@ impl Pusher {
     /// The next page of own ops from `from`, cut to fit one message: the
     /// ops and the height after the last one it covers.
     fn next_page(&self, tree: &TreeKey, from: u64, page_max: usize) -> Result<(Vec<Move>, u64)> {
-        let own = self.core.membership.own();
+        // Checked by `own_ops_page`: ascending own ops in [from, next).
         let found = self.own_ops_page(tree, from, page_max)?;
-        assert!(found.next_height >= from, "op log scan went backwards");
         let budget = self.core.answer_budget_bytes();
         let mut next = found.next_height;
         let mut ops = Vec::with_capacity(found.entries.len());
         let mut used = 0;
         for entry in found.entries {
-            assert!(
-                entry.height >= from && entry.height < found.next_height,
-                "op log page outside its range"
-            );
-            assert_eq!(timestamp_replica(entry.op.ts()), own, "foreign op pushed");
             used += entry.op.meta.size_bytes() + ITEM_OVERHEAD_BYTES;
             if used > budget && !ops.is_empty() {
                 next = entry.height;
@@ -216,6 +243,10 @@ impl Pusher {
             }
             ops.push(entry.op);
         }
+        assert!(
+            next >= from && (ops.is_empty() || next > from),
+            "a page covers its ops"
+        );
         Ok((ops, next))
     }
 
@@ -226,6 +257,8 @@ impl Pusher {
         let own = self.core.membership.own();
         let scan_max = self.core.config.limits.push_scan_heights;
         if let Some(page) = self.windows.page(tree, from, limit, scan_max) {
+            // The window must answer what the log scan would.
+            check_own_page(&page, from, limit, own);
             return Ok(page);
         }
         if let Some(ticket) = self.windows.refresh_ticket(tree, from) {
@@ -243,12 +276,16 @@ impl Pusher {
                 return Err(error);
             }
             if let Some(page) = self.windows.page(tree, from, limit, scan_max) {
+                check_own_page(&page, from, limit, own);
                 return Ok(page);
             }
         }
-        self.core
+        let page = self
+            .core
             .forest
-            .get_op_log_of_origin(tree, from, limit, scan_max, own)
+            .get_op_log_of_origin(tree, from, limit, scan_max, own)?;
+        check_own_page(&page, from, limit, own);
+        Ok(page)
     }
 
     /// One Apply call; `Ok` only when the peer acknowledged every op.
@@ -298,6 +335,7 @@ impl Pusher {
         let limit = room.min(WALK_LIST_MAX);
         match self.core.forest.trees_after(after.as_ref(), limit) {
             Ok(found) => {
+                assert!(found.len() <= limit, "listed more trees than asked");
                 let complete = found.len() < limit;
                 self.book.walk_found(after.as_ref(), &found, complete);
                 self.book.wake.notify_one();
@@ -336,6 +374,7 @@ impl Pusher {
             if !found.entries.is_empty() {
                 return Ok(true);
             }
+            assert!(found.next_height >= cursor, "op log scan went backwards");
             if found.next_height == cursor {
                 return Ok(false);
             }

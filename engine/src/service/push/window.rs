@@ -86,6 +86,7 @@ impl Window {
             .take_while(|e| e.height < stop)
             .cloned()
             .collect();
+        assert!(entries.len() <= limit, "a window page over its limit");
         Some(OpLogPage {
             entries,
             next_height: stop.max(from),
@@ -143,6 +144,7 @@ struct State {
 impl State {
     fn remove(&mut self, tree: &TreeKey) {
         if let Some(window) = self.trees.remove(tree) {
+            assert!(self.ops_held >= window.ops.len(), "window ops miscounted");
             self.ops_held -= window.ops.len();
         }
     }
