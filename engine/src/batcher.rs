@@ -1,6 +1,6 @@
-//! Group commit (DESIGN §5): concurrent callers' writes are collected until
-//! `max_batch_size` ops or `max_batch_delay` have passed and committed in one
-//! write transaction; each caller gets its own result.
+//! Group commit (docs/design.md §5): concurrent callers' writes are
+//! collected until `max_batch_size` ops or `max_batch_delay` have passed and
+//! committed in one write transaction; each caller gets its own result.
 //!
 //! Adaptive under load, because one commit costs a sync whatever its size:
 //! - the delay window is measured from the arrival of the oldest write in the

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// Wire format version; a frame with another version is refused.
 pub const PROTOCOL_VERSION: u8 = 1;
 
-/// A request of the service API (DESIGN §4).
+/// A request of the service API (docs/design.md §4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     Add {

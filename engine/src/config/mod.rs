@@ -1,10 +1,11 @@
-//! Node configuration: the keys of the modelled system (DESIGN §7) plus this
-//! node's identity, peers and container membership.
+//! Node configuration: the keys of the modelled system (docs/design.md §7)
+//! plus this node's identity, peers and container membership.
 //!
-//! The file is YAML. Every key is optional except `node.replica_id`; missing
-//! keys take the DESIGN §7 values. Unknown keys and bad values are refused
-//! with `Error::Config` naming the key (`tree.replication_timeout: ...`), so
-//! a typo never silently falls back to a default.
+//! The file is YAML. Every key is optional except `node.replica_id`;
+//! missing keys take the docs/design.md §7 values. Unknown keys and bad
+//! values are refused with `Error::Config` naming the key
+//! (`tree.replication_timeout: ...`), so a typo never silently falls back to
+//! a default.
 
 mod parse;
 #[cfg(test)]
@@ -127,8 +128,9 @@ pub struct Limits {
     pub connect_timeout: Duration,
 }
 
-/// The sync interval of the reference deployment (DESIGN §7). An absent key
-/// means "off", so this is only a named value for callers that want it.
+/// The sync interval of the reference deployment (docs/design.md §7). An
+/// absent key means "off", so this is only a named value for callers that
+/// want it.
 pub const REFERENCE_SYNC_INTERVAL: Duration = Duration::from_secs(5 * 60);
 
 impl Default for TreeConfig {

@@ -9,7 +9,8 @@ use crate::types::*;
 use crate::validate;
 
 impl Forest {
-    /// Nodes reached by `path` (see DESIGN §4); empty when nothing matches.
+    /// Nodes reached by `path` (see docs/design.md §4); empty when nothing
+    /// matches.
     pub fn get_by_path(
         &self,
         tree: &TreeKey,

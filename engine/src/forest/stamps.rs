@@ -71,7 +71,7 @@ impl Forest {
 
     /// For each timestamp, whether the tree's log holds an op with it. An
     /// absent tree holds none. Timestamps are unique across replicas
-    /// (DESIGN §3), so a held timestamp is a held op.
+    /// (docs/design.md §3), so a held timestamp is a held op.
     pub fn stored_stamps(&self, tree: &TreeKey, stamps: &[Timestamp]) -> Result<Vec<bool>> {
         let (txn, number) = match self.read_tree_number(tree) {
             Ok(found) => found,
