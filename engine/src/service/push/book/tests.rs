@@ -15,7 +15,8 @@ fn commit_local(book: &PushBook, tree: &TreeKey) -> Vec<TreeKey> {
     book.note_commit(std::iter::once(tree), std::slice::from_ref(tree))
 }
 
-/// A book of node 1 with peers 2 and 3.
+/// A book of node 1 with peers 2 and 3, over an empty forest (the
+/// start's walk found nothing).
 fn book(trees_max: usize, queue_max: usize) -> PushBook {
     let mut node = NodeConfig::solo(1);
     for peer in [2, 3] {
@@ -30,7 +31,30 @@ fn book(trees_max: usize, queue_max: usize) -> PushBook {
         workers_max: 4,
         backoff_max: Duration::from_secs(1),
     };
-    PushBook::new(limits, Arc::new(Membership::from_config(&node)))
+    let book = PushBook::new(limits, Arc::new(Membership::from_config(&node)));
+    book.walk_found(None, &[], true);
+    book
+}
+
+/// Commits local ops to `t` and takes the first of its pairs for a pass.
+fn commit_and_take(book: &PushBook, t: &TreeKey) -> (PushKey, u64, PassStart) {
+    commit_local(book, t);
+    book.dispatch(Duration::ZERO);
+    let (key, ticket) = book.take().expect("a queued pair");
+    let start = book.begin_pass(&key, ticket).expect("its ticket");
+    (key, ticket, start)
+}
+
+/// Ends a pass with `cursor` (durable at `durable`, moved on to
+/// `position`).
+fn end(book: &PushBook, taken: &(PushKey, u64, PassStart), cursor: Option<(u64, u64)>, ok: bool) {
+    let cursor = cursor.map(|(durable, position)| {
+        let mut cursor = LazyCursor::loaded(durable);
+        cursor.advance(position);
+        cursor
+    });
+    let (key, ticket, start) = taken;
+    book.end_pass(key, *ticket, start, PassEnd { cursor, ok }, Duration::ZERO);
 }
 
 /// Takes and finishes every queued pass, cleanly, with cursors at
@@ -44,13 +68,12 @@ fn run_all(book: &PushBook, position: u64) -> usize {
             continue;
         };
         let start = book.begin_pass(&key, ticket).expect("ours");
-        let mut cursor = LazyCursor::loaded(position);
-        cursor.advance(position);
-        let end = PassEnd {
-            cursor: Some(cursor),
-            ok: true,
-        };
-        book.end_pass(&key, ticket, &start, end, Duration::ZERO);
+        end(
+            book,
+            &(key, ticket, start),
+            Some((position, position)),
+            true,
+        );
         passes += 1;
     }
     passes
@@ -65,7 +88,6 @@ fn busy(book: &PushBook) -> (usize, usize, usize, usize) {
 #[test]
 fn a_commit_queues_every_peer_once_and_a_settled_tree_stays_until_room_is_needed() {
     let book = book(1, 100);
-    book.walk_found(None, &[], true);
     let (t, u) = (tree("t"), tree("u"));
     assert!(commit_local(&book, &t).is_empty());
     assert!(commit_local(&book, &t).is_empty());
@@ -86,18 +108,10 @@ fn a_commit_queues_every_peer_once_and_a_settled_tree_stays_until_room_is_needed
 #[test]
 fn new_ops_during_a_pass_queue_it_again() {
     let book = book(10, 100);
-    book.walk_found(None, &[], true);
     let t = tree("t");
+    let taken = commit_and_take(&book, &t);
     commit_local(&book, &t);
-    book.dispatch(Duration::ZERO);
-    let (key, ticket) = book.take().unwrap();
-    let start = book.begin_pass(&key, ticket).unwrap();
-    commit_local(&book, &t);
-    let end = PassEnd {
-        cursor: Some(LazyCursor::loaded(0)),
-        ok: true,
-    };
-    book.end_pass(&key, ticket, &start, end, Duration::ZERO);
+    end(&book, &taken, Some((0, 0)), true);
     // The other pair and this one again.
     assert_eq!(book.sizes().queued, 2);
     assert_eq!(run_all(&book, 0), 2);
@@ -107,17 +121,8 @@ fn new_ops_during_a_pass_queue_it_again() {
 #[test]
 fn a_failed_pass_backs_off_without_a_worker() {
     let book = book(10, 100);
-    book.walk_found(None, &[], true);
-    let t = tree("t");
-    commit_local(&book, &t);
-    book.dispatch(Duration::ZERO);
-    let (key, ticket) = book.take().unwrap();
-    let start = book.begin_pass(&key, ticket).unwrap();
-    let failed = PassEnd {
-        cursor: None,
-        ok: false,
-    };
-    book.end_pass(&key, ticket, &start, failed, Duration::ZERO);
+    let taken = commit_and_take(&book, &tree("t"));
+    end(&book, &taken, None, false);
     assert_eq!(book.sizes().delayed, 1);
     // The sweep leaves a delayed pair alone; its backoff queues it.
     book.sweep(Duration::ZERO, PERIOD);
@@ -132,7 +137,6 @@ fn a_failed_pass_backs_off_without_a_worker() {
 #[test]
 fn a_full_queue_backlogs_hints_and_workers_take_them() {
     let book = book(10, 1);
-    book.walk_found(None, &[], true);
     let trees = [tree("a"), tree("b")];
     let dropped = book.note_commit(trees.iter(), &trees);
     assert_eq!(dropped, trees.to_vec());
@@ -145,7 +149,6 @@ fn a_full_queue_backlogs_hints_and_workers_take_them() {
 #[test]
 fn a_full_book_starts_a_walk_that_finds_the_untracked_tree() {
     let book = book(1, 100);
-    book.walk_found(None, &[], true);
     let (a, b) = (tree("a"), tree("b"));
     commit_local(&book, &a);
     // No room for b: its commit is left to a walk.
@@ -166,11 +169,8 @@ fn a_full_book_starts_a_walk_that_finds_the_untracked_tree() {
 #[test]
 fn forgetting_a_tree_leaves_nothing_and_stales_its_running_pass() {
     let book = book(10, 1);
-    book.walk_found(None, &[], true);
     let t = tree("t");
-    commit_local(&book, &t);
-    book.dispatch(Duration::ZERO);
-    let (key, ticket) = book.take().unwrap();
+    let (key, ticket, _) = commit_and_take(&book, &t);
     book.forget(&BTreeSet::from([t.clone()]));
     assert_eq!(book.begin_pass(&key, ticket).map(|s| s.changes), None);
     let sizes = book.sizes();
@@ -183,20 +183,12 @@ fn forgetting_a_tree_leaves_nothing_and_stales_its_running_pass() {
 #[test]
 fn a_lagging_cursor_keeps_its_tree_until_written() {
     let book = book(100, 100);
-    book.walk_found(None, &[], true);
     let t = tree("t");
-    commit_local(&book, &t);
-    book.dispatch(Duration::ZERO);
-    while let Some((key, ticket)) = book.take() {
-        let start = book.begin_pass(&key, ticket).unwrap();
-        let mut cursor = LazyCursor::loaded(0);
-        cursor.advance(3);
-        let end = PassEnd {
-            cursor: Some(cursor),
-            ok: true,
-        };
-        book.end_pass(&key, ticket, &start, end, Duration::ZERO);
-    }
+    let first = commit_and_take(&book, &t);
+    end(&book, &first, Some((0, 3)), true);
+    let (key, ticket) = book.take().expect("the other pair");
+    let start = book.begin_pass(&key, ticket).expect("its ticket");
+    end(&book, &(key, ticket, start), Some((0, 3)), true);
     assert_eq!(
         book.sizes().trees,
         1,
