@@ -496,4 +496,28 @@ mod tests {
         assert_eq!(held, state.ops_held);
         assert!(state.trees.contains_key(&tree()));
     }
+
+    #[test]
+    fn windows_are_bounded_in_number_and_a_dropped_one_ignores_old_reads() {
+        let own = own_pattern(40);
+        let windows = PushWindows::new(100, 3);
+        let key = |i: u8| TreeKey::new(ContainerId([i; 32]), "t");
+        for i in 0..10 {
+            let ticket = windows.refresh_ticket(&key(i), 0).expect("ticket");
+            windows.store(&key(i), ticket, Ok(scan(&own, 0, 100, 1000)), 1000);
+            assert!(windows.len() <= 3);
+        }
+        // A read taken before the tree was dropped and made again is not
+        // stored into the new tree's window.
+        let stale = windows.refresh_ticket(&tree(), 0).expect("ticket");
+        windows.forget(&BTreeSet::from([tree()]));
+        let fresh = windows.refresh_ticket(&tree(), 0).expect("ticket");
+        windows.store(&tree(), stale, Ok(scan(&own, 0, 100, 1000)), 1000);
+        assert_eq!(windows.page(&tree(), 0, 1, 1000), None);
+        windows.store(&tree(), fresh, Ok(scan(&own, 0, 100, 1000)), 1000);
+        assert_eq!(
+            windows.page(&tree(), 0, 1, 1000),
+            Some(scan(&own, 0, 1, 1000))
+        );
+    }
 }
