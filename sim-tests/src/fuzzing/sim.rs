@@ -12,9 +12,9 @@
 //! nothing else varies.
 
 use crate::disk::{DiskConfig, DiskFaults, SimDisk};
+use crate::failure::{Failure, FailureKind, Verdict};
 use crate::scenario::check;
 use crate::scenario::workload::{broken_invariant, Acked, Workload};
-use crate::scenario::Failure;
 use crate::trace::Trace;
 use crate::world::clock::ClockSkew;
 use crate::world::transport::RequestKind;
@@ -204,7 +204,7 @@ pub fn run(input: &Input) -> Outcome {
         .count();
     if failure.is_ok() && leaked > 0 {
         failure = Err(Failure::new(
-            "leak",
+            FailureKind::Leak,
             format!("{leaked} forests outlived their simulation"),
         ));
     }
@@ -250,12 +250,16 @@ impl Script {
         for replica in world.replica_ids() {
             if !world.wait_up(replica, BOOT_DEADLINE).await {
                 return Err(Failure::new(
-                    "liveness",
+                    FailureKind::Liveness,
                     format!("replica-{replica} did not boot"),
                 ));
             }
         }
-        let workload = Arc::new(Workload::new(world.clone(), trace, CALL_TIMEOUT));
+        let workload = Arc::new(Workload::new(
+            world.clone(),
+            Verdict::new(trace),
+            CALL_TIMEOUT,
+        ));
         Ok(Arc::new(Script {
             setup,
             world,
@@ -513,7 +517,7 @@ impl Script {
         for replica in self.world.replica_ids() {
             if !self.world.wait_up(replica, BOOT_DEADLINE).await {
                 return Err(Failure::new(
-                    "liveness",
+                    FailureKind::Liveness,
                     format!("replica-{replica} did not come back after healing"),
                 ));
             }
@@ -560,7 +564,7 @@ impl Script {
                 }
                 if let Some(broken) = broken_invariant(service.forest(), &tree) {
                     return Err(Failure::new(
-                        "tree invariant",
+                        FailureKind::TreeInvariant,
                         format!("{} {}: {broken}", node.name, tree.tree),
                     ));
                 }

@@ -4,7 +4,7 @@
 //! bounded simulated time.
 
 use super::workload::{read_request, Acked, Workload};
-use super::Failure;
+use crate::failure::{Failure, FailureKind};
 use crate::world::clock::global_now;
 use crate::world::transport::RequestKind;
 use crate::world::World;
@@ -61,13 +61,13 @@ pub async fn sync_round(world: &World) -> Result {
             Ok(Some(())) => {}
             Ok(None) => {
                 return Err(Failure::new(
-                    "liveness",
+                    FailureKind::Liveness,
                     format!("replica-{replica} died during sync_now"),
                 ))
             }
             Err(_) => {
                 return Err(Failure::new(
-                    "liveness",
+                    FailureKind::Liveness,
                     format!(
                         "replica-{replica}: sync_now did not finish within {SYNC_ROUND_DEADLINE:?}"
                     ),
@@ -113,7 +113,7 @@ pub async fn check_push_converges(world: &World, workload: &Workload) -> Result 
         }
         if global_now() >= deadline {
             return Err(Failure::new(
-                "liveness",
+                FailureKind::Liveness,
                 format!("replication not idle on {busy:?} within {CONVERGENCE_DEADLINE:?} after healing"),
             ));
         }
@@ -133,7 +133,7 @@ pub fn check_nobody_waits(world: &World) -> Result {
         let pending = service.stats().pending_writes;
         if pending != 0 {
             return Err(Failure::new(
-                "hung callers",
+                FailureKind::HungCallers,
                 format!(
                     "{} still has {pending} writes pending on an idle cluster",
                     node.name
@@ -150,20 +150,26 @@ fn contents(world: &World) -> Result<BTreeMap<ReplicaId, BTreeMap<TreeKey, Repli
     let mut all = BTreeMap::new();
     for node in &world.nodes {
         let service = node.service().ok_or_else(|| {
-            Failure::new("liveness", format!("{} is down at check time", node.name))
+            Failure::new(
+                FailureKind::Liveness,
+                format!("{} is down at check time", node.name),
+            )
         })?;
         let forest = service.forest();
-        let trees = forest
-            .all_trees()
-            .map_err(|e| Failure::new("storage", format!("{}: all_trees: {e}", node.name)))?;
+        let trees = forest.all_trees().map_err(|e| {
+            Failure::new(
+                FailureKind::Storage,
+                format!("{}: all_trees: {e}", node.name),
+            )
+        })?;
         let mut per_tree = BTreeMap::new();
         for tree in trees {
-            let (verdict, content) = forest
-                .check_invariants_capturing(&tree)
-                .map_err(|e| Failure::new("storage", format!("{}: check: {e}", node.name)))?;
+            let (verdict, content) = forest.check_invariants_capturing(&tree).map_err(|e| {
+                Failure::new(FailureKind::Storage, format!("{}: check: {e}", node.name))
+            })?;
             if let Err(broken) = verdict {
                 return Err(Failure::new(
-                    "tree invariant",
+                    FailureKind::TreeInvariant,
                     format!("{} {:?}/{}: {broken}", node.name, tree.cid, tree.tree),
                 ));
             }
@@ -178,16 +184,22 @@ fn contents(world: &World) -> Result<BTreeMap<ReplicaId, BTreeMap<TreeKey, Repli
 /// replica has no such tree.
 fn dump(world: &World, replica: ReplicaId, tree: &TreeKey) -> Result<TreeDump> {
     let node = world.node(replica);
-    let service = node
-        .service()
-        .ok_or_else(|| Failure::new("liveness", format!("{} is down at check time", node.name)))?;
+    let service = node.service().ok_or_else(|| {
+        Failure::new(
+            FailureKind::Liveness,
+            format!("{} is down at check time", node.name),
+        )
+    })?;
     match service.forest().dump(tree) {
         Ok(dump) => Ok(dump),
         Err(arbor::Error::TreeNotFound) => Ok(TreeDump {
             nodes: Vec::new(),
             log: Vec::new(),
         }),
-        Err(e) => Err(Failure::new("storage", format!("{}: dump: {e}", node.name))),
+        Err(e) => Err(Failure::new(
+            FailureKind::Storage,
+            format!("{}: dump: {e}", node.name),
+        )),
     }
 }
 
@@ -212,7 +224,7 @@ pub async fn check_converged(world: &World, workload: &Workload, when: &str) -> 
                     .unwrap_or_else(|| "stored bytes differ, decoded trees alike".into());
                 diff.push_str(&who_holds(world, &holders, tree, &left, &right)?);
                 return Err(Failure::new(
-                    "divergence",
+                    FailureKind::Divergence,
                     format!("{when}: {:?}/{} differs between replica-{first} and replica-{other}: {diff}", tree.cid, tree.tree),
                 ));
             }
@@ -301,7 +313,7 @@ fn ops_by_child<'a>(logs: &BTreeMap<&'a TreeKey, &'a ReplicaContent>) -> Result<
         for (ts, op) in content.ops() {
             let op = LogView::parse_op(op).map_err(|e| {
                 Failure::new(
-                    "tree invariant",
+                    FailureKind::TreeInvariant,
                     format!("{:?}/{}: op {ts}: {e}", tree.cid, tree.tree),
                 )
             })?;
@@ -358,7 +370,7 @@ fn check_acked_present(
         };
         if !present {
             return Err(Failure::new(
-                "lost write",
+                FailureKind::LostWrite,
                 format!("{when}: acknowledged {acked:?} is missing"),
             ));
         }
@@ -394,13 +406,16 @@ async fn check_reads_agree(world: &World, workload: &Workload, when: &str) -> Re
                     )
                     .await
                     .ok_or_else(|| {
-                        Failure::new("liveness", format!("replica-{replica} down during reads"))
+                        Failure::new(
+                            FailureKind::Liveness,
+                            format!("replica-{replica} down during reads"),
+                        )
                     })?;
                 answers.push((replica, answer));
             }
             if let Some((other, answer)) = answers.iter().find(|(_, a)| *a != answers[0].1) {
                 return Err(Failure::new(
-                    "divergent read",
+                    FailureKind::DivergentRead,
                     format!(
                         "{when}: GetNodeByPath {:?}/{} {path:?} latest_only={latest_only}: replica-{} says {:?}, replica-{other} says {answer:?}",
                         tree.cid, tree.tree, answers[0].0, answers[0].1
@@ -415,6 +430,7 @@ async fn check_reads_agree(world: &World, workload: &Workload, when: &str) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::failure::Verdict;
     use crate::trace::Trace;
     use crate::world::{cluster_configs, Knobs};
     use arbor::proto::Request;
@@ -425,7 +441,7 @@ mod tests {
         let failure = check_converged(world, workload, "test")
             .await
             .expect_err("the replicas differ");
-        assert_eq!(failure.kind, "divergence");
+        assert_eq!(failure.kind, FailureKind::Divergence);
         assert!(failure.detail.contains(what), "{failure}");
     }
 
@@ -450,7 +466,7 @@ mod tests {
         check_converged(world, workload, "test").await.unwrap();
         workload.ledger.lock().unwrap().acked.push(moved("other"));
         let lost = check_converged(world, workload, "test").await.unwrap_err();
-        assert_eq!(lost.kind, "lost write", "{lost}");
+        assert_eq!(lost.kind, FailureKind::LostWrite, "{lost}");
         workload.ledger.lock().unwrap().acked.pop();
     }
 
@@ -472,7 +488,8 @@ mod tests {
             for replica in [1, 2] {
                 assert!(world.wait_up(replica, Duration::from_secs(10)).await);
             }
-            let workload = Workload::new(world.clone(), trace, Duration::from_secs(2));
+            let workload =
+                Workload::new(world.clone(), Verdict::new(trace), Duration::from_secs(2));
             let tree = TreeKey::new(ContainerId([9; 32]), "t");
             block_pushes(&world);
             let request = Request::Add {

@@ -7,6 +7,7 @@ pub mod swarm;
 pub mod workload;
 
 use crate::disk::{DiskConfig, SimDisk};
+use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
 use crate::world::{cluster_configs_with, World};
 use arbor::canary::Canary;
@@ -29,28 +30,6 @@ const BOOT_DEADLINE: Duration = Duration::from_secs(10);
 const SETTLE: Duration = Duration::from_secs(3);
 /// Simulated time beyond the workload after which a run is declared hung.
 const RUN_TIME_LIMIT_EXTRA: Duration = Duration::from_secs(900);
-
-/// What went wrong in a run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    pub kind: String,
-    pub detail: String,
-}
-
-impl Failure {
-    pub fn new(kind: &str, detail: impl Into<String>) -> Self {
-        Self {
-            kind: kind.into(),
-            detail: detail.into(),
-        }
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.detail)
-    }
-}
 
 /// How to run a seed.
 #[derive(Clone, Debug)]
@@ -248,7 +227,7 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
     let mut failure = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(failure)) => Some(failure),
-        Err(panic) => Some(Failure::new("panic", panic_message(&panic))),
+        Err(panic) => Some(Failure::new(FailureKind::Panic, panic_message(&panic))),
     };
     // The runtime is gone: whatever still holds a disk is a task or a
     // cycle that outlived it, and would hold it for the rest of a sweep.
@@ -260,7 +239,7 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
         .count();
     if failure.is_none() && leaked > 0 {
         failure = Some(Failure::new(
-            "leak",
+            FailureKind::Leak,
             format!("{leaked} simulated disk(s) outlived the run's runtime"),
         ));
     }
@@ -325,12 +304,12 @@ async fn simulate(
     for replica in world.replica_ids() {
         if !world.wait_up(replica, BOOT_DEADLINE).await {
             return Err(Failure::new(
-                "liveness",
+                FailureKind::Liveness,
                 format!("replica-{replica} did not boot"),
             ));
         }
     }
-    let mut workload = Workload::new(world.clone(), trace.clone(), CALL_TIMEOUT);
+    let mut workload = Workload::new(world.clone(), Verdict::new(trace.clone()), CALL_TIMEOUT);
     workload.replica_sets = replica_sets(swarm.replicas).into_iter().collect();
     let workload = Arc::new(workload);
     let nemesis = Arc::new(Nemesis {
@@ -414,14 +393,12 @@ async fn heal_and_check(
     for replica in world.replica_ids() {
         if !world.wait_up(replica, BOOT_DEADLINE).await {
             return Err(Failure::new(
-                "liveness",
+                FailureKind::Liveness,
                 format!("replica-{replica} did not come back after healing"),
             ));
         }
     }
-    if let Some(failure) = workload.failure.lock().unwrap().clone() {
-        return Err(failure);
-    }
+    workload.verdict.result()?;
     nemesis.sweep_invariants(nemesis::Sweep::Full);
     if swarm.knobs.sync_interval.is_some() {
         // Sync must converge the cluster on its own: pushes are blocked
@@ -433,8 +410,6 @@ async fn heal_and_check(
         madsim::time::sleep(SETTLE).await;
     }
     check::check_push_converges(world, workload).await?;
-    if let Some(failure) = workload.failure.lock().unwrap().clone() {
-        return Err(failure);
-    }
+    workload.verdict.result()?;
     Ok(())
 }

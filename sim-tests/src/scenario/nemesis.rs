@@ -3,8 +3,8 @@
 
 use super::swarm::Swarm;
 use super::workload::Workload;
-use super::Failure;
 use crate::disk::{DiskFaults, SimDisk};
+use crate::failure::{Failure, FailureKind};
 use crate::world::clock::global_now;
 use crate::world::transport::RequestKind;
 use crate::world::World;
@@ -78,7 +78,7 @@ impl Nemesis {
     pub async fn run(self: Arc<Self>, deadline: Duration) {
         let gap_mean_ms = self.swarm.fault_gap_mean.as_millis() as u64;
         let mut next_sweep = global_now();
-        while global_now() < deadline && !self.workload.failed() {
+        while global_now() < deadline && !self.workload.verdict.failed() {
             let gap = Duration::from_millis(thread_rng().gen_range(1..=2 * gap_mean_ms));
             madsim::time::sleep(gap).await;
             // Full sweeps cost a pass over every tree; the acking replica is
@@ -331,8 +331,8 @@ impl Nemesis {
     /// replica since.
     pub fn sweep_invariants(&self, sweep: Sweep) {
         if let Some((replica, tree, broken)) = self.broken_trees(sweep).into_iter().next() {
-            self.workload.fail(Failure::new(
-                "tree invariant",
+            self.workload.verdict.fail(Failure::new(
+                FailureKind::TreeInvariant,
                 format!("replica-{replica} {:?}/{}: {broken}", tree.cid, tree.tree),
             ));
         }
@@ -452,8 +452,8 @@ async fn check_drained(world: &World, workload: &Workload, replica: ReplicaId) {
     let pending = pending();
     if pending != 0 {
         let waited = DRAIN_WINDOW + LATE_ARRIVAL_GRACE;
-        workload.fail(Failure::new(
-            "hung callers",
+        workload.verdict.fail(Failure::new(
+            FailureKind::HungCallers,
             format!("replica-{replica} still has {pending} writes pending {waited:?} after its inbound traffic stopped (disk errors before)"),
         ));
     }
@@ -478,8 +478,8 @@ async fn check_nothing_lost(
     for (tree, height) in before {
         let now = after.get(&tree).copied().unwrap_or(0);
         if now < height {
-            workload.fail(Failure::new(
-                "lost write",
+            workload.verdict.fail(Failure::new(
+                FailureKind::LostWrite,
                 format!(
                     "replica-{replica} {:?}/{} stored {height} ops before a {what}, {now} after",
                     tree.cid, tree.tree
@@ -497,6 +497,7 @@ pub fn reset_latency() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::failure::Verdict;
     use crate::scenario::swarm::{Profile, Size};
     use crate::trace::Trace;
     use crate::world::{cluster_configs, Client, Knobs};
@@ -548,7 +549,12 @@ mod tests {
             let client = world.client();
             let world = Arc::new(world);
             assert!(world.wait_up(1, Duration::from_secs(10)).await);
-            let workload = Arc::new(Workload::new(world.clone(), trace, Duration::from_secs(2)));
+            let verdict = Verdict::new(trace);
+            let workload = Arc::new(Workload::new(
+                world.clone(),
+                verdict,
+                Duration::from_secs(2),
+            ));
             let nemesis = Nemesis {
                 world: world.clone(),
                 workload,
@@ -595,8 +601,8 @@ mod tests {
 
             // `sweep_invariants` reports the first break as the run's failure.
             nemesis.sweep_invariants(Sweep::Full);
-            let failure = nemesis.workload.failure.lock().unwrap().clone();
-            assert_eq!(failure.map(|f| f.kind), Some("tree invariant".to_string()));
+            let failure = nemesis.workload.verdict.result().unwrap_err();
+            assert_eq!(failure.kind, FailureKind::TreeInvariant);
         });
     }
 }

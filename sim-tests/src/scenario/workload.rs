@@ -4,7 +4,7 @@
 //! directories concurrently on different replicas, and reading. Every
 //! acknowledged write goes into the ledger the checkers hold the cluster to.
 
-use super::Failure;
+use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::Trace;
 use crate::world::{Client, World};
 use arbor::proto::{Request, Response};
@@ -84,8 +84,8 @@ pub struct Workload {
     pub world: Arc<World>,
     pub trace: Trace,
     pub ledger: Mutex<Ledger>,
-    /// The first failure seen while the workload runs.
-    pub failure: Mutex<Option<Failure>>,
+    /// The run's first failure.
+    pub verdict: Verdict,
     pub call_timeout: Duration,
     /// Check the tree invariant on the acking replica after each write.
     pub check_each_write: bool,
@@ -95,29 +95,17 @@ pub struct Workload {
 }
 
 impl Workload {
-    pub fn new(world: Arc<World>, trace: Trace, call_timeout: Duration) -> Self {
+    pub fn new(world: Arc<World>, verdict: Verdict, call_timeout: Duration) -> Self {
         Self {
+            trace: world.trace.clone(),
             world,
-            trace,
             ledger: Mutex::default(),
-            failure: Mutex::default(),
+            verdict,
             call_timeout,
             check_each_write: true,
             replica_sets: BTreeMap::new(),
             next_op: Mutex::new(0),
         }
-    }
-
-    pub fn fail(&self, failure: Failure) {
-        let mut slot = self.failure.lock().unwrap();
-        if slot.is_none() {
-            self.trace.record("world", format!("FAILURE {failure}"));
-            *slot = Some(failure);
-        }
-    }
-
-    pub fn failed(&self) -> bool {
-        self.failure.lock().unwrap().is_some()
     }
 
     fn op_id(&self) -> u64 {
@@ -171,7 +159,7 @@ fn object_meta(name: &str, op: u64) -> Vec<KeyValue> {
 pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think_mean: Duration) {
     opening_burst(&workload, &client).await;
     for _ in 0..ops {
-        if workload.failed() {
+        if workload.verdict.failed() {
             break;
         }
         let think_ms = thread_rng().gen_range(0..=2 * think_mean.as_millis() as u64);
@@ -377,8 +365,8 @@ fn check_after_write(workload: &Workload, replica: ReplicaId, tree: &TreeKey, to
         Err(message) => Some(message),
     };
     if let Some(broken) = verdict {
-        workload.fail(Failure::new(
-            "tree invariant",
+        workload.verdict.fail(Failure::new(
+            FailureKind::TreeInvariant,
             format!(
                 "replica-{replica} {:?}/{} after a write: {broken}",
                 tree.cid, tree.tree
