@@ -7,15 +7,14 @@
 //! (`madsim::runtime::Runtime::with_seed_and_config(..).block_on(..)`).
 
 pub mod clock;
+pub mod config;
 pub mod runtime;
 pub mod storage;
 pub mod transport;
 
 use crate::trace::Trace;
-use arbor::config::{
-    Config, ContainerConfig, Limits, NodeConfig, PeerConfig, PiloramaConfig, TreeConfig,
-};
-use arbor::forest::{Forest, ForestOptions};
+use arbor::config::Config;
+use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
 use arbor::service::Service;
@@ -29,8 +28,7 @@ use std::time::Duration;
 use storage::NodeDisk;
 use transport::{CallIds, MessageFilter, SimTransport};
 
-/// Port every simulated replica listens on.
-pub const SERVICE_PORT: u16 = 7000;
+pub use config::{cluster_configs, cluster_configs_with, replica_addr, Knobs, SERVICE_PORT};
 
 /// How often a (re)starting node retries opening its disk, and how long it
 /// waits between tries, before it gives up and stays down.
@@ -48,118 +46,6 @@ const OLD_INCARNATION_DROP_MAX: Duration = Duration::from_secs(1);
 /// than the drain alone: healing that began just after such a restart
 /// started failed the seed (storage-errors seed 201270).
 const RESTARTS_IN_FLIGHT_MAX: Duration = Duration::from_secs(15);
-
-/// The address of the `index`-th replica (0-based).
-pub fn replica_addr(index: usize) -> SocketAddr {
-    SocketAddr::new(
-        IpAddr::V4(Ipv4Addr::new(10, 0, 0, index as u8 + 1)),
-        SERVICE_PORT,
-    )
-}
-
-/// The tunable knobs of a simulated node's config.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Knobs {
-    pub max_batch_size: usize,
-    pub max_batch_delay: Duration,
-    pub replication_channel_capacity: usize,
-    pub replication_worker_count: usize,
-    pub replication_timeout: Duration,
-    pub sync_interval: Option<Duration>,
-    pub max_pending_writes: usize,
-    pub sync_page_size: usize,
-}
-
-impl Default for Knobs {
-    fn default() -> Self {
-        Self {
-            max_batch_size: 100,
-            max_batch_delay: Duration::from_millis(5),
-            replication_channel_capacity: 1000,
-            replication_worker_count: 16,
-            replication_timeout: Duration::from_secs(1),
-            sync_interval: Some(Duration::from_secs(5)),
-            max_pending_writes: 10_000,
-            sync_page_size: 256,
-        }
-    }
-}
-
-/// Configs for `count` replicas numbered 1..=count at `replica_addr`, every
-/// container replicated on all of them.
-pub fn cluster_configs(count: usize, knobs: &Knobs) -> Vec<Config> {
-    cluster_configs_with(count, knobs, &[])
-}
-
-/// Like `cluster_configs`, with explicit replica sets for some containers
-/// (every node learns every container's set, as from a network map).
-pub fn cluster_configs_with(
-    count: usize,
-    knobs: &Knobs,
-    containers: &[ContainerConfig],
-) -> Vec<Config> {
-    let ids: Vec<ReplicaId> = (1..=count as ReplicaId).collect();
-    ids.iter()
-        .map(|&id| node_config(id, &ids, knobs, containers.to_vec()))
-        .collect()
-}
-
-/// The config of replica `id` among `all` (ids are 1-based positions).
-pub fn node_config(
-    id: ReplicaId,
-    all: &[ReplicaId],
-    knobs: &Knobs,
-    containers: Vec<ContainerConfig>,
-) -> Config {
-    let peers = all
-        .iter()
-        .filter(|&&peer| peer != id)
-        .map(|&peer| PeerConfig {
-            replica_id: peer,
-            address: replica_addr(usize::from(peer) - 1).to_string(),
-        })
-        .collect();
-    Config {
-        tree: TreeConfig {
-            enabled: true,
-            cache_size: 15,
-            replication_worker_count: knobs.replication_worker_count,
-            replication_channel_capacity: knobs.replication_channel_capacity,
-            replication_timeout: knobs.replication_timeout,
-            sync_interval: knobs.sync_interval,
-        },
-        pilorama: PiloramaConfig {
-            max_batch_delay: knobs.max_batch_delay,
-            max_batch_size: knobs.max_batch_size,
-            replicated_batch_delay: Duration::ZERO,
-            path: format!("sim://replica-{id}").into(),
-            no_sync: false,
-            reopen_attempts_max: 20,
-            reopen_backoff_max: Duration::from_secs(2),
-        },
-        node: NodeConfig {
-            replica_id: id,
-            listen: replica_addr(usize::from(id) - 1).to_string(),
-            peers,
-            containers,
-        },
-        limits: Limits {
-            max_message_bytes: 4 << 20,
-            max_meta_bytes: 64 << 10,
-            max_path_len: 64,
-            max_pending_writes: knobs.max_pending_writes,
-            max_commit_size: Limits::default().max_commit_size,
-            sync_page_size: knobs.sync_page_size,
-            push_scan_heights: Limits::default().push_scan_heights,
-            // Small stamp pages in tests, so paging is exercised.
-            sync_stamp_page_size: knobs.sync_page_size,
-            push_window_ops: Limits::default().push_window_ops,
-            max_subtree_nodes: 100_000,
-            max_connections: 4096,
-            connect_timeout: Duration::from_secs(1),
-        },
-    }
-}
 
 /// One replica to build.
 pub struct NodeSpec {
@@ -636,12 +522,7 @@ impl Boot {
     }
 
     async fn open_forest(&self) -> Option<arbor::forest::Forest> {
-        let options = ForestOptions {
-            replica_id: self.config.node.replica_id,
-            max_meta_bytes: self.config.limits.max_meta_bytes,
-            max_path_len: self.config.limits.max_path_len,
-            durable: !self.config.pilorama.no_sync,
-        };
+        let options = self.config.forest_options();
         for attempt in 1..=OPEN_ATTEMPTS_MAX {
             match self.disk.open(options.clone()) {
                 Ok(forest) => return Some(forest),
