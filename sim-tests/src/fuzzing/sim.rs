@@ -243,8 +243,8 @@ impl Script {
             config.faults.torn_write_probability = setup.torn_write_probability;
             config
         };
-        let (mut world, disks) =
-            World::build_on_sim_disks(configs, &setup.skews, disk_config, trace.clone());
+        let mut world = World::build_on_disks(configs, &setup.skews, disk_config, trace.clone());
+        let disks = world.nodes.iter().map(|n| n.disk.clone()).collect();
         let client = Arc::new(world.client());
         let world = Arc::new(world);
         for replica in world.replica_ids() {

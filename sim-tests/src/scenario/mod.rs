@@ -6,7 +6,7 @@ pub mod nemesis;
 pub mod swarm;
 pub mod workload;
 
-use crate::disk::{DiskConfig, SimDisk};
+use crate::disk::DiskConfig;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
 use crate::world::{cluster_configs_with, World};
@@ -269,7 +269,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
+fn build_world(swarm: &Swarm, trace: &Trace) -> World {
     let containers: Vec<ContainerConfig> = replica_sets(swarm.replicas)
         .into_iter()
         .map(|(cid, replicas)| ContainerConfig { cid, replicas })
@@ -284,7 +284,7 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
         config.faults.torn_write_probability = swarm.torn_write_probability;
         config
     };
-    World::build_on_sim_disks(configs, &swarm.skews, disk_config, trace.clone())
+    World::build_on_disks(configs, &swarm.skews, disk_config, trace.clone())
 }
 
 async fn simulate(
@@ -294,11 +294,9 @@ async fn simulate(
     faults: &Arc<AtomicU64>,
     disk_probes: &Mutex<Vec<crate::disk::WeakDisk>>,
 ) -> Result<(), Failure> {
-    let (mut world, disks) = build_world(swarm, trace);
-    disk_probes
-        .lock()
-        .unwrap()
-        .extend(disks.iter().map(|d| d.downgrade()));
+    let mut world = build_world(swarm, trace);
+    disk_probes.lock().unwrap().extend(world.disk_probes());
+    let disks = world.nodes.iter().map(|n| n.disk.clone()).collect();
     let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
     let world = Arc::new(world);
     for replica in world.replica_ids() {
@@ -316,7 +314,7 @@ async fn simulate(
         world: world.clone(),
         workload: workload.clone(),
         swarm: swarm.clone(),
-        disks: disks.clone(),
+        disks,
         faults_injected: faults.clone(),
         supervised: Mutex::default(),
         stopped: Default::default(),

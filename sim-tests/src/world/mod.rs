@@ -12,6 +12,7 @@ pub mod runtime;
 pub mod storage;
 pub mod transport;
 
+use crate::disk::{DiskConfig, SimDisk, WeakDisk};
 use crate::trace::Trace;
 use arbor::config::Config;
 use arbor::forest::Forest;
@@ -25,7 +26,6 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use storage::NodeDisk;
 use transport::{CallIds, MessageFilter, SimTransport};
 
 pub use config::{cluster_configs, cluster_configs_with, replica_addr, Knobs, SERVICE_PORT};
@@ -51,7 +51,9 @@ const RESTARTS_IN_FLIGHT_MAX: Duration = Duration::from_secs(15);
 pub struct NodeSpec {
     pub config: Config,
     pub skew: ClockSkew,
-    pub disk: Arc<dyn NodeDisk>,
+    pub disk: DiskConfig,
+    /// redb's page cache (redb's default when `None`).
+    pub redb_cache_bytes: Option<usize>,
 }
 
 /// A running (or crashed) replica of the world.
@@ -60,7 +62,7 @@ pub struct SimNode {
     pub replica_id: ReplicaId,
     pub addr: SocketAddr,
     pub config: Config,
-    pub disk: Arc<dyn NodeDisk>,
+    pub disk: SimDisk,
     pub clock: Arc<SimClock>,
     node: NodeHandle,
     /// The service of the current incarnation; empty while down.
@@ -108,43 +110,39 @@ impl World {
         }
     }
 
-    /// `count` replicas with `configs` on fault-free disks without skew.
+    /// Replicas with `configs` on fault-free disks without skew.
     pub fn build_simple(configs: Vec<Config>, trace: Trace) -> World {
+        let skews = vec![ClockSkew::default(); configs.len()];
+        Self::build_on_disks(configs, &skews, |i| DiskConfig::reliable(i as u64), trace)
+    }
+
+    /// Replicas with `configs` and clock `skews`, the `i`-th on a disk
+    /// made from `disk_config(i)`.
+    pub fn build_on_disks(
+        configs: Vec<Config>,
+        skews: &[ClockSkew],
+        disk_config: impl Fn(usize) -> DiskConfig,
+        trace: Trace,
+    ) -> World {
+        assert_eq!(configs.len(), skews.len(), "one clock skew per replica");
         let specs = configs
             .into_iter()
-            .map(|config| NodeSpec {
+            .zip(skews)
+            .enumerate()
+            .map(|(i, (config, &skew))| NodeSpec {
                 config,
-                skew: ClockSkew::default(),
-                disk: Arc::new(storage::MemDisk::new()),
+                skew,
+                disk: disk_config(i),
+                redb_cache_bytes: None,
             })
             .collect();
         Self::build(specs, trace)
     }
 
-    /// Replicas with `configs` and clock `skews` on simulated disks, the
-    /// `i`-th made from `disk_config(i)`; the disks come back too, for the
-    /// faults the caller injects into them.
-    pub fn build_on_sim_disks(
-        configs: Vec<Config>,
-        skews: &[ClockSkew],
-        disk_config: impl Fn(usize) -> crate::disk::DiskConfig,
-        trace: Trace,
-    ) -> (World, Vec<crate::disk::SimDisk>) {
-        assert_eq!(configs.len(), skews.len(), "one clock skew per replica");
-        let disks: Vec<crate::disk::SimDisk> = (0..configs.len())
-            .map(|i| crate::disk::SimDisk::new(disk_config(i)))
-            .collect();
-        let specs = configs
-            .into_iter()
-            .zip(&disks)
-            .zip(skews)
-            .map(|((config, disk), &skew)| NodeSpec {
-                config,
-                skew,
-                disk: Arc::new(disk.clone()),
-            })
-            .collect();
-        (Self::build(specs, trace), disks)
+    /// Handles on every replica's disk that do not keep it alive: the leak
+    /// check once the run's runtime is gone.
+    pub fn disk_probes(&self) -> Vec<WeakDisk> {
+        self.nodes.iter().map(|n| n.disk.downgrade()).collect()
     }
 
     pub fn node(&self, replica: ReplicaId) -> &SimNode {
@@ -424,10 +422,12 @@ fn build_node(
         .expect("a simulated node listens on an ip:port");
     let clock = Arc::new(SimClock::new(spec.skew));
     let service = Arc::new(Mutex::new(None));
+    let disk = SimDisk::new(spec.disk);
     let boot = Boot {
         name: name.clone(),
         config: config.clone(),
-        disk: spec.disk.clone(),
+        disk: disk.clone(),
+        redb_cache_bytes: spec.redb_cache_bytes,
         clock: clock.clone(),
         filter,
         call_ids,
@@ -446,7 +446,7 @@ fn build_node(
         replica_id,
         addr,
         config,
-        disk: spec.disk,
+        disk,
         clock,
         node,
         service,
@@ -457,7 +457,8 @@ fn build_node(
 struct Boot {
     name: String,
     config: Config,
-    disk: Arc<dyn NodeDisk>,
+    disk: SimDisk,
+    redb_cache_bytes: Option<usize>,
     clock: Arc<SimClock>,
     filter: Arc<MessageFilter>,
     call_ids: CallIds,
@@ -524,7 +525,7 @@ impl Boot {
     async fn open_forest(&self) -> Option<arbor::forest::Forest> {
         let options = self.config.forest_options();
         for attempt in 1..=OPEN_ATTEMPTS_MAX {
-            match self.disk.open(options.clone()) {
+            match storage::open_forest(&self.disk, options.clone(), self.redb_cache_bytes) {
                 Ok(forest) => return Some(forest),
                 Err(e) => {
                     self.trace
