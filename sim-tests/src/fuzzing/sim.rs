@@ -4,7 +4,7 @@
 //! dropped pushes, crashes with power failure, disk errors). Coverage then
 //! steers the fault schedule, where the seed sweep of the scenario only
 //! samples it. After the script the cluster heals and is held to the
-//! scenario's own checkers (`scenario::check`): the tree invariant on every
+//! scenario's own checkers (`scenario::checkers`): the tree invariant on every
 //! replica, convergence by sync alone (when sync is on) and by push, every
 //! acknowledged write present everywhere, reads agreeing, nobody waiting.
 //!
@@ -13,8 +13,10 @@
 
 use crate::disk::{DiskConfig, DiskFaults, SimDisk};
 use crate::failure::{Failure, FailureKind, Verdict};
-use crate::scenario::check;
-use crate::scenario::workload::{broken_invariant, Acked, Workload};
+use crate::scenario::checkers::invariants::{InvariantSweep, Sweep};
+use crate::scenario::checkers::{self, convergence, liveness};
+use crate::scenario::ledger::MOVE_TAG_KEY;
+use crate::scenario::workload::Workload;
 use crate::trace::Trace;
 use crate::world::clock::ClockSkew;
 use crate::world::transport::RequestKind;
@@ -22,7 +24,7 @@ use crate::world::{cluster_configs_with, Client, Knobs, World};
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::config::ContainerConfig;
 use arbor::forest::Forest;
-use arbor::proto::{Request, Response};
+use arbor::proto::Request;
 use arbor::{ContainerId, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use madsim::net::NetSim;
 use std::sync::{Arc, Mutex, Weak};
@@ -415,7 +417,7 @@ impl Script {
                 node: self.known(&tree, a | 1),
                 items: vec![
                     KeyValue::new(ATTR_FILE_NAME, format!("m-{}", b % 4).into_bytes()),
-                    KeyValue::new("op", op.to_string().into_bytes()),
+                    KeyValue::new(MOVE_TAG_KEY, op.to_string().into_bytes()),
                 ],
             },
             _ => Request::Remove {
@@ -430,62 +432,9 @@ impl Script {
             .await;
         self.note(format!("op#{op} answer: {answer:?}"));
         let Ok(response) = answer else { return };
-        self.record(&tree, replica, op, &request, &response);
-    }
-
-    fn record(
-        &self,
-        tree: &TreeKey,
-        acker: ReplicaId,
-        op: u64,
-        request: &Request,
-        response: &Response,
-    ) {
         let mut ledger = self.workload.ledger.lock().unwrap();
         ledger.ops_acked += 1;
-        let tree = tree.clone();
-        match (request, response) {
-            (Request::AddByPath { path, .. }, Response::AddedByPath { leaf, created }) => {
-                for &node in created.iter().chain([leaf]) {
-                    ledger.acked.push(Acked::Created {
-                        tree: tree.clone(),
-                        node,
-                        acker,
-                    });
-                }
-                let known = ledger.known.entry(tree.clone()).or_default();
-                known.extend(created.iter().copied());
-                known.push(*leaf);
-                let leaf_path = vec![path[0].clone(), format!("obj-{op}")];
-                ledger.leaf_paths.insert((tree, leaf_path));
-            }
-            (Request::Add { .. }, Response::Added { node }) => {
-                ledger.acked.push(Acked::Created {
-                    tree: tree.clone(),
-                    node: *node,
-                    acker,
-                });
-                ledger.known.entry(tree).or_default().push(*node);
-            }
-            (Request::Move { parent, node, .. }, Response::Done) => {
-                ledger.acked.push(Acked::Moved {
-                    tree,
-                    node: *node,
-                    parent: *parent,
-                    tag: op.to_string(),
-                    acker,
-                });
-            }
-            (Request::Remove { node, .. }, Response::Done) => {
-                ledger.acked.push(Acked::Removed {
-                    tree,
-                    node: *node,
-                    acker,
-                });
-            }
-            // An error answer acknowledges nothing.
-            _ => {}
-        }
+        ledger.record(replica, &request, &response);
     }
 
     /// Ends every fault, lets the writes in flight finish, restarts what is
@@ -522,15 +471,18 @@ impl Script {
                 ));
             }
         }
-        self.check_invariants()?;
+        InvariantSweep::default().check(&self.world, Sweep::Full)?;
+        let ledger = self.workload.ledger.lock().unwrap().clone();
+        let checkers = checkers::standard();
         if self.setup.knobs.sync_interval.is_some() {
-            check::block_pushes(&self.world);
+            convergence::block_pushes(&self.world);
             madsim::time::sleep(SETTLE).await;
-            check::check_sync_converges(&self.world, &self.workload).await?;
+            convergence::sync_converges(&self.world, &ledger, &checkers).await?;
         } else {
             madsim::time::sleep(SETTLE).await;
         }
-        check::check_push_converges(&self.world, &self.workload).await
+        convergence::push_converges(&self.world, &ledger, &checkers).await?;
+        liveness::nobody_waits(&self.world)
     }
 
     /// Kills every replica and lets the executor drop their tasks. A task
@@ -551,25 +503,5 @@ impl Script {
             .collect();
         self.world.shut_down().await;
         forests
-    }
-
-    fn check_invariants(&self) -> Result<(), Failure> {
-        for node in &self.world.nodes {
-            let Some(service) = node.service() else {
-                continue;
-            };
-            for tree in trees() {
-                if !service.forest().tree_exists(&tree).unwrap_or(false) {
-                    continue;
-                }
-                if let Some(broken) = broken_invariant(service.forest(), &tree) {
-                    return Err(Failure::new(
-                        FailureKind::TreeInvariant,
-                        format!("{} {}: {broken}", node.name, tree.tree),
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! One seed in, one verdict out: builds the world the seed describes, runs
 //! the object-gateway workload under the seed's faults, heals, and checks.
 
-pub mod check;
+pub mod checkers;
+pub mod ledger;
 pub mod nemesis;
 pub mod swarm;
 pub mod workload;
@@ -13,6 +14,8 @@ use crate::world::{cluster_configs_with, World};
 use arbor::canary::Canary;
 use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
+use checkers::invariants::{InvariantSweep, Sweep};
+use checkers::{convergence, liveness};
 use nemesis::Nemesis;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -307,9 +310,11 @@ async fn simulate(
             ));
         }
     }
-    let mut workload = Workload::new(world.clone(), Verdict::new(trace.clone()), CALL_TIMEOUT);
-    workload.replica_sets = replica_sets(swarm.replicas).into_iter().collect();
-    let workload = Arc::new(workload);
+    let workload = Arc::new(Workload::new(
+        world.clone(),
+        Verdict::new(trace.clone()),
+        CALL_TIMEOUT,
+    ));
     let nemesis = Arc::new(Nemesis {
         world: world.clone(),
         workload: workload.clone(),
@@ -318,7 +323,7 @@ async fn simulate(
         faults_injected: faults.clone(),
         supervised: Mutex::default(),
         stopped: Default::default(),
-        checked: Mutex::default(),
+        sweeps: InvariantSweep::default(),
         detached: Mutex::default(),
     });
     run_workload(swarm, &workload, &nemesis, clients).await;
@@ -397,17 +402,19 @@ async fn heal_and_check(
         }
     }
     workload.verdict.result()?;
-    nemesis.sweep_invariants(nemesis::Sweep::Full);
+    InvariantSweep::default().check(world, Sweep::Full)?;
+    let ledger = workload.ledger.lock().unwrap().clone();
+    let checkers = checkers::standard();
     if swarm.knobs.sync_interval.is_some() {
         // Sync must converge the cluster on its own: pushes are blocked
         // before the quiet period, so no push in flight can help.
-        check::block_pushes(world);
+        convergence::block_pushes(world);
         madsim::time::sleep(SETTLE).await;
-        check::check_sync_converges(world, workload).await?;
+        convergence::sync_converges(world, &ledger, &checkers).await?;
     } else {
         madsim::time::sleep(SETTLE).await;
     }
-    check::check_push_converges(world, workload).await?;
-    workload.verdict.result()?;
-    Ok(())
+    convergence::push_converges(world, &ledger, &checkers).await?;
+    liveness::nobody_waits(world)?;
+    workload.verdict.result()
 }

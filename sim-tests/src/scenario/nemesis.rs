@@ -1,22 +1,20 @@
 //! The nemesis: injects the seed's faults while the workload runs, and
 //! sweeps the tree invariant over every live replica between faults.
 
+use super::checkers::invariants::{InvariantSweep, Sweep};
+use super::checkers::{durability, liveness};
 use super::swarm::Swarm;
 use super::workload::Workload;
 use crate::disk::{DiskFaults, SimDisk};
-use crate::failure::{Failure, FailureKind};
 use crate::world::clock::global_now;
 use crate::world::transport::RequestKind;
-use crate::world::World;
-use arbor::forest::records::TreeRecord;
-use arbor::forest::{Forest, Recheck};
+use crate::world::{Heights, World};
 use arbor::ReplicaId;
-use arbor::TreeKey;
 use madsim::net::NetSim;
 use madsim::rand::{seq::SliceRandom, thread_rng, Rng};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Longest fault window and longest crash downtime.
@@ -24,10 +22,6 @@ const WINDOW_MAX: Duration = Duration::from_secs(6);
 const DOWNTIME_MAX: Duration = Duration::from_secs(4);
 /// Simulated time between two invariant sweeps over every replica.
 const INVARIANT_SWEEP_INTERVAL: Duration = Duration::from_secs(3);
-/// A periodic sweep checks a tree whose record has not moved again once
-/// its last full check is this old: a break written outside the op path
-/// is still found within this time, not only at the final checks.
-const UNCHANGED_RECHECK_INTERVAL: Duration = Duration::from_secs(15);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -52,21 +46,12 @@ pub struct Nemesis {
     /// Set when the cluster is healed for the final checks: faults still
     /// scheduled to end by then do nothing (healing already ended them).
     pub stopped: std::sync::atomic::AtomicBool,
-    /// What the last full check of each tree saw, per replica (see
-    /// `sweep_invariants`).
-    pub checked: Mutex<BTreeMap<ReplicaId, CheckedIncarnation>>,
+    /// The periodic sweeps of the tree invariant between faults.
+    pub sweeps: InvariantSweep,
     /// The fault-ending tasks nobody awaits (restarts after a crash, heals
     /// after a window), aborted at the end of the run: madsim does not drop
     /// a pending task when its runtime goes (`World::shut_down`).
     pub detached: Mutex<Vec<madsim::task::AbortHandle>>,
-}
-
-/// Full checks of one incarnation of a replica's forest: the tree records
-/// they saw and when. Tied to that forest object, so a restart (a new
-/// forest over the disk) starts with nothing checked.
-pub struct CheckedIncarnation {
-    forest: Weak<Forest>,
-    trees: BTreeMap<TreeKey, (TreeRecord, Duration)>,
 }
 
 fn window() -> Duration {
@@ -84,7 +69,9 @@ impl Nemesis {
             // Full sweeps cost a pass over every tree; the acking replica is
             // checked after every write anyway.
             if global_now() >= next_sweep {
-                self.sweep_invariants(Sweep::SkipUnchanged);
+                if let Err(failure) = self.sweeps.check(&self.world, Sweep::SkipUnchanged) {
+                    self.workload.verdict.fail(failure);
+                }
                 next_sweep = global_now() + INVARIANT_SWEEP_INTERVAL;
             }
             if let Some(fault) = self.choose() {
@@ -177,11 +164,11 @@ impl Nemesis {
                     index + 1
                 ));
                 self.disks[index].set_faults(faults);
-                self.forget_checks(self.world.nodes[index].replica_id);
+                self.sweeps.forget(self.world.nodes[index].replica_id);
                 self.later(window, move |n| {
                     n.note(format!("disk errors off on replica-{}", index + 1));
                     n.disks[index].set_faults(n.base_disk_faults());
-                    n.forget_checks(n.world.nodes[index].replica_id);
+                    n.sweeps.forget(n.world.nodes[index].replica_id);
                     // redb refuses every write after an I/O error until the
                     // database is reopened: the supervisor restarts it.
                     let replica = n.world.nodes[index].replica_id;
@@ -322,97 +309,6 @@ impl Nemesis {
             }
         });
     }
-
-    /// The tree invariant on every tree of every live replica. `Full`
-    /// checks every tree; `SkipUnchanged` (the periodic sweeps) skips a
-    /// tree whose record equals the one its last full check saw on the
-    /// same incarnation of the replica, less than
-    /// `UNCHANGED_RECHECK_INTERVAL` ago, with no disk error window on that
-    /// replica since.
-    pub fn sweep_invariants(&self, sweep: Sweep) {
-        if let Some((replica, tree, broken)) = self.broken_trees(sweep).into_iter().next() {
-            self.workload.verdict.fail(Failure::new(
-                FailureKind::TreeInvariant,
-                format!("replica-{replica} {:?}/{}: {broken}", tree.cid, tree.tree),
-            ));
-        }
-    }
-
-    /// The trees `sweep_invariants` finds broken, with what broke.
-    fn broken_trees(&self, sweep: Sweep) -> Vec<(ReplicaId, TreeKey, String)> {
-        let mut broken = Vec::new();
-        for node in &self.world.nodes {
-            let Some(service) = node.service() else {
-                continue;
-            };
-            let forest = service.forest();
-            let trees = match forest.all_trees() {
-                Ok(trees) => trees,
-                Err(e) => {
-                    // A storage error while listing is an operating error
-                    // (injected disk faults), not a broken invariant.
-                    self.note(format!("{}: cannot list trees: {e}", node.name));
-                    continue;
-                }
-            };
-            let mut checked = self.checked.lock().unwrap();
-            let memo = checked
-                .entry(node.replica_id)
-                .or_insert_with(|| CheckedIncarnation {
-                    forest: Weak::new(),
-                    trees: BTreeMap::new(),
-                });
-            if !std::ptr::eq(memo.forest.as_ptr(), Arc::as_ptr(forest)) {
-                memo.forest = Arc::downgrade(forest);
-                memo.trees.clear();
-            }
-            let now = global_now();
-            for tree in trees {
-                let seen = match (sweep, memo.trees.get(&tree)) {
-                    (Sweep::SkipUnchanged, Some((rec, at)))
-                        if now < *at + UNCHANGED_RECHECK_INTERVAL =>
-                    {
-                        Some(rec)
-                    }
-                    _ => None,
-                };
-                let verdict = match forest.check_invariants_if_changed(&tree, seen) {
-                    Ok(Recheck::Unchanged) => continue,
-                    Ok(Recheck::Checked { rec, verdict }) => {
-                        memo.trees.insert(tree.clone(), (rec, now));
-                        verdict
-                    }
-                    // A storage error while reading (a database poisoned by
-                    // an injected I/O error) is an operating error; any
-                    // other (an undecodable row) is a broken invariant.
-                    Err(arbor::Error::Storage(_)) => {
-                        memo.trees.remove(&tree);
-                        continue;
-                    }
-                    Err(other) => {
-                        memo.trees.remove(&tree);
-                        Err(other.to_string())
-                    }
-                };
-                if let Err(what) = verdict {
-                    broken.push((node.replica_id, tree, what));
-                }
-            }
-        }
-        broken
-    }
-
-    /// The next sweep checks every tree of `replica` in full.
-    fn forget_checks(&self, replica: ReplicaId) {
-        self.checked.lock().unwrap().remove(&replica);
-    }
-}
-
-/// How much a sweep may skip (see `Nemesis::sweep_invariants`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sweep {
-    Full,
-    SkipUnchanged,
 }
 
 /// How long a replica cut off from new requests may take to answer every
@@ -449,13 +345,9 @@ async fn check_drained(world: &World, workload: &Workload, replica: ReplicaId) {
         madsim::time::sleep(DRAIN_POLL).await;
     }
     net.unclog_node_in(id);
-    let pending = pending();
-    if pending != 0 {
-        let waited = DRAIN_WINDOW + LATE_ARRIVAL_GRACE;
-        workload.verdict.fail(Failure::new(
-            FailureKind::HungCallers,
-            format!("replica-{replica} still has {pending} writes pending {waited:?} after its inbound traffic stopped (disk errors before)"),
-        ));
+    let waited = DRAIN_WINDOW + LATE_ARRIVAL_GRACE;
+    if let Err(failure) = liveness::drained(replica, pending(), waited) {
+        workload.verdict.fail(failure);
     }
 }
 
@@ -465,7 +357,7 @@ async fn check_nothing_lost(
     world: &World,
     workload: &Workload,
     replica: ReplicaId,
-    before: Option<std::collections::BTreeMap<arbor::TreeKey, u64>>,
+    before: Option<Heights>,
     what: &str,
 ) {
     let Some(before) = before else { return };
@@ -475,134 +367,12 @@ async fn check_nothing_lost(
     let Some(after) = world.stored_heights(replica) else {
         return;
     };
-    for (tree, height) in before {
-        let now = after.get(&tree).copied().unwrap_or(0);
-        if now < height {
-            workload.verdict.fail(Failure::new(
-                FailureKind::LostWrite,
-                format!(
-                    "replica-{replica} {:?}/{} stored {height} ops before a {what}, {now} after",
-                    tree.cid, tree.tree
-                ),
-            ));
-        }
+    if let Err(failure) = durability::kept_across_restart(replica, &before, &after, what) {
+        workload.verdict.fail(failure);
     }
 }
 
 pub fn reset_latency() {
     NetSim::current()
         .update_config(|c| c.send_latency = Duration::from_millis(1)..Duration::from_millis(10));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::failure::Verdict;
-    use crate::scenario::swarm::{Profile, Size};
-    use crate::trace::Trace;
-    use crate::world::{cluster_configs, Client, Knobs};
-    use arbor::proto::{Request, Response};
-    use arbor::{ContainerId, KeyValue, NodeId, ROOT};
-
-    fn tree(name: &str) -> TreeKey {
-        TreeKey::new(ContainerId([9; 32]), name)
-    }
-
-    async fn add(client: &Client, tree: &TreeKey) -> NodeId {
-        let request = Request::Add {
-            tree: tree.clone(),
-            parent: ROOT,
-            items: vec![KeyValue::new("FileName", b"x".to_vec())],
-        };
-        match client.call(1, request, Duration::from_secs(2)).await {
-            Ok(Response::Added { node }) => node,
-            other => panic!("add failed: {other:?}"),
-        }
-    }
-
-    /// The names of the trees one sweep finds broken.
-    fn sweep(nemesis: &Nemesis, how: Sweep) -> Vec<String> {
-        let found = nemesis.broken_trees(how);
-        for (_, _, what) in &found {
-            assert!(what.contains("not in the log"), "{what}");
-        }
-        found.into_iter().map(|(_, tree, _)| tree.tree).collect()
-    }
-
-    fn plant(world: &World, tree: &TreeKey, node: NodeId) {
-        let service = world.node(1).service().expect("replica up");
-        service.forest().plant_broken_node(tree, node).unwrap();
-    }
-
-    /// What each kind of sweep sees of a break written outside the op
-    /// path (the tree's record does not move): the skipping sweep finds it
-    /// once the tree changes, once its last check is
-    /// `UNCHANGED_RECHECK_INTERVAL` old, or after a restart; a full sweep
-    /// (healing, convergence checks) at once.
-    #[test]
-    fn a_planted_break_is_caught() {
-        let runtime = madsim::runtime::Runtime::with_seed_and_config(5, Default::default());
-        runtime.block_on(async {
-            let trace = Trace::new(false);
-            let configs = cluster_configs(1, &Knobs::default());
-            let mut world = World::build_simple(configs, trace.clone());
-            let client = world.client();
-            let world = Arc::new(world);
-            assert!(world.wait_up(1, Duration::from_secs(10)).await);
-            let verdict = Verdict::new(trace);
-            let workload = Arc::new(Workload::new(
-                world.clone(),
-                verdict,
-                Duration::from_secs(2),
-            ));
-            let nemesis = Nemesis {
-                world: world.clone(),
-                workload,
-                swarm: Swarm::draw(5, Profile::Standard, Size::TEST, false),
-                disks: Vec::new(),
-                faults_injected: Arc::default(),
-                supervised: Mutex::default(),
-                stopped: Default::default(),
-                checked: Mutex::default(),
-                detached: Mutex::default(),
-            };
-            let (changing, quiet, restarted) = (tree("a"), tree("b"), tree("c"));
-            let mut planted = Vec::new();
-            for tree in [&changing, &quiet, &restarted] {
-                planted.push(add(&client, tree).await);
-            }
-            let none: Vec<String> = Vec::new();
-            let all = vec!["a".to_string(), "b".into(), "c".into()];
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), none);
-            for (tree, &node) in [&changing, &quiet, &restarted].into_iter().zip(&planted) {
-                plant(&world, tree, node);
-            }
-            assert_eq!(
-                sweep(&nemesis, Sweep::SkipUnchanged),
-                none,
-                "unchanged records, checked just now: skipped"
-            );
-            assert_eq!(sweep(&nemesis, Sweep::Full), all, "a full sweep finds all");
-            assert_eq!(sweep(&nemesis, Sweep::Full), all, "every time");
-
-            // The skipping sweep checks a tree again once it changes ...
-            add(&client, &changing).await;
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), vec!["a"]);
-
-            // ... once its last check is old enough ...
-            madsim::time::sleep(UNCHANGED_RECHECK_INTERVAL).await;
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), all);
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), none);
-
-            // ... and after the replica restarted (a new forest).
-            world.restart_process(1).await;
-            assert!(world.wait_up(1, Duration::from_secs(10)).await);
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), all);
-
-            // `sweep_invariants` reports the first break as the run's failure.
-            nemesis.sweep_invariants(Sweep::Full);
-            let failure = nemesis.workload.verdict.result().unwrap_err();
-            assert_eq!(failure.kind, FailureKind::TreeInvariant);
-        });
-    }
 }

@@ -19,7 +19,7 @@ use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
 use arbor::service::Service;
-use arbor::{Error, ReplicaId};
+use arbor::{Error, ReplicaId, TreeKey};
 use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
 use std::collections::BTreeMap;
@@ -37,6 +37,9 @@ const OPEN_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// How long a killed incarnation may take to drop its database (polled
 /// every simulated millisecond), before a process restart or at the end.
 const OLD_INCARNATION_DROP_MAX: Duration = Duration::from_secs(1);
+
+/// Ops stored per tree on one replica.
+pub type Heights = BTreeMap<TreeKey, u64>;
 
 /// How long `wait_restarts_done` waits for the supervisor actions under
 /// way. The longest is the nemesis's restart after a disk-error window:
@@ -156,6 +159,20 @@ impl World {
         self.nodes.iter().map(|n| n.replica_id).collect()
     }
 
+    /// The replicas holding a container, as the membership config says
+    /// (every node's config lists the same sets): its own replica set, or
+    /// every replica when it has none.
+    pub fn replicas_of(&self, cid: &arbor::ContainerId) -> Vec<ReplicaId> {
+        let listed = self.nodes.first().and_then(|node| {
+            let containers = &node.config.node.containers;
+            containers.iter().find(|c| c.cid == *cid)
+        });
+        match listed {
+            Some(container) => container.replicas.clone(),
+            None => self.replica_ids(),
+        }
+    }
+
     /// A new client node that calls replicas over the simulated network.
     pub fn client(&mut self) -> Client {
         self.clients += 1;
@@ -251,7 +268,7 @@ impl World {
 
     /// Ops stored per tree on a live replica, `None` when down or its
     /// database cannot be read (poisoned by an I/O error).
-    pub fn stored_heights(&self, replica: ReplicaId) -> Option<BTreeMap<arbor::TreeKey, u64>> {
+    pub fn stored_heights(&self, replica: ReplicaId) -> Option<Heights> {
         let service = self.node(replica).service()?;
         let forest = service.forest();
         let mut heights = BTreeMap::new();
