@@ -11,7 +11,7 @@
 //! Deterministic per input: the madsim seed comes from the input and
 //! nothing else varies.
 
-use crate::disk::{DiskConfig, DiskFaults, SimDisk};
+use crate::disk::DiskConfig;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::scenario::checkers::invariants::{InvariantSweep, Sweep};
 use crate::scenario::checkers::{self, convergence, liveness};
@@ -19,8 +19,9 @@ use crate::scenario::ledger::MOVE_TAG_KEY;
 use crate::scenario::workload::Workload;
 use crate::trace::Trace;
 use crate::world::clock::ClockSkew;
+use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
-use crate::world::{cluster_configs_with, Client, Knobs, World};
+use crate::world::{cluster_configs_with, Client, Knobs, World, BOOT_DEADLINE};
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::config::ContainerConfig;
 use arbor::forest::Forest;
@@ -34,8 +35,6 @@ use std::time::Duration;
 pub const MAX_STEPS: usize = 40;
 /// Deadline of one client call (simulated).
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
-/// Time for a (re)started replica to serve (simulated).
-const BOOT_DEADLINE: Duration = Duration::from_secs(10);
 /// Quiet time after healing, so batches and messages in flight land.
 const SETTLE: Duration = Duration::from_secs(2);
 /// Simulated time after which a run counts as hung (a liveness failure).
@@ -222,11 +221,9 @@ pub fn run(input: &Input) -> Outcome {
 struct Script {
     setup: Setup,
     world: Arc<World>,
+    supervisor: Arc<Supervisor>,
     workload: Arc<Workload>,
     client: Arc<Client>,
-    disks: Vec<SimDisk>,
-    /// Replicas whose disk had errors switched on: restarted when healing.
-    poisoned: Mutex<Vec<ReplicaId>>,
     writes: Mutex<Vec<madsim::task::JoinHandle<()>>>,
     next_op: Mutex<u64>,
 }
@@ -246,7 +243,6 @@ impl Script {
             config
         };
         let mut world = World::build_on_disks(configs, &setup.skews, disk_config, trace.clone());
-        let disks = world.nodes.iter().map(|n| n.disk.clone()).collect();
         let client = Arc::new(world.client());
         let world = Arc::new(world);
         for replica in world.replica_ids() {
@@ -257,18 +253,15 @@ impl Script {
                 ));
             }
         }
-        let workload = Arc::new(Workload::new(
-            world.clone(),
-            Verdict::new(trace),
-            CALL_TIMEOUT,
-        ));
+        let verdict = Verdict::new(trace);
+        let supervisor = Supervisor::new(world.clone(), verdict.clone());
+        let workload = Arc::new(Workload::new(world.clone(), verdict, CALL_TIMEOUT));
         Ok(Arc::new(Script {
             setup,
             world,
+            supervisor,
             workload,
             client,
-            disks,
-            poisoned: Mutex::default(),
             writes: Mutex::default(),
             next_op: Mutex::new(0),
         }))
@@ -343,13 +336,13 @@ impl Script {
             Step::Crash(replica) => {
                 let replica = self.replica(replica);
                 if self.world.is_up(replica) {
-                    self.world.crash(replica);
+                    self.supervisor.crash(replica);
                 }
             }
             Step::Restart(replica) => {
                 let replica = self.replica(replica);
                 if !self.world.is_up(replica) {
-                    self.world.restart(replica);
+                    self.supervisor.restart(replica);
                 }
             }
             Step::DiskErrors {
@@ -358,14 +351,11 @@ impl Script {
                 sync,
             } => {
                 let replica = self.replica(replica);
-                let faults = DiskFaults {
-                    write_error_probability: f64::from(write) / 256.0,
-                    sync_error_probability: f64::from(sync) / 256.0,
-                    torn_write_probability: self.setup.torn_write_probability,
-                };
-                self.note(format!("disk errors on replica-{replica}: {faults:?}"));
-                self.disks[usize::from(replica) - 1].set_faults(faults);
-                self.poisoned.lock().unwrap().push(replica);
+                let (write, sync) = (f64::from(write) / 256.0, f64::from(sync) / 256.0);
+                self.note(format!(
+                    "disk errors on replica-{replica}: write {write}, sync {sync}"
+                ));
+                self.supervisor.begin_disk_errors(replica, write, sync);
             }
         }
     }
@@ -438,39 +428,17 @@ impl Script {
     }
 
     /// Ends every fault, lets the writes in flight finish, restarts what is
-    /// down or poisoned, then runs the scenario's checkers.
+    /// down or had disk errors (the supervisor), then runs the scenario's
+    /// checkers.
     async fn heal_and_check(&self) -> Result<(), Failure> {
         self.note("heal everything".into());
-        self.world.heal_network();
-        NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
-        self.world.filter.unblock_all();
-        let base = DiskFaults {
-            torn_write_probability: self.setup.torn_write_probability,
-            ..DiskFaults::default()
-        };
-        for disk in &self.disks {
-            disk.set_faults(base);
-        }
+        self.supervisor.end_faults();
         let writes: Vec<_> = std::mem::take(&mut *self.writes.lock().unwrap());
         for write in writes {
             let _ = write.await;
         }
-        let poisoned: Vec<ReplicaId> = std::mem::take(&mut *self.poisoned.lock().unwrap());
-        for replica in self.world.replica_ids() {
-            if !self.world.is_up(replica) {
-                self.world.restart(replica);
-            } else if poisoned.contains(&replica) {
-                self.world.restart_process(replica).await;
-            }
-        }
-        for replica in self.world.replica_ids() {
-            if !self.world.wait_up(replica, BOOT_DEADLINE).await {
-                return Err(Failure::new(
-                    FailureKind::Liveness,
-                    format!("replica-{replica} did not come back after healing"),
-                ));
-            }
-        }
+        self.supervisor.restart_all().await?;
+        self.workload.verdict.result()?;
         InvariantSweep::default().check(&self.world, Sweep::Full)?;
         let ledger = self.workload.ledger.lock().unwrap().clone();
         let checkers = checkers::standard();
@@ -482,7 +450,8 @@ impl Script {
             madsim::time::sleep(SETTLE).await;
         }
         convergence::push_converges(&self.world, &ledger, &checkers).await?;
-        liveness::nobody_waits(&self.world)
+        liveness::nobody_waits(&self.world)?;
+        self.workload.verdict.result()
     }
 
     /// Kills every replica and lets the executor drop their tasks. A task
@@ -501,6 +470,7 @@ impl Script {
             .filter_map(|node| node.service())
             .map(|service| Arc::downgrade(service.forest()))
             .collect();
+        self.supervisor.abort_detached();
         self.world.shut_down().await;
         forests
     }

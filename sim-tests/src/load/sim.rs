@@ -15,7 +15,7 @@ use crate::disk::{DiskConfig, DiskLatency, WeakDisk};
 use crate::trace::Trace;
 use crate::world::clock::{global_now, ClockSkew, SimClock};
 use crate::world::runtime::SimRuntime;
-use crate::world::{cluster_configs, Knobs, NodeSpec, World};
+use crate::world::{cluster_configs, Knobs, NodeSpec, World, BOOT_DEADLINE};
 use arbor::config::Config;
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
@@ -181,7 +181,7 @@ async fn run_in_world(
     probes.lock().unwrap().extend(world.disk_probes());
     let mut nodes = Vec::new();
     for id in world.replica_ids() {
-        if !world.wait_up(id, Duration::from_secs(10)).await {
+        if !world.wait_up(id, BOOT_DEADLINE).await {
             return Err(format!("replica {id} did not come up"));
         }
         let handle = madsim::runtime::Handle::current()

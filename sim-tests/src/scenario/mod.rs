@@ -10,7 +10,8 @@ pub mod workload;
 use crate::disk::DiskConfig;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
-use crate::world::{cluster_configs_with, World};
+use crate::world::supervisor::Supervisor;
+use crate::world::{cluster_configs_with, World, BOOT_DEADLINE};
 use arbor::canary::Canary;
 use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
@@ -27,8 +28,6 @@ use workload::Workload;
 
 /// Deadline of one client call (simulated).
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// Time for a (re)started node to serve (simulated).
-const BOOT_DEADLINE: Duration = Duration::from_secs(10);
 /// Quiet time after healing, so batches and messages in flight land.
 const SETTLE: Duration = Duration::from_secs(3);
 /// Simulated time beyond the workload after which a run is declared hung.
@@ -299,7 +298,6 @@ async fn simulate(
 ) -> Result<(), Failure> {
     let mut world = build_world(swarm, trace);
     disk_probes.lock().unwrap().extend(world.disk_probes());
-    let disks = world.nodes.iter().map(|n| n.disk.clone()).collect();
     let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
     let world = Arc::new(world);
     for replica in world.replica_ids() {
@@ -310,25 +308,14 @@ async fn simulate(
             ));
         }
     }
-    let workload = Arc::new(Workload::new(
-        world.clone(),
-        Verdict::new(trace.clone()),
-        CALL_TIMEOUT,
-    ));
-    let nemesis = Arc::new(Nemesis {
-        world: world.clone(),
-        workload: workload.clone(),
-        swarm: swarm.clone(),
-        disks,
-        faults_injected: faults.clone(),
-        supervised: Mutex::default(),
-        stopped: Default::default(),
-        sweeps: InvariantSweep::default(),
-        detached: Mutex::default(),
-    });
+    let verdict = Verdict::new(trace.clone());
+    let supervisor = Supervisor::new(world.clone(), verdict.clone());
+    let workload = Arc::new(Workload::new(world.clone(), verdict, CALL_TIMEOUT));
+    let nemesis = Nemesis::new(supervisor.clone(), workload.clone(), swarm.clone());
     run_workload(swarm, &workload, &nemesis, clients).await;
-    let result = heal_and_check(swarm, &world, &workload, &nemesis).await;
-    nemesis.abort_detached();
+    let result = heal_and_check(swarm, &supervisor, &workload).await;
+    faults.store(nemesis.faults_injected(), Ordering::Relaxed);
+    supervisor.abort_detached();
     let lingering = world.shut_down().await;
     assert!(
         lingering.is_empty(),
@@ -374,33 +361,13 @@ async fn run_workload(
 
 async fn heal_and_check(
     swarm: &Swarm,
-    world: &Arc<World>,
+    supervisor: &Arc<Supervisor>,
     workload: &Arc<Workload>,
-    nemesis: &Arc<Nemesis>,
 ) -> Result<(), Failure> {
+    let world = supervisor.world();
     world.trace.record("world", "heal everything");
-    nemesis.stopped.store(true, Ordering::SeqCst);
-    world.heal_network();
-    madsim::net::NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
-    nemesis::reset_latency();
-    world.filter.unblock_all();
-    for disk in &nemesis.disks {
-        disk.set_faults(nemesis.base_disk_faults());
-    }
-    world.wait_restarts_done().await;
-    for replica in world.replica_ids() {
-        if !world.is_up(replica) {
-            world.restart(replica);
-        }
-    }
-    for replica in world.replica_ids() {
-        if !world.wait_up(replica, BOOT_DEADLINE).await {
-            return Err(Failure::new(
-                FailureKind::Liveness,
-                format!("replica-{replica} did not come back after healing"),
-            ));
-        }
-    }
+    supervisor.end_faults();
+    supervisor.restart_all().await?;
     workload.verdict.result()?;
     InvariantSweep::default().check(world, Sweep::Full)?;
     let ledger = workload.ledger.lock().unwrap().clone();

@@ -10,9 +10,10 @@ pub mod clock;
 pub mod config;
 pub mod runtime;
 pub mod storage;
+pub mod supervisor;
 pub mod transport;
 
-use crate::disk::{DiskConfig, SimDisk, WeakDisk};
+use crate::disk::{DiskConfig, DiskFaults, SimDisk, WeakDisk};
 use crate::trace::Trace;
 use arbor::config::Config;
 use arbor::forest::Forest;
@@ -41,14 +42,8 @@ const OLD_INCARNATION_DROP_MAX: Duration = Duration::from_secs(1);
 /// Ops stored per tree on one replica.
 pub type Heights = BTreeMap<TreeKey, u64>;
 
-/// How long `wait_restarts_done` waits for the supervisor actions under
-/// way. The longest is the nemesis's restart after a disk-error window:
-/// a drain of 1 s plus up to 2 s for late writes, up to 1 s for the old
-/// incarnation to go, and up to 10 s for the new one to serve before its
-/// stored ops are compared. One second (the bound before) was shorter
-/// than the drain alone: healing that began just after such a restart
-/// started failed the seed (storage-errors seed 201270).
-const RESTARTS_IN_FLIGHT_MAX: Duration = Duration::from_secs(15);
+/// Time for a (re)started replica to serve (simulated).
+pub const BOOT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// One replica to build.
 pub struct NodeSpec {
@@ -66,6 +61,8 @@ pub struct SimNode {
     pub addr: SocketAddr,
     pub config: Config,
     pub disk: SimDisk,
+    /// The disk's faults outside error windows (torn writes, say).
+    pub base_faults: DiskFaults,
     pub clock: Arc<SimClock>,
     node: NodeHandle,
     /// The service of the current incarnation; empty while down.
@@ -90,8 +87,9 @@ pub struct World {
     pub trace: Trace,
     call_ids: CallIds,
     clients: usize,
-    /// Process restarts still waiting for their old incarnation to go.
-    restarts_in_flight: Arc<std::sync::atomic::AtomicU64>,
+    /// The network's config when the world was built: what healing
+    /// restores.
+    base_net: madsim::net::Config,
 }
 
 impl World {
@@ -109,7 +107,7 @@ impl World {
             trace,
             call_ids,
             clients: 0,
-            restarts_in_flight: Arc::default(),
+            base_net: net_config(),
         }
     }
 
@@ -173,6 +171,13 @@ impl World {
         }
     }
 
+    /// True when the replicas run background sync.
+    pub fn sync_configured(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.config.tree.sync_interval.is_some())
+    }
+
     /// A new client node that calls replicas over the simulated network.
     pub fn client(&mut self) -> Client {
         self.clients += 1;
@@ -234,7 +239,7 @@ impl World {
         // One step for the executor to drop what was killed or aborted,
         // even when no forest is left to wait for.
         madsim::time::sleep(Duration::from_millis(1)).await;
-        poll_until(OLD_INCARNATION_DROP_MAX, || {
+        poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
             forests.iter().all(|(_, f)| f.strong_count() == 0)
         })
         .await;
@@ -253,10 +258,11 @@ impl World {
     pub async fn restart_process(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "process restart");
-        let _in_flight = InFlight::enter(&self.restarts_in_flight);
         // kill first: madsim's restart alone keeps the old sockets bound.
         if let Some(old_forest) = kill_incarnation(node) {
-            let gone = poll_until(OLD_INCARNATION_DROP_MAX, || old_forest.strong_count() == 0);
+            let gone = poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
+                old_forest.strong_count() == 0
+            });
             assert!(
                 gone.await,
                 "{}: the killed incarnation still holds its forest",
@@ -277,26 +283,6 @@ impl World {
             heights.insert(tree, height);
         }
         Some(heights)
-    }
-
-    /// Marks a supervisor action under way until the guard is dropped;
-    /// `wait_restarts_done` waits for it.
-    pub fn maintenance(&self) -> InFlight {
-        InFlight::enter(&self.restarts_in_flight)
-    }
-
-    /// Waits (bounded) until no process restart is under way, so that a
-    /// caller restarting nodes does not race one.
-    pub async fn wait_restarts_done(&self) {
-        let idle = || {
-            self.restarts_in_flight
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 0
-        };
-        assert!(
-            poll_until(RESTARTS_IN_FLIGHT_MAX, idle).await,
-            "a process restart never finished within {RESTARTS_IN_FLIGHT_MAX:?}"
-        );
     }
 
     /// Starts a crashed node again; it reopens its forest from its disk.
@@ -374,21 +360,47 @@ impl World {
             net.unclog_node(a.node.id());
         }
     }
-}
 
-/// Counts an operation in flight for as long as it lives.
-pub struct InFlight(Arc<std::sync::atomic::AtomicU64>);
-
-impl InFlight {
-    fn enter(counter: &Arc<std::sync::atomic::AtomicU64>) -> Self {
-        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Self(counter.clone())
+    /// Ends every fault of the network and the disks: links unclogged,
+    /// loss and latency as built, no request kind blocked, every disk
+    /// back to its base faults.
+    pub fn heal(&self) {
+        self.heal_network();
+        let base = self.base_net.clone();
+        madsim::net::NetSim::current().update_config(|c| *c = base);
+        self.filter.unblock_all();
+        for node in &self.nodes {
+            node.disk.set_faults(node.base_faults);
+        }
     }
-}
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    /// Packet loss as the world was built with.
+    pub fn restore_packet_loss(&self) {
+        let rate = self.base_net.packet_loss_rate;
+        madsim::net::NetSim::current().update_config(|c| c.packet_loss_rate = rate);
+    }
+
+    /// Message latency as the world was built with.
+    pub fn restore_latency(&self) {
+        let latency = self.base_net.send_latency.clone();
+        madsim::net::NetSim::current().update_config(|c| c.send_latency = latency);
+    }
+
+    /// The replica's disk fails writes and syncs with these probabilities
+    /// (its other faults stay).
+    pub fn begin_disk_errors(&self, replica: ReplicaId, write: f64, sync: f64) {
+        let node = self.node(replica);
+        node.disk.set_faults(DiskFaults {
+            write_error_probability: write,
+            sync_error_probability: sync,
+            ..node.base_faults
+        });
+    }
+
+    /// The replica's disk is back to its base faults.
+    pub fn end_disk_errors(&self, replica: ReplicaId) {
+        let node = self.node(replica);
+        node.disk.set_faults(node.base_faults);
     }
 }
 
@@ -408,9 +420,12 @@ fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
     old
 }
 
-/// Checks `done` every simulated millisecond for at most `limit`; whether
-/// it came true.
-async fn poll_until(limit: Duration, done: impl Fn() -> bool) -> bool {
+/// How often the world polls for a state it waits for (simulated).
+const POLL: Duration = Duration::from_millis(1);
+
+/// Checks `done` every `poll` for at most `limit` (simulated); whether it
+/// came true.
+async fn poll_until(limit: Duration, poll: Duration, done: impl Fn() -> bool) -> bool {
     let deadline = clock::global_now() + limit;
     loop {
         if done() {
@@ -419,8 +434,15 @@ async fn poll_until(limit: Duration, done: impl Fn() -> bool) -> bool {
         if clock::global_now() >= deadline {
             return false;
         }
-        madsim::time::sleep(Duration::from_millis(1)).await;
+        madsim::time::sleep(poll).await;
     }
+}
+
+/// The current network config of the simulation.
+fn net_config() -> madsim::net::Config {
+    let mut config = None;
+    madsim::net::NetSim::current().update_config(|c| config = Some(c.clone()));
+    config.expect("update_config runs its closure")
 }
 
 fn build_node(
@@ -440,6 +462,7 @@ fn build_node(
     let clock = Arc::new(SimClock::new(spec.skew));
     let service = Arc::new(Mutex::new(None));
     let disk = SimDisk::new(spec.disk);
+    let base_faults = spec.disk.faults;
     let boot = Boot {
         name: name.clone(),
         config: config.clone(),
@@ -464,6 +487,7 @@ fn build_node(
         addr,
         config,
         disk,
+        base_faults,
         clock,
         node,
         service,
