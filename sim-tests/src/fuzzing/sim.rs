@@ -3,40 +3,36 @@
 //! faults strike between them (partitions, one-way clogs, packet loss,
 //! dropped pushes, crashes with power failure, disk errors). Coverage then
 //! steers the fault schedule, where the seed sweep of the scenario only
-//! samples it. After the script the cluster heals and is held to the
-//! scenario's own checkers (`scenario::checkers`): the tree invariant on every
-//! replica, convergence by sync alone (when sync is on) and by push, every
-//! acknowledged write present everywhere, reads agreeing, nobody waiting.
+//! samples it. After the script the cluster goes through the scenario's own
+//! lifecycle (`scenario::lifecycle`): it heals, the supervisor restarts
+//! what is down or had disk errors, and the checkers (`scenario::checkers`)
+//! hold it to the tree invariant on every replica, convergence by sync
+//! alone (when sync is on) and by push, every acknowledged write present
+//! everywhere, reads agreeing, nothing lost across a restart and nobody
+//! waiting.
 //!
 //! Deterministic per input: the madsim seed comes from the input and
 //! nothing else varies.
 
 use crate::disk::DiskConfig;
-use crate::failure::{Failure, FailureKind, Verdict};
-use crate::scenario::checkers::invariants::{InvariantSweep, Sweep};
-use crate::scenario::checkers::{self, convergence, liveness};
-use crate::scenario::ledger::MOVE_TAG_KEY;
-use crate::scenario::workload::Workload;
+use crate::failure::{Failure, Verdict};
+use crate::scenario::ledger::{Ledger, MOVE_TAG_KEY};
+use crate::scenario::lifecycle::{self, LeakProbe, CALL_TIMEOUT};
 use crate::trace::Trace;
 use crate::world::clock::ClockSkew;
 use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
-use crate::world::{cluster_configs_with, Client, Knobs, World, BOOT_DEADLINE};
+use crate::world::{cluster_configs_with, Client, Knobs, World};
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::config::ContainerConfig;
-use arbor::forest::Forest;
 use arbor::proto::Request;
 use arbor::{ContainerId, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use madsim::net::NetSim;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Steps per input; the rest of a long input is ignored.
 pub const MAX_STEPS: usize = 40;
-/// Deadline of one client call (simulated).
-const CALL_TIMEOUT: Duration = Duration::from_secs(1);
-/// Quiet time after healing, so batches and messages in flight land.
-const SETTLE: Duration = Duration::from_secs(2);
 /// Simulated time after which a run counts as hung (a liveness failure).
 const RUN_TIME_LIMIT: Duration = Duration::from_secs(600);
 
@@ -179,42 +175,37 @@ pub struct Outcome {
 pub fn run(input: &Input) -> Outcome {
     let setup = Setup::from_bits(input.setup);
     let trace = Trace::new(false);
-    let acked = Arc::new(Mutex::new(0));
-    let mut runtime = madsim::runtime::Runtime::with_seed_and_config(
-        u64::from(input.seed),
-        madsim::Config::default(),
-    );
-    runtime.set_time_limit(RUN_TIME_LIMIT);
     let steps: Vec<Step> = input.steps.iter().take(MAX_STEPS).copied().collect();
-    let (task_trace, task_acked) = (trace.clone(), acked.clone());
-    let forests = Arc::new(Mutex::new(Vec::new()));
-    let task_forests = forests.clone();
-    let mut failure = runtime.block_on(async move {
-        let script = Script::start(setup, task_trace).await?;
-        let result = script.play(&steps).await;
-        *task_acked.lock().unwrap() = script.workload.ledger.lock().unwrap().acked.len();
-        *task_forests.lock().unwrap() = script.shutdown().await;
-        result
-    });
-    drop(runtime);
-    let leaked = forests
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|forest| forest.strong_count() > 0)
-        .count();
-    if failure.is_ok() && leaked > 0 {
-        failure = Err(Failure::new(
-            FailureKind::Leak,
-            format!("{leaked} forests outlived their simulation"),
-        ));
-    }
-    let acked = *acked.lock().unwrap();
+    let seed = u64::from(input.seed);
+    let config = madsim::Config::default();
+    let body = |probe| simulate(setup, &trace, probe, &steps);
+    let ((failure, acked), leak) =
+        lifecycle::run_in_runtime(seed, config, Some(RUN_TIME_LIMIT), body);
     Outcome {
-        failure,
+        failure: failure.and(leak),
         trace_hash: trace.hash(),
         acked,
     }
+}
+
+/// The script's cluster through the lifecycle: boot, the steps, heal and
+/// check, end. The failure, and the writes acknowledged.
+async fn simulate(
+    setup: Setup,
+    trace: &Trace,
+    probe: LeakProbe,
+    steps: &[Step],
+) -> (Result<(), Failure>, usize) {
+    let script = Script::start(setup, trace);
+    probe.watch(&script.world);
+    let result = async {
+        lifecycle::boot(&script.world).await?;
+        script.play(steps).await
+    }
+    .await;
+    let acked = script.ledger.lock().unwrap().acked.len();
+    let ended = lifecycle::end(&script.supervisor).await;
+    (result.and(ended), acked)
 }
 
 /// A running cluster and what the script did to it.
@@ -222,14 +213,14 @@ struct Script {
     setup: Setup,
     world: Arc<World>,
     supervisor: Arc<Supervisor>,
-    workload: Arc<Workload>,
-    client: Arc<Client>,
+    ledger: Mutex<Ledger>,
+    client: Client,
     writes: Mutex<Vec<madsim::task::JoinHandle<()>>>,
     next_op: Mutex<u64>,
 }
 
 impl Script {
-    async fn start(setup: Setup, trace: Trace) -> Result<Arc<Script>, Failure> {
+    fn start(setup: Setup, trace: &Trace) -> Arc<Script> {
         // The container is in every node's membership config, as in the
         // scenario: a replica that never saw one of its trees still syncs it.
         let container = ContainerConfig {
@@ -243,28 +234,17 @@ impl Script {
             config
         };
         let mut world = World::build_on_disks(configs, &setup.skews, disk_config, trace.clone());
-        let client = Arc::new(world.client());
+        let client = world.client();
         let world = Arc::new(world);
-        for replica in world.replica_ids() {
-            if !world.wait_up(replica, BOOT_DEADLINE).await {
-                return Err(Failure::new(
-                    FailureKind::Liveness,
-                    format!("replica-{replica} did not boot"),
-                ));
-            }
-        }
-        let verdict = Verdict::new(trace);
-        let supervisor = Supervisor::new(world.clone(), verdict.clone());
-        let workload = Arc::new(Workload::new(world.clone(), verdict, CALL_TIMEOUT));
-        Ok(Arc::new(Script {
+        Arc::new(Script {
             setup,
+            supervisor: Supervisor::new(world.clone(), Verdict::new(trace.clone())),
             world,
-            supervisor,
-            workload,
+            ledger: Mutex::default(),
             client,
             writes: Mutex::default(),
             next_op: Mutex::new(0),
-        }))
+        })
     }
 
     fn replica(&self, byte: u8) -> ReplicaId {
@@ -275,6 +255,8 @@ impl Script {
         self.world.trace.record("fuzz", what);
     }
 
+    /// Plays the steps, then heals and checks; the writes still in flight
+    /// finish once the faults have ended.
     async fn play(self: &Arc<Self>, steps: &[Step]) -> Result<(), Failure> {
         for &step in steps {
             self.step(step).await;
@@ -282,7 +264,14 @@ impl Script {
             // the script asks for bursts (Pause(0) between them does not).
             madsim::time::sleep(Duration::from_millis(2)).await;
         }
-        self.heal_and_check().await
+        let last_writes = async {
+            let writes: Vec<_> = std::mem::take(&mut *self.writes.lock().unwrap());
+            for write in writes {
+                let _ = write.await;
+            }
+            self.ledger.lock().unwrap().clone()
+        };
+        lifecycle::heal_and_check(&self.supervisor, last_writes).await
     }
 
     async fn step(self: &Arc<Self>, step: Step) {
@@ -303,20 +292,8 @@ impl Script {
             Step::Pause(units) => {
                 madsim::time::sleep(Duration::from_millis(10 * u64::from(units))).await;
             }
-            Step::Partition { a, b } => {
-                let (a, b) = (self.replica(a), self.replica(b));
-                if a != b {
-                    self.note(format!("partition replica-{a} <-> replica-{b}"));
-                    self.world.partition_pair(a, b);
-                }
-            }
-            Step::Clog { from, to } => {
-                let (from, to) = (self.replica(from), self.replica(to));
-                if from != to {
-                    self.note(format!("clog replica-{from} -> replica-{to}"));
-                    self.world.clog_one_way(from, to);
-                }
-            }
+            Step::Partition { a, b } => self.partition(a, b),
+            Step::Clog { from, to } => self.clog(from, to),
             Step::HealNetwork => {
                 self.note("heal network".into());
                 self.world.heal_network();
@@ -326,13 +303,7 @@ impl Script {
                 self.note(format!("packet loss {rate}"));
                 NetSim::current().update_config(|c| c.packet_loss_rate = rate);
             }
-            Step::BlockPushes { from, to } => {
-                let (from, to) = (self.replica(from), self.replica(to));
-                if from != to {
-                    self.note(format!("drop pushes replica-{from} -> replica-{to}"));
-                    self.world.filter.block(from, to, RequestKind::Push);
-                }
-            }
+            Step::BlockPushes { from, to } => self.block_pushes(from, to),
             Step::Crash(replica) => {
                 let replica = self.replica(replica);
                 if self.world.is_up(replica) {
@@ -349,15 +320,41 @@ impl Script {
                 replica,
                 write,
                 sync,
-            } => {
-                let replica = self.replica(replica);
-                let (write, sync) = (f64::from(write) / 256.0, f64::from(sync) / 256.0);
-                self.note(format!(
-                    "disk errors on replica-{replica}: write {write}, sync {sync}"
-                ));
-                self.supervisor.begin_disk_errors(replica, write, sync);
-            }
+            } => self.disk_errors(replica, write, sync),
         }
+    }
+
+    fn partition(&self, a: u8, b: u8) {
+        let (a, b) = (self.replica(a), self.replica(b));
+        if a != b {
+            self.note(format!("partition replica-{a} <-> replica-{b}"));
+            self.world.partition_pair(a, b);
+        }
+    }
+
+    fn clog(&self, from: u8, to: u8) {
+        let (from, to) = (self.replica(from), self.replica(to));
+        if from != to {
+            self.note(format!("clog replica-{from} -> replica-{to}"));
+            self.world.clog_one_way(from, to);
+        }
+    }
+
+    fn block_pushes(&self, from: u8, to: u8) {
+        let (from, to) = (self.replica(from), self.replica(to));
+        if from != to {
+            self.note(format!("drop pushes replica-{from} -> replica-{to}"));
+            self.world.filter.block(from, to, RequestKind::Push);
+        }
+    }
+
+    fn disk_errors(&self, replica: u8, write: u8, sync: u8) {
+        let replica = self.replica(replica);
+        let (write, sync) = (f64::from(write) / 256.0, f64::from(sync) / 256.0);
+        self.note(format!(
+            "disk errors on replica-{replica}: write {write}, sync {sync}"
+        ));
+        self.supervisor.begin_disk_errors(replica, write, sync);
     }
 
     fn op_id(&self) -> u64 {
@@ -369,7 +366,7 @@ impl Script {
     /// A node acknowledged in `tree` so far, chosen by `byte`; ROOT when
     /// none is, or for one byte value in eight.
     fn known(&self, tree: &TreeKey, byte: u8) -> NodeId {
-        let ledger = self.workload.ledger.lock().unwrap();
+        let ledger = self.ledger.lock().unwrap();
         match ledger.known.get(tree) {
             Some(nodes) if !nodes.is_empty() && !byte.is_multiple_of(8) => {
                 nodes[usize::from(byte) % nodes.len()]
@@ -378,14 +375,30 @@ impl Script {
         }
     }
 
-    /// Sends one write and records what was acknowledged, as the scenario's
-    /// workload does, so the scenario's checkers can hold the cluster to it.
+    /// Sends one write and records what was acknowledged in the ledger the
+    /// checkers hold the cluster to.
     async fn write(&self, replica: ReplicaId, kind: u8, a: u8, b: u8) {
         let op = self.op_id();
+        let request = self.request(op, kind, a, b);
+        self.note(format!("op#{op} -> replica-{replica}: {request:?}"));
+        let answer = self
+            .client
+            .call(replica, request.clone(), CALL_TIMEOUT)
+            .await;
+        self.note(format!("op#{op} answer: {answer:?}"));
+        let Ok(response) = answer else { return };
+        let mut ledger = self.ledger.lock().unwrap();
+        ledger.ops_acked += 1;
+        ledger.record(replica, &request, &response);
+    }
+
+    /// The write `kind` picks (`kind % 4`: AddByPath, Add, Move, Remove;
+    /// `kind / 4 % 3`: the tree), with operands `a` and `b`.
+    fn request(&self, op: u64, kind: u8, a: u8, b: u8) -> Request {
         let tree = trees()[usize::from(kind / 4) % 3].clone();
-        let request = match kind % 4 {
+        match kind % 4 {
             0 => Request::AddByPath {
-                tree: tree.clone(),
+                tree,
                 attr: ATTR_FILE_NAME.into(),
                 path: vec![format!("dir-{}", a % 3)],
                 items: vec![
@@ -394,84 +407,26 @@ impl Script {
                 ],
             },
             1 => Request::Add {
-                tree: tree.clone(),
                 parent: self.known(&tree, a),
                 items: vec![KeyValue::new(
                     ATTR_FILE_NAME,
                     format!("n-{}", b % 4).into_bytes(),
                 )],
+                tree,
             },
             2 => Request::Move {
-                tree: tree.clone(),
                 parent: self.known(&tree, b),
                 node: self.known(&tree, a | 1),
                 items: vec![
                     KeyValue::new(ATTR_FILE_NAME, format!("m-{}", b % 4).into_bytes()),
                     KeyValue::new(MOVE_TAG_KEY, op.to_string().into_bytes()),
                 ],
+                tree,
             },
             _ => Request::Remove {
-                tree: tree.clone(),
                 node: self.known(&tree, a | 1),
+                tree,
             },
-        };
-        self.note(format!("op#{op} -> replica-{replica}: {request:?}"));
-        let answer = self
-            .client
-            .call(replica, request.clone(), CALL_TIMEOUT)
-            .await;
-        self.note(format!("op#{op} answer: {answer:?}"));
-        let Ok(response) = answer else { return };
-        let mut ledger = self.workload.ledger.lock().unwrap();
-        ledger.ops_acked += 1;
-        ledger.record(replica, &request, &response);
-    }
-
-    /// Ends every fault, lets the writes in flight finish, restarts what is
-    /// down or had disk errors (the supervisor), then runs the scenario's
-    /// checkers.
-    async fn heal_and_check(&self) -> Result<(), Failure> {
-        self.note("heal everything".into());
-        self.supervisor.end_faults();
-        let writes: Vec<_> = std::mem::take(&mut *self.writes.lock().unwrap());
-        for write in writes {
-            let _ = write.await;
         }
-        self.supervisor.restart_all().await?;
-        self.workload.verdict.result()?;
-        InvariantSweep::default().check(&self.world, Sweep::Full)?;
-        let ledger = self.workload.ledger.lock().unwrap().clone();
-        let checkers = checkers::standard();
-        if self.setup.knobs.sync_interval.is_some() {
-            convergence::block_pushes(&self.world);
-            madsim::time::sleep(SETTLE).await;
-            convergence::sync_converges(&self.world, &ledger, &checkers).await?;
-        } else {
-            madsim::time::sleep(SETTLE).await;
-        }
-        convergence::push_converges(&self.world, &ledger, &checkers).await?;
-        liveness::nobody_waits(&self.world)?;
-        self.workload.verdict.result()
-    }
-
-    /// Kills every replica and lets the executor drop their tasks. A task
-    /// parked on a channel inside its own service is never woken otherwise,
-    /// and the cycle (service -> waker -> task -> service) would leak a whole
-    /// cluster per input.
-    /// Returns the forests that were live, which must be gone once the
-    /// runtime is: a fuzzer runs thousands of clusters in one process.
-    /// Ends the cluster (`World::shut_down`); the forests, for the leak
-    /// check once the runtime is gone, which reports any that outlive it.
-    async fn shutdown(&self) -> Vec<Weak<Forest>> {
-        let forests = self
-            .world
-            .nodes
-            .iter()
-            .filter_map(|node| node.service())
-            .map(|service| Arc::downgrade(service.forest()))
-            .collect();
-        self.supervisor.abort_detached();
-        self.world.shut_down().await;
-        forests
     }
 }

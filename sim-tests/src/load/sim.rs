@@ -8,23 +8,29 @@
 //! to each other over the simulated network with the configured latency.
 
 use super::driver::{self, RunSpec};
-use super::real::{params, verify};
+use super::real::{params, scenario_tree, verify};
 use super::report::{RunReport, ServiceCounters};
+use super::scenario::Scenario;
 use super::target::Target;
-use crate::disk::{DiskConfig, DiskLatency, WeakDisk};
+use crate::disk::{DiskConfig, DiskLatency};
+use crate::failure::Verdict;
+use crate::scenario::checkers::liveness;
+use crate::scenario::ledger::{Acked, Ledger};
+use crate::scenario::lifecycle::{self, LeakProbe};
 use crate::trace::Trace;
-use crate::world::clock::{global_now, ClockSkew, SimClock};
+use crate::world::clock::{ClockSkew, SimClock};
 use crate::world::runtime::SimRuntime;
-use crate::world::{cluster_configs, Knobs, NodeSpec, World, BOOT_DEADLINE};
+use crate::world::supervisor::Supervisor;
+use crate::world::{cluster_configs, Knobs, NodeSpec, World};
 use arbor::config::Config;
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{BoxFuture, Env};
 use arbor::service::Service;
-use arbor::Error;
+use arbor::{Error, NodeId};
 use madsim::runtime::NodeHandle;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Disk costs measured in real mode on the development machine (see
@@ -58,10 +64,6 @@ const LOAD_DISK_CAPACITY: u64 = 16 << 30;
 /// early when its dirty pages pass half the cache, which the disk charges
 /// at that moment.
 const LOAD_REDB_CACHE_BYTES: usize = 64 << 20;
-
-/// How long (simulated) to wait after the load for replication to drain
-/// before verifying every replica.
-const REPLICATION_DRAIN_MAX: Duration = Duration::from_secs(120);
 
 /// Sim-mode settings besides the load itself.
 #[derive(Clone, Debug)]
@@ -122,41 +124,37 @@ pub fn run(spec: &RunSpec, options: &SimOptions) -> Result<RunReport, String> {
     let mut config = madsim::Config::default();
     let one_way = options.net_latency;
     config.net.send_latency = one_way..one_way + Duration::from_micros(1);
-    let runtime = madsim::runtime::Runtime::with_seed_and_config(options.seed, config);
-    let spec = spec.clone();
-    let options_inner = options.clone();
-    let probes = Arc::new(Mutex::new(Vec::new()));
-    let probes_inner = probes.clone();
-    let result =
-        runtime.block_on(async move { run_in_world(&spec, &options_inner, &probes_inner).await });
-    drop(runtime);
-    // Whatever still holds a disk now is a task or a cycle that outlived
-    // the runtime (`World::shut_down`).
-    let leaked = probes
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|d| d.is_alive())
-        .count();
+    let body = |probe| run_in_world(spec, options, probe);
+    let (result, leak) = lifecycle::run_in_runtime(options.seed, config, None, body);
     let mut report = result?;
-    if leaked > 0 {
-        return Err(format!(
-            "{leaked} simulated disk(s) outlived the run's runtime"
-        ));
-    }
+    leak.map_err(|failure| failure.to_string())?;
     report.seed = Some(options.seed);
     report.wall_time_s = wall.elapsed().as_secs_f64();
     report.host = crate::host::describe();
     Ok(report)
 }
 
-/// `probes` receives a weak handle on each replica's disk, for the leak
-/// check after the runtime is gone.
+/// The run's world through the lifecycle: boot, the load, (with
+/// `--verify`) heal and check, end.
 async fn run_in_world(
     spec: &RunSpec,
     options: &SimOptions,
-    probes: &Mutex<Vec<WeakDisk>>,
+    probe: LeakProbe,
 ) -> Result<RunReport, String> {
+    let world = Arc::new(build_world(options));
+    probe.watch(&world);
+    let supervisor = Supervisor::new(world.clone(), Verdict::new(world.trace.clone()));
+    let result = load_and_check(spec, options, &supervisor).await;
+    // Ends every task of the replicas: madsim keeps a pending task, and
+    // with it the world and its disks, past the runtime's end, which a
+    // `matrix --mode sim` would pay for on every point of its grid.
+    let ended = lifecycle::end(&supervisor).await;
+    let report = result?;
+    ended.map_err(|failure| failure.to_string())?;
+    Ok(report)
+}
+
+fn build_world(options: &SimOptions) -> World {
     let knobs = knobs(&options.config);
     let specs: Vec<NodeSpec> = cluster_configs(options.replicas, &knobs)
         .into_iter()
@@ -177,19 +175,17 @@ async fn run_in_world(
             }
         })
         .collect();
-    let world = World::build(specs, Trace::new(false));
-    probes.lock().unwrap().extend(world.disk_probes());
-    let mut nodes = Vec::new();
-    for id in world.replica_ids() {
-        if !world.wait_up(id, BOOT_DEADLINE).await {
-            return Err(format!("replica {id} did not come up"));
-        }
-        let handle = madsim::runtime::Handle::current()
-            .get_node(world.node(id).madsim_id())
-            .ok_or_else(|| format!("replica {id} has no madsim node"))?;
-        let service = world.node(id).service().ok_or("replica went down")?;
-        nodes.push((handle, service));
-    }
+    World::build(specs, Trace::new(false))
+}
+
+async fn load_and_check(
+    spec: &RunSpec,
+    options: &SimOptions,
+    supervisor: &Arc<Supervisor>,
+) -> Result<RunReport, String> {
+    let world = supervisor.world();
+    lifecycle::boot(world).await.map_err(|f| f.to_string())?;
+    let nodes = serving_nodes(world)?;
     let services: Vec<Arc<Service>> = nodes.iter().map(|(_, s)| s.clone()).collect();
     let target = Arc::new(SimServiceTarget {
         nodes,
@@ -197,31 +193,12 @@ async fn run_in_world(
     });
     let out = driver::run(spec, &generator_env(), target).await;
     let acked = out.acked.clone();
-    let mut report = RunReport::new(
-        "Arbor tree service under gateway load (simulated)".to_string(),
-        format!("sim/cluster{}", options.replicas),
-        out,
-    );
-    report.params = params(spec, &options.config);
-    report
-        .params
-        .insert("sim.disk".into(), format!("{:?}", options.disk_latency));
-    report.params.insert(
-        "sim.net_one_way".into(),
-        format!("{:?}", options.net_latency),
-    );
-    report
-        .params
-        .insert("sim.replicas".into(), options.replicas.to_string());
+    let mut report = new_report(spec, options, out);
     if options.verify {
-        let drained = drain_replication(&services).await;
-        if !drained {
-            report.notes.push(format!(
-                "replication still busy {REPLICATION_DRAIN_MAX:?} after the load; verified anyway"
-            ));
-        }
-        let forests: Vec<Arc<Forest>> = services.iter().map(|s| s.forest().clone()).collect();
-        report.verification = Some(verify(&forests, &spec.scenarios, &acked));
+        // Before the counters are read, so that they count every push.
+        liveness::replication_goes_idle(world)
+            .await
+            .map_err(|f| f.to_string())?;
     }
     report.service = Some(ServiceCounters::sum(
         services
@@ -230,21 +207,67 @@ async fn run_in_world(
             .collect::<Vec<_>>()
             .iter(),
     ));
-    report.notes.push(disk_note(&world));
+    if options.verify {
+        let ledger = ledger_of(&spec.scenarios, &acked);
+        lifecycle::heal_and_check(supervisor, async { ledger })
+            .await
+            .map_err(|f| format!("checks failed: {f}"))?;
+        let forests: Vec<Arc<Forest>> = services.iter().map(|s| s.forest().clone()).collect();
+        report.verification = Some(verify(&forests, &spec.scenarios, &acked));
+    }
+    report.notes.push(disk_note(world));
     for s in &services {
         s.shutdown();
     }
-    // Ends every task of the replicas: madsim keeps a pending task, and
-    // with it the world and its disks, past the runtime's end, which a
-    // `matrix --mode sim` would pay for on every point of its grid.
-    drop(services);
-    let lingering = world.shut_down().await;
-    if !lingering.is_empty() {
-        return Err(format!(
-            "replicas {lingering:?} still hold their database after the final kill"
-        ));
-    }
     Ok(report)
+}
+
+/// Every replica's madsim node and service, once all serve.
+fn serving_nodes(world: &World) -> Result<Vec<(NodeHandle, Arc<Service>)>, String> {
+    let mut nodes = Vec::new();
+    for id in world.replica_ids() {
+        let handle = madsim::runtime::Handle::current()
+            .get_node(world.node(id).madsim_id())
+            .ok_or_else(|| format!("replica {id} has no madsim node"))?;
+        let service = world.node(id).service().ok_or("replica went down")?;
+        nodes.push((handle, service));
+    }
+    Ok(nodes)
+}
+
+fn new_report(spec: &RunSpec, options: &SimOptions, out: driver::RunOutput) -> RunReport {
+    let mut report = RunReport::new(
+        "Arbor tree service under gateway load (simulated)".to_string(),
+        format!("sim/cluster{}", options.replicas),
+        out,
+    );
+    report.params = params(spec, &options.config);
+    let sim_params = [
+        ("sim.disk", format!("{:?}", options.disk_latency)),
+        ("sim.net_one_way", format!("{:?}", options.net_latency)),
+        ("sim.replicas", options.replicas.to_string()),
+    ];
+    for (key, value) in sim_params {
+        report.params.insert(key.into(), value);
+    }
+    report
+}
+
+/// The load's acknowledgements as a ledger for the checkers: every
+/// acknowledged id is a node its scenario created in its tree. The load
+/// does not record which replica answered; `acker` is 0, the id the
+/// world's clients use, which is no replica's.
+fn ledger_of(scenarios: &[Scenario], acked: &[Vec<NodeId>]) -> Ledger {
+    let mut ledger = Ledger::default();
+    for (scenario, ids) in scenarios.iter().zip(acked) {
+        let tree = scenario_tree(scenario);
+        ledger.acked.extend(ids.iter().map(|&node| Acked::Created {
+            tree: tree.clone(),
+            node,
+            acker: 0,
+        }));
+    }
+    ledger
 }
 
 /// The replicas' database sizes at the end of the run.
@@ -255,18 +278,6 @@ fn disk_note(world: &World) -> String {
         .map(|n| format!("{:.0} MB", n.disk.len_bytes() as f64 / (1024.0 * 1024.0)))
         .collect();
     format!("simulated disks: {}", sizes.join(", "))
-}
-
-/// Waits (in simulated time) until every replica has pushed everything.
-async fn drain_replication(services: &[Arc<Service>]) -> bool {
-    let give_up = global_now() + REPLICATION_DRAIN_MAX;
-    while global_now() < give_up {
-        if services.iter().all(|s| s.replication_idle()) {
-            return true;
-        }
-        madsim::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 #[cfg(test)]
