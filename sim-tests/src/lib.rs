@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod disk;
+pub mod failure;
 pub mod fuzzing;
 pub mod host;
 pub mod load;

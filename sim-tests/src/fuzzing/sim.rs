@@ -3,39 +3,36 @@
 //! faults strike between them (partitions, one-way clogs, packet loss,
 //! dropped pushes, crashes with power failure, disk errors). Coverage then
 //! steers the fault schedule, where the seed sweep of the scenario only
-//! samples it. After the script the cluster heals and is held to the
-//! scenario's own checkers (`scenario::check`): the tree invariant on every
-//! replica, convergence by sync alone (when sync is on) and by push, every
-//! acknowledged write present everywhere, reads agreeing, nobody waiting.
+//! samples it. After the script the cluster goes through the scenario's own
+//! lifecycle (`scenario::lifecycle`): it heals, the supervisor restarts
+//! what is down or had disk errors, and the checkers (`scenario::checkers`)
+//! hold it to the tree invariant on every replica, convergence by sync
+//! alone (when sync is on) and by push, every acknowledged write present
+//! everywhere, reads agreeing, nothing lost across a restart and nobody
+//! waiting.
 //!
 //! Deterministic per input: the madsim seed comes from the input and
 //! nothing else varies.
 
-use crate::disk::{DiskConfig, DiskFaults, SimDisk};
-use crate::scenario::check;
-use crate::scenario::workload::{broken_invariant, Acked, Workload};
-use crate::scenario::Failure;
+use crate::disk::DiskConfig;
+use crate::failure::{Failure, Verdict};
+use crate::scenario::ledger::{Ledger, MOVE_TAG_KEY};
+use crate::scenario::lifecycle::{self, LeakProbe, CALL_TIMEOUT};
 use crate::trace::Trace;
 use crate::world::clock::ClockSkew;
+use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
 use crate::world::{cluster_configs_with, Client, Knobs, World};
 use arbitrary::{Arbitrary, Unstructured};
 use arbor::config::ContainerConfig;
-use arbor::forest::Forest;
-use arbor::proto::{Request, Response};
+use arbor::proto::Request;
 use arbor::{ContainerId, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use madsim::net::NetSim;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Steps per input; the rest of a long input is ignored.
 pub const MAX_STEPS: usize = 40;
-/// Deadline of one client call (simulated).
-const CALL_TIMEOUT: Duration = Duration::from_secs(1);
-/// Time for a (re)started replica to serve (simulated).
-const BOOT_DEADLINE: Duration = Duration::from_secs(10);
-/// Quiet time after healing, so batches and messages in flight land.
-const SETTLE: Duration = Duration::from_secs(2);
 /// Simulated time after which a run counts as hung (a liveness failure).
 const RUN_TIME_LIMIT: Duration = Duration::from_secs(600);
 
@@ -178,59 +175,52 @@ pub struct Outcome {
 pub fn run(input: &Input) -> Outcome {
     let setup = Setup::from_bits(input.setup);
     let trace = Trace::new(false);
-    let acked = Arc::new(Mutex::new(0));
-    let mut runtime = madsim::runtime::Runtime::with_seed_and_config(
-        u64::from(input.seed),
-        madsim::Config::default(),
-    );
-    runtime.set_time_limit(RUN_TIME_LIMIT);
     let steps: Vec<Step> = input.steps.iter().take(MAX_STEPS).copied().collect();
-    let (task_trace, task_acked) = (trace.clone(), acked.clone());
-    let forests = Arc::new(Mutex::new(Vec::new()));
-    let task_forests = forests.clone();
-    let mut failure = runtime.block_on(async move {
-        let script = Script::start(setup, task_trace).await?;
-        let result = script.play(&steps).await;
-        *task_acked.lock().unwrap() = script.workload.ledger.lock().unwrap().acked.len();
-        *task_forests.lock().unwrap() = script.shutdown().await;
-        result
-    });
-    drop(runtime);
-    let leaked = forests
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|forest| forest.strong_count() > 0)
-        .count();
-    if failure.is_ok() && leaked > 0 {
-        failure = Err(Failure::new(
-            "leak",
-            format!("{leaked} forests outlived their simulation"),
-        ));
-    }
-    let acked = *acked.lock().unwrap();
+    let seed = u64::from(input.seed);
+    let config = madsim::Config::default();
+    let body = |probe| simulate(setup, &trace, probe, &steps);
+    let ((failure, acked), leak) =
+        lifecycle::run_in_runtime(seed, config, Some(RUN_TIME_LIMIT), body);
     Outcome {
-        failure,
+        failure: failure.and(leak),
         trace_hash: trace.hash(),
         acked,
     }
+}
+
+/// The script's cluster through the lifecycle: boot, the steps, heal and
+/// check, end. The failure, and the writes acknowledged.
+async fn simulate(
+    setup: Setup,
+    trace: &Trace,
+    probe: LeakProbe,
+    steps: &[Step],
+) -> (Result<(), Failure>, usize) {
+    let script = Script::start(setup, trace);
+    probe.watch(&script.world);
+    let result = async {
+        lifecycle::boot(&script.world).await?;
+        script.play(steps).await
+    }
+    .await;
+    let acked = script.ledger.lock().unwrap().acked.len();
+    let ended = lifecycle::end(&script.supervisor).await;
+    (result.and(ended), acked)
 }
 
 /// A running cluster and what the script did to it.
 struct Script {
     setup: Setup,
     world: Arc<World>,
-    workload: Arc<Workload>,
-    client: Arc<Client>,
-    disks: Vec<SimDisk>,
-    /// Replicas whose disk had errors switched on: restarted when healing.
-    poisoned: Mutex<Vec<ReplicaId>>,
+    supervisor: Arc<Supervisor>,
+    ledger: Mutex<Ledger>,
+    client: Client,
     writes: Mutex<Vec<madsim::task::JoinHandle<()>>>,
     next_op: Mutex<u64>,
 }
 
 impl Script {
-    async fn start(setup: Setup, trace: Trace) -> Result<Arc<Script>, Failure> {
+    fn start(setup: Setup, trace: &Trace) -> Arc<Script> {
         // The container is in every node's membership config, as in the
         // scenario: a replica that never saw one of its trees still syncs it.
         let container = ContainerConfig {
@@ -243,29 +233,18 @@ impl Script {
             config.faults.torn_write_probability = setup.torn_write_probability;
             config
         };
-        let (mut world, disks) =
-            World::build_on_sim_disks(configs, &setup.skews, disk_config, trace.clone());
-        let client = Arc::new(world.client());
+        let mut world = World::build_on_disks(configs, &setup.skews, disk_config, trace.clone());
+        let client = world.client();
         let world = Arc::new(world);
-        for replica in world.replica_ids() {
-            if !world.wait_up(replica, BOOT_DEADLINE).await {
-                return Err(Failure::new(
-                    "liveness",
-                    format!("replica-{replica} did not boot"),
-                ));
-            }
-        }
-        let workload = Arc::new(Workload::new(world.clone(), trace, CALL_TIMEOUT));
-        Ok(Arc::new(Script {
+        Arc::new(Script {
             setup,
+            supervisor: Supervisor::new(world.clone(), Verdict::new(trace.clone())),
             world,
-            workload,
+            ledger: Mutex::default(),
             client,
-            disks,
-            poisoned: Mutex::default(),
             writes: Mutex::default(),
             next_op: Mutex::new(0),
-        }))
+        })
     }
 
     fn replica(&self, byte: u8) -> ReplicaId {
@@ -276,6 +255,8 @@ impl Script {
         self.world.trace.record("fuzz", what);
     }
 
+    /// Plays the steps, then heals and checks; the writes still in flight
+    /// finish once the faults have ended.
     async fn play(self: &Arc<Self>, steps: &[Step]) -> Result<(), Failure> {
         for &step in steps {
             self.step(step).await;
@@ -283,7 +264,14 @@ impl Script {
             // the script asks for bursts (Pause(0) between them does not).
             madsim::time::sleep(Duration::from_millis(2)).await;
         }
-        self.heal_and_check().await
+        let last_writes = async {
+            let writes: Vec<_> = std::mem::take(&mut *self.writes.lock().unwrap());
+            for write in writes {
+                let _ = write.await;
+            }
+            self.ledger.lock().unwrap().clone()
+        };
+        lifecycle::heal_and_check(&self.supervisor, last_writes).await
     }
 
     async fn step(self: &Arc<Self>, step: Step) {
@@ -304,20 +292,8 @@ impl Script {
             Step::Pause(units) => {
                 madsim::time::sleep(Duration::from_millis(10 * u64::from(units))).await;
             }
-            Step::Partition { a, b } => {
-                let (a, b) = (self.replica(a), self.replica(b));
-                if a != b {
-                    self.note(format!("partition replica-{a} <-> replica-{b}"));
-                    self.world.partition_pair(a, b);
-                }
-            }
-            Step::Clog { from, to } => {
-                let (from, to) = (self.replica(from), self.replica(to));
-                if from != to {
-                    self.note(format!("clog replica-{from} -> replica-{to}"));
-                    self.world.clog_one_way(from, to);
-                }
-            }
+            Step::Partition { a, b } => self.partition(a, b),
+            Step::Clog { from, to } => self.clog(from, to),
             Step::HealNetwork => {
                 self.note("heal network".into());
                 self.world.heal_network();
@@ -327,41 +303,58 @@ impl Script {
                 self.note(format!("packet loss {rate}"));
                 NetSim::current().update_config(|c| c.packet_loss_rate = rate);
             }
-            Step::BlockPushes { from, to } => {
-                let (from, to) = (self.replica(from), self.replica(to));
-                if from != to {
-                    self.note(format!("drop pushes replica-{from} -> replica-{to}"));
-                    self.world.filter.block(from, to, RequestKind::Push);
-                }
-            }
+            Step::BlockPushes { from, to } => self.block_pushes(from, to),
             Step::Crash(replica) => {
                 let replica = self.replica(replica);
                 if self.world.is_up(replica) {
-                    self.world.crash(replica);
+                    self.supervisor.crash(replica);
                 }
             }
             Step::Restart(replica) => {
                 let replica = self.replica(replica);
                 if !self.world.is_up(replica) {
-                    self.world.restart(replica);
+                    self.supervisor.restart(replica);
                 }
             }
             Step::DiskErrors {
                 replica,
                 write,
                 sync,
-            } => {
-                let replica = self.replica(replica);
-                let faults = DiskFaults {
-                    write_error_probability: f64::from(write) / 256.0,
-                    sync_error_probability: f64::from(sync) / 256.0,
-                    torn_write_probability: self.setup.torn_write_probability,
-                };
-                self.note(format!("disk errors on replica-{replica}: {faults:?}"));
-                self.disks[usize::from(replica) - 1].set_faults(faults);
-                self.poisoned.lock().unwrap().push(replica);
-            }
+            } => self.disk_errors(replica, write, sync),
         }
+    }
+
+    fn partition(&self, a: u8, b: u8) {
+        let (a, b) = (self.replica(a), self.replica(b));
+        if a != b {
+            self.note(format!("partition replica-{a} <-> replica-{b}"));
+            self.world.partition_pair(a, b);
+        }
+    }
+
+    fn clog(&self, from: u8, to: u8) {
+        let (from, to) = (self.replica(from), self.replica(to));
+        if from != to {
+            self.note(format!("clog replica-{from} -> replica-{to}"));
+            self.world.clog_one_way(from, to);
+        }
+    }
+
+    fn block_pushes(&self, from: u8, to: u8) {
+        let (from, to) = (self.replica(from), self.replica(to));
+        if from != to {
+            self.note(format!("drop pushes replica-{from} -> replica-{to}"));
+            self.world.filter.block(from, to, RequestKind::Push);
+        }
+    }
+
+    fn disk_errors(&self, replica: u8, write: u8, sync: u8) {
+        let replica = self.replica(replica);
+        let (write, sync) = (f64::from(write) / 256.0, f64::from(sync) / 256.0);
+        self.note(format!(
+            "disk errors on replica-{replica}: write {write}, sync {sync}"
+        ));
+        self.supervisor.begin_disk_errors(replica, write, sync);
     }
 
     fn op_id(&self) -> u64 {
@@ -373,7 +366,7 @@ impl Script {
     /// A node acknowledged in `tree` so far, chosen by `byte`; ROOT when
     /// none is, or for one byte value in eight.
     fn known(&self, tree: &TreeKey, byte: u8) -> NodeId {
-        let ledger = self.workload.ledger.lock().unwrap();
+        let ledger = self.ledger.lock().unwrap();
         match ledger.known.get(tree) {
             Some(nodes) if !nodes.is_empty() && !byte.is_multiple_of(8) => {
                 nodes[usize::from(byte) % nodes.len()]
@@ -382,14 +375,30 @@ impl Script {
         }
     }
 
-    /// Sends one write and records what was acknowledged, as the scenario's
-    /// workload does, so the scenario's checkers can hold the cluster to it.
+    /// Sends one write and records what was acknowledged in the ledger the
+    /// checkers hold the cluster to.
     async fn write(&self, replica: ReplicaId, kind: u8, a: u8, b: u8) {
         let op = self.op_id();
+        let request = self.request(op, kind, a, b);
+        self.note(format!("op#{op} -> replica-{replica}: {request:?}"));
+        let answer = self
+            .client
+            .call(replica, request.clone(), CALL_TIMEOUT)
+            .await;
+        self.note(format!("op#{op} answer: {answer:?}"));
+        let Ok(response) = answer else { return };
+        let mut ledger = self.ledger.lock().unwrap();
+        ledger.ops_acked += 1;
+        ledger.record(replica, &request, &response);
+    }
+
+    /// The write `kind` picks (`kind % 4`: AddByPath, Add, Move, Remove;
+    /// `kind / 4 % 3`: the tree), with operands `a` and `b`.
+    fn request(&self, op: u64, kind: u8, a: u8, b: u8) -> Request {
         let tree = trees()[usize::from(kind / 4) % 3].clone();
-        let request = match kind % 4 {
+        match kind % 4 {
             0 => Request::AddByPath {
-                tree: tree.clone(),
+                tree,
                 attr: ATTR_FILE_NAME.into(),
                 path: vec![format!("dir-{}", a % 3)],
                 items: vec![
@@ -398,174 +407,26 @@ impl Script {
                 ],
             },
             1 => Request::Add {
-                tree: tree.clone(),
                 parent: self.known(&tree, a),
                 items: vec![KeyValue::new(
                     ATTR_FILE_NAME,
                     format!("n-{}", b % 4).into_bytes(),
                 )],
+                tree,
             },
             2 => Request::Move {
-                tree: tree.clone(),
                 parent: self.known(&tree, b),
                 node: self.known(&tree, a | 1),
                 items: vec![
                     KeyValue::new(ATTR_FILE_NAME, format!("m-{}", b % 4).into_bytes()),
-                    KeyValue::new("op", op.to_string().into_bytes()),
+                    KeyValue::new(MOVE_TAG_KEY, op.to_string().into_bytes()),
                 ],
+                tree,
             },
             _ => Request::Remove {
-                tree: tree.clone(),
                 node: self.known(&tree, a | 1),
+                tree,
             },
-        };
-        self.note(format!("op#{op} -> replica-{replica}: {request:?}"));
-        let answer = self
-            .client
-            .call(replica, request.clone(), CALL_TIMEOUT)
-            .await;
-        self.note(format!("op#{op} answer: {answer:?}"));
-        let Ok(response) = answer else { return };
-        self.record(&tree, replica, op, &request, &response);
-    }
-
-    fn record(
-        &self,
-        tree: &TreeKey,
-        acker: ReplicaId,
-        op: u64,
-        request: &Request,
-        response: &Response,
-    ) {
-        let mut ledger = self.workload.ledger.lock().unwrap();
-        ledger.ops_acked += 1;
-        let tree = tree.clone();
-        match (request, response) {
-            (Request::AddByPath { path, .. }, Response::AddedByPath { leaf, created }) => {
-                for &node in created.iter().chain([leaf]) {
-                    ledger.acked.push(Acked::Created {
-                        tree: tree.clone(),
-                        node,
-                        acker,
-                    });
-                }
-                let known = ledger.known.entry(tree.clone()).or_default();
-                known.extend(created.iter().copied());
-                known.push(*leaf);
-                let leaf_path = vec![path[0].clone(), format!("obj-{op}")];
-                ledger.leaf_paths.insert((tree, leaf_path));
-            }
-            (Request::Add { .. }, Response::Added { node }) => {
-                ledger.acked.push(Acked::Created {
-                    tree: tree.clone(),
-                    node: *node,
-                    acker,
-                });
-                ledger.known.entry(tree).or_default().push(*node);
-            }
-            (Request::Move { parent, node, .. }, Response::Done) => {
-                ledger.acked.push(Acked::Moved {
-                    tree,
-                    node: *node,
-                    parent: *parent,
-                    tag: op.to_string(),
-                    acker,
-                });
-            }
-            (Request::Remove { node, .. }, Response::Done) => {
-                ledger.acked.push(Acked::Removed {
-                    tree,
-                    node: *node,
-                    acker,
-                });
-            }
-            // An error answer acknowledges nothing.
-            _ => {}
         }
-    }
-
-    /// Ends every fault, lets the writes in flight finish, restarts what is
-    /// down or poisoned, then runs the scenario's checkers.
-    async fn heal_and_check(&self) -> Result<(), Failure> {
-        self.note("heal everything".into());
-        self.world.heal_network();
-        NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
-        self.world.filter.unblock_all();
-        let base = DiskFaults {
-            torn_write_probability: self.setup.torn_write_probability,
-            ..DiskFaults::default()
-        };
-        for disk in &self.disks {
-            disk.set_faults(base);
-        }
-        let writes: Vec<_> = std::mem::take(&mut *self.writes.lock().unwrap());
-        for write in writes {
-            let _ = write.await;
-        }
-        let poisoned: Vec<ReplicaId> = std::mem::take(&mut *self.poisoned.lock().unwrap());
-        for replica in self.world.replica_ids() {
-            if !self.world.is_up(replica) {
-                self.world.restart(replica);
-            } else if poisoned.contains(&replica) {
-                self.world.restart_process(replica).await;
-            }
-        }
-        for replica in self.world.replica_ids() {
-            if !self.world.wait_up(replica, BOOT_DEADLINE).await {
-                return Err(Failure::new(
-                    "liveness",
-                    format!("replica-{replica} did not come back after healing"),
-                ));
-            }
-        }
-        self.check_invariants()?;
-        if self.setup.knobs.sync_interval.is_some() {
-            check::block_pushes(&self.world);
-            madsim::time::sleep(SETTLE).await;
-            check::check_sync_converges(&self.world, &self.workload).await?;
-        } else {
-            madsim::time::sleep(SETTLE).await;
-        }
-        check::check_push_converges(&self.world, &self.workload).await
-    }
-
-    /// Kills every replica and lets the executor drop their tasks. A task
-    /// parked on a channel inside its own service is never woken otherwise,
-    /// and the cycle (service -> waker -> task -> service) would leak a whole
-    /// cluster per input.
-    /// Returns the forests that were live, which must be gone once the
-    /// runtime is: a fuzzer runs thousands of clusters in one process.
-    /// Ends the cluster (`World::shut_down`); the forests, for the leak
-    /// check once the runtime is gone, which reports any that outlive it.
-    async fn shutdown(&self) -> Vec<Weak<Forest>> {
-        let forests = self
-            .world
-            .nodes
-            .iter()
-            .filter_map(|node| node.service())
-            .map(|service| Arc::downgrade(service.forest()))
-            .collect();
-        self.world.shut_down().await;
-        forests
-    }
-
-    fn check_invariants(&self) -> Result<(), Failure> {
-        for node in &self.world.nodes {
-            let Some(service) = node.service() else {
-                continue;
-            };
-            for tree in trees() {
-                if !service.forest().tree_exists(&tree).unwrap_or(false) {
-                    continue;
-                }
-                if let Some(broken) = broken_invariant(service.forest(), &tree) {
-                    return Err(Failure::new(
-                        "tree invariant",
-                        format!("{} {}: {broken}", node.name, tree.tree),
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -1,56 +1,32 @@
 //! One seed in, one verdict out: builds the world the seed describes, runs
 //! the object-gateway workload under the seed's faults, heals, and checks.
 
-pub mod check;
+pub mod checkers;
+pub mod ledger;
+pub mod lifecycle;
 pub mod nemesis;
 pub mod swarm;
 pub mod workload;
 
-use crate::disk::{DiskConfig, SimDisk};
+use crate::disk::DiskConfig;
+use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
+use crate::world::supervisor::Supervisor;
 use crate::world::{cluster_configs_with, World};
 use arbor::canary::Canary;
 use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
+use lifecycle::{LeakProbe, CALL_TIMEOUT};
 use nemesis::Nemesis;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use swarm::{Profile, Size, Swarm};
 use workload::Workload;
 
-/// Deadline of one client call (simulated).
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// Time for a (re)started node to serve (simulated).
-const BOOT_DEADLINE: Duration = Duration::from_secs(10);
-/// Quiet time after healing, so batches and messages in flight land.
-const SETTLE: Duration = Duration::from_secs(3);
 /// Simulated time beyond the workload after which a run is declared hung.
 const RUN_TIME_LIMIT_EXTRA: Duration = Duration::from_secs(900);
-
-/// What went wrong in a run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    pub kind: String,
-    pub detail: String,
-}
-
-impl Failure {
-    pub fn new(kind: &str, detail: impl Into<String>) -> Self {
-        Self {
-            kind: kind.into(),
-            detail: detail.into(),
-        }
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.detail)
-    }
-}
 
 /// How to run a seed.
 #[derive(Clone, Debug)]
@@ -209,10 +185,13 @@ fn replica_sets(replicas: usize) -> Vec<(ContainerId, Vec<ReplicaId>)> {
         .collect()
 }
 
+/// What a run counted, for its report.
 #[derive(Default)]
-struct Tally {
+struct Counts {
     ops_sent: u64,
     ops_acked: u64,
+    faults_injected: u64,
+    simulated: Duration,
 }
 
 /// Runs one seed in its own madsim runtime and reports the verdict. A
@@ -220,52 +199,21 @@ struct Tally {
 pub fn run_seed(seed: u64, options: &Options) -> Report {
     let swarm = Swarm::draw(seed, options.profile, options.size, options.faults);
     let trace = Trace::new(options.echo_trace);
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let faults = Arc::new(AtomicU64::new(0));
-    let simulated = Arc::new(Mutex::new(Duration::ZERO));
-    let disks = Arc::new(Mutex::new(Vec::new()));
     // Process-wide: every run of a sweep sets the same value, so parallel
     // runs agree; runs with different canaries must not overlap.
     arbor::canary::set(options.canary);
+    let time_limit = swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let mut runtime =
-            madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
-        runtime.set_time_limit(swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA);
-        let (swarm, trace, tally, faults, simulated, disks) = (
-            swarm.clone(),
-            trace.clone(),
-            tally.clone(),
-            faults.clone(),
-            simulated.clone(),
-            disks.clone(),
-        );
-        runtime.block_on(async move {
-            let verdict = simulate(&swarm, &trace, &tally, &faults, &disks).await;
-            *simulated.lock().unwrap() = crate::world::clock::global_now();
-            verdict
-        })
+        let body = |probe| simulate(&swarm, &trace, probe);
+        lifecycle::run_in_runtime(seed, madsim::Config::default(), Some(time_limit), body)
     }));
-    let mut failure = match outcome {
-        Ok(Ok(())) => None,
-        Ok(Err(failure)) => Some(failure),
-        Err(panic) => Some(Failure::new("panic", panic_message(&panic))),
+    let (counts, failure) = match outcome {
+        Ok(((counts, verdict), leak)) => (counts, verdict.and(leak).err()),
+        Err(panic) => {
+            let failure = Failure::new(FailureKind::Panic, panic_message(&panic));
+            (Counts::default(), Some(failure))
+        }
     };
-    // The runtime is gone: whatever still holds a disk is a task or a
-    // cycle that outlived it, and would hold it for the rest of a sweep.
-    let leaked = disks
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|d| d.is_alive())
-        .count();
-    if failure.is_none() && leaked > 0 {
-        failure = Some(Failure::new(
-            "leak",
-            format!("{leaked} simulated disk(s) outlived the run's runtime"),
-        ));
-    }
-    let tally = tally.lock().unwrap();
-    let simulated = *simulated.lock().unwrap();
     Report {
         seed,
         swarm,
@@ -273,10 +221,10 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
         failure,
         trace_hash: trace.hash(),
         events: trace.events(),
-        ops_sent: tally.ops_sent,
-        ops_acked: tally.ops_acked,
-        faults_injected: faults.load(Ordering::Relaxed),
-        simulated,
+        ops_sent: counts.ops_sent,
+        ops_acked: counts.ops_acked,
+        faults_injected: counts.faults_injected,
+        simulated: counts.simulated,
     }
 }
 
@@ -290,7 +238,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
+fn build_world(swarm: &Swarm, trace: &Trace) -> World {
     let containers: Vec<ContainerConfig> = replica_sets(swarm.replicas)
         .into_iter()
         .map(|(cid, replicas)| ContainerConfig { cid, replicas })
@@ -305,58 +253,36 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> (World, Vec<SimDisk>) {
         config.faults.torn_write_probability = swarm.torn_write_probability;
         config
     };
-    World::build_on_sim_disks(configs, &swarm.skews, disk_config, trace.clone())
+    World::build_on_disks(configs, &swarm.skews, disk_config, trace.clone())
 }
 
-async fn simulate(
-    swarm: &Swarm,
-    trace: &Trace,
-    tally: &Mutex<Tally>,
-    faults: &Arc<AtomicU64>,
-    disk_probes: &Mutex<Vec<crate::disk::WeakDisk>>,
-) -> Result<(), Failure> {
-    let (mut world, disks) = build_world(swarm, trace);
-    disk_probes
-        .lock()
-        .unwrap()
-        .extend(disks.iter().map(|d| d.downgrade()));
+/// The seed's world through the lifecycle: boot, the workload under the
+/// nemesis, heal and check, end.
+async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Result<(), Failure>) {
+    let mut world = build_world(swarm, trace);
+    probe.watch(&world);
     let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
     let world = Arc::new(world);
-    for replica in world.replica_ids() {
-        if !world.wait_up(replica, BOOT_DEADLINE).await {
-            return Err(Failure::new(
-                "liveness",
-                format!("replica-{replica} did not boot"),
-            ));
-        }
+    let verdict = Verdict::new(trace.clone());
+    let supervisor = Supervisor::new(world.clone(), verdict.clone());
+    let workload = Arc::new(Workload::new(world.clone(), verdict.clone(), CALL_TIMEOUT));
+    let nemesis = Nemesis::new(supervisor.clone(), workload.clone(), swarm.clone());
+    let result = async {
+        lifecycle::boot(&world).await?;
+        run_workload(swarm, &workload, &nemesis, clients).await;
+        let ledger = async { workload.ledger.lock().unwrap().clone() };
+        lifecycle::heal_and_check(&supervisor, ledger).await
     }
-    let mut workload = Workload::new(world.clone(), trace.clone(), CALL_TIMEOUT);
-    workload.replica_sets = replica_sets(swarm.replicas).into_iter().collect();
-    let workload = Arc::new(workload);
-    let nemesis = Arc::new(Nemesis {
-        world: world.clone(),
-        workload: workload.clone(),
-        swarm: swarm.clone(),
-        disks: disks.clone(),
-        faults_injected: faults.clone(),
-        supervised: Mutex::default(),
-        stopped: Default::default(),
-        checked: Mutex::default(),
-        detached: Mutex::default(),
-    });
-    run_workload(swarm, &workload, &nemesis, clients).await;
-    let result = heal_and_check(swarm, &world, &workload, &nemesis).await;
-    nemesis.abort_detached();
-    let lingering = world.shut_down().await;
-    assert!(
-        lingering.is_empty(),
-        "replicas {lingering:?} still hold their forest after the final kill"
-    );
+    .await;
+    let ended = lifecycle::end(&supervisor).await;
     let ledger = workload.ledger.lock().unwrap();
-    let mut t = tally.lock().unwrap();
-    t.ops_sent = ledger.ops_sent;
-    t.ops_acked = ledger.ops_acked;
-    result
+    let counts = Counts {
+        ops_sent: ledger.ops_sent,
+        ops_acked: ledger.ops_acked,
+        faults_injected: nemesis.faults_injected(),
+        simulated: crate::world::clock::global_now(),
+    };
+    (counts, result.and(ended))
 }
 
 async fn run_workload(
@@ -388,53 +314,4 @@ async fn run_workload(
         let _ = task.await;
     }
     let _ = strikes.await;
-}
-
-async fn heal_and_check(
-    swarm: &Swarm,
-    world: &Arc<World>,
-    workload: &Arc<Workload>,
-    nemesis: &Arc<Nemesis>,
-) -> Result<(), Failure> {
-    world.trace.record("world", "heal everything");
-    nemesis.stopped.store(true, Ordering::SeqCst);
-    world.heal_network();
-    madsim::net::NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
-    nemesis::reset_latency();
-    world.filter.unblock_all();
-    for disk in &nemesis.disks {
-        disk.set_faults(nemesis.base_disk_faults());
-    }
-    world.wait_restarts_done().await;
-    for replica in world.replica_ids() {
-        if !world.is_up(replica) {
-            world.restart(replica);
-        }
-    }
-    for replica in world.replica_ids() {
-        if !world.wait_up(replica, BOOT_DEADLINE).await {
-            return Err(Failure::new(
-                "liveness",
-                format!("replica-{replica} did not come back after healing"),
-            ));
-        }
-    }
-    if let Some(failure) = workload.failure.lock().unwrap().clone() {
-        return Err(failure);
-    }
-    nemesis.sweep_invariants(nemesis::Sweep::Full);
-    if swarm.knobs.sync_interval.is_some() {
-        // Sync must converge the cluster on its own: pushes are blocked
-        // before the quiet period, so no push in flight can help.
-        check::block_pushes(world);
-        madsim::time::sleep(SETTLE).await;
-        check::check_sync_converges(world, workload).await?;
-    } else {
-        madsim::time::sleep(SETTLE).await;
-    }
-    check::check_push_converges(world, workload).await?;
-    if let Some(failure) = workload.failure.lock().unwrap().clone() {
-        return Err(failure);
-    }
-    Ok(())
 }

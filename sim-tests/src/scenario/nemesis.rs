@@ -1,22 +1,19 @@
 //! The nemesis: injects the seed's faults while the workload runs, and
 //! sweeps the tree invariant over every live replica between faults.
+//! Crashes and restarts go through the supervisor, which owns them.
 
+use super::checkers::invariants::{InvariantSweep, Sweep};
 use super::swarm::Swarm;
 use super::workload::Workload;
-use super::Failure;
-use crate::disk::{DiskFaults, SimDisk};
 use crate::world::clock::global_now;
+use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
 use crate::world::World;
-use arbor::forest::records::TreeRecord;
-use arbor::forest::{Forest, Recheck};
 use arbor::ReplicaId;
-use arbor::TreeKey;
 use madsim::net::NetSim;
 use madsim::rand::{seq::SliceRandom, thread_rng, Rng};
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Longest fault window and longest crash downtime.
@@ -24,10 +21,6 @@ const WINDOW_MAX: Duration = Duration::from_secs(6);
 const DOWNTIME_MAX: Duration = Duration::from_secs(4);
 /// Simulated time between two invariant sweeps over every replica.
 const INVARIANT_SWEEP_INTERVAL: Duration = Duration::from_secs(3);
-/// A periodic sweep checks a tree whose record has not moved again once
-/// its last full check is this old: a break written outside the op path
-/// is still found within this time, not only at the final checks.
-const UNCHANGED_RECHECK_INTERVAL: Duration = Duration::from_secs(15);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -41,32 +34,12 @@ enum Fault {
 }
 
 pub struct Nemesis {
-    pub world: Arc<World>,
-    pub workload: Arc<Workload>,
-    pub swarm: Swarm,
-    pub disks: Vec<SimDisk>,
-    pub faults_injected: Arc<AtomicU64>,
-    /// Replicas the supervisor is draining and restarting; no other fault
-    /// touches them meanwhile.
-    pub supervised: Mutex<BTreeSet<ReplicaId>>,
-    /// Set when the cluster is healed for the final checks: faults still
-    /// scheduled to end by then do nothing (healing already ended them).
-    pub stopped: std::sync::atomic::AtomicBool,
-    /// What the last full check of each tree saw, per replica (see
-    /// `sweep_invariants`).
-    pub checked: Mutex<BTreeMap<ReplicaId, CheckedIncarnation>>,
-    /// The fault-ending tasks nobody awaits (restarts after a crash, heals
-    /// after a window), aborted at the end of the run: madsim does not drop
-    /// a pending task when its runtime goes (`World::shut_down`).
-    pub detached: Mutex<Vec<madsim::task::AbortHandle>>,
-}
-
-/// Full checks of one incarnation of a replica's forest: the tree records
-/// they saw and when. Tied to that forest object, so a restart (a new
-/// forest over the disk) starts with nothing checked.
-pub struct CheckedIncarnation {
-    forest: Weak<Forest>,
-    trees: BTreeMap<TreeKey, (TreeRecord, Duration)>,
+    supervisor: Arc<Supervisor>,
+    workload: Arc<Workload>,
+    swarm: Swarm,
+    faults_injected: AtomicU64,
+    /// The periodic sweeps of the tree invariant between faults.
+    sweeps: InvariantSweep,
 }
 
 fn window() -> Duration {
@@ -74,17 +47,38 @@ fn window() -> Duration {
 }
 
 impl Nemesis {
+    pub fn new(supervisor: Arc<Supervisor>, workload: Arc<Workload>, swarm: Swarm) -> Arc<Self> {
+        Arc::new(Self {
+            supervisor,
+            workload,
+            swarm,
+            faults_injected: AtomicU64::new(0),
+            sweeps: InvariantSweep::default(),
+        })
+    }
+
+    fn world(&self) -> &World {
+        self.supervisor.world()
+    }
+
+    /// Faults started so far.
+    pub fn faults_injected(&self) -> u64 {
+        self.faults_injected.load(Ordering::Relaxed)
+    }
+
     /// Strikes until `deadline`; every fault heals itself after its window.
     pub async fn run(self: Arc<Self>, deadline: Duration) {
         let gap_mean_ms = self.swarm.fault_gap_mean.as_millis() as u64;
         let mut next_sweep = global_now();
-        while global_now() < deadline && !self.workload.failed() {
+        while global_now() < deadline && !self.workload.verdict.failed() {
             let gap = Duration::from_millis(thread_rng().gen_range(1..=2 * gap_mean_ms));
             madsim::time::sleep(gap).await;
             // Full sweeps cost a pass over every tree; the acking replica is
             // checked after every write anyway.
             if global_now() >= next_sweep {
-                self.sweep_invariants(Sweep::SkipUnchanged);
+                if let Err(failure) = self.sweeps.check(self.world(), Sweep::SkipUnchanged) {
+                    self.workload.verdict.fail(failure);
+                }
                 next_sweep = global_now() + INVARIANT_SWEEP_INTERVAL;
             }
             if let Some(fault) = self.choose() {
@@ -120,13 +114,13 @@ impl Nemesis {
     }
 
     fn random_pair(&self) -> (ReplicaId, ReplicaId) {
-        let mut ids = self.world.replica_ids();
+        let mut ids = self.world().replica_ids();
         ids.shuffle(&mut thread_rng());
         (ids[0], ids[1])
     }
 
     fn note(&self, what: String) {
-        self.world.trace.record("nemesis", what);
+        self.world().trace.record("nemesis", what);
     }
 
     /// Starts one fault and a task that heals it after its window.
@@ -134,101 +128,86 @@ impl Nemesis {
         let window = window();
         match fault {
             Fault::Partition => self.partition(window),
-            Fault::OneWay => {
-                let (from, to) = self.random_pair();
-                self.note(format!(
-                    "clog replica-{from} -> replica-{to} for {window:?}"
-                ));
-                self.world.clog_one_way(from, to);
-                self.later(window, move |n| {
-                    n.note(format!("unclog replica-{from} -> replica-{to}"));
-                    n.world.unclog_one_way(from, to);
-                });
-            }
-            Fault::PacketLoss => {
-                let rate = self.swarm.packet_loss_rate;
-                self.note(format!("packet loss {rate} for {window:?}"));
-                NetSim::current().update_config(|c| c.packet_loss_rate = rate);
-                self.later(window, |n| {
-                    n.note("packet loss off".into());
-                    NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
-                });
-            }
-            Fault::LatencySpike => {
-                let high_ms = thread_rng().gen_range(50..=1_500);
-                self.note(format!("latency 1..{high_ms}ms for {window:?}"));
-                NetSim::current().update_config(|c| {
-                    c.send_latency = Duration::from_millis(1)..Duration::from_millis(high_ms)
-                });
-                self.later(window, |n| {
-                    n.note("latency normal".into());
-                    reset_latency();
-                });
-            }
+            Fault::OneWay => self.one_way(window),
+            Fault::PacketLoss => self.packet_loss(window),
+            Fault::LatencySpike => self.latency_spike(window),
             Fault::Crash => self.crash(),
-            Fault::DiskErrors => {
-                let index = thread_rng().gen_range(0..self.disks.len());
-                let faults = DiskFaults {
-                    torn_write_probability: self.swarm.torn_write_probability,
-                    ..self.swarm.disk_faults
-                };
-                self.note(format!(
-                    "disk errors on replica-{} for {window:?}",
-                    index + 1
-                ));
-                self.disks[index].set_faults(faults);
-                self.forget_checks(self.world.nodes[index].replica_id);
-                self.later(window, move |n| {
-                    n.note(format!("disk errors off on replica-{}", index + 1));
-                    n.disks[index].set_faults(n.base_disk_faults());
-                    n.forget_checks(n.world.nodes[index].replica_id);
-                    // redb refuses every write after an I/O error until the
-                    // database is reopened: the supervisor restarts it.
-                    let replica = n.world.nodes[index].replica_id;
-                    let fresh = n.supervised.lock().unwrap().insert(replica);
-                    if fresh && n.world.is_up(replica) {
-                        let nemesis = n.clone();
-                        let guard = n.world.maintenance();
-                        n.detach(async move {
-                            let _guard = guard;
-                            let (world, workload) = (&nemesis.world, &nemesis.workload);
-                            check_drained(world, workload, replica).await;
-                            let before = world.stored_heights(replica);
-                            world.restart_process(replica).await;
-                            check_nothing_lost(world, workload, replica, before, "process restart")
-                                .await;
-                            nemesis.supervised.lock().unwrap().remove(&replica);
-                        });
-                    } else if fresh {
-                        n.supervised.lock().unwrap().remove(&replica);
-                    }
-                });
-            }
-            Fault::PushBlackout => {
-                let (from, to) = self.random_pair();
-                self.note(format!(
-                    "drop pushes replica-{from} -> replica-{to} for {window:?}"
-                ));
-                self.world.filter.block(from, to, RequestKind::Push);
-                self.later(window, move |n| {
-                    n.note(format!("pushes replica-{from} -> replica-{to} flow again"));
-                    n.world.filter.unblock(from, to, RequestKind::Push);
-                });
-            }
+            Fault::DiskErrors => self.disk_errors(window),
+            Fault::PushBlackout => self.push_blackout(window),
         }
     }
 
-    pub fn base_disk_faults(&self) -> DiskFaults {
-        DiskFaults {
-            torn_write_probability: self.swarm.torn_write_probability,
-            ..DiskFaults::default()
-        }
+    fn one_way(self: Arc<Self>, window: Duration) {
+        let (from, to) = self.random_pair();
+        self.note(format!(
+            "clog replica-{from} -> replica-{to} for {window:?}"
+        ));
+        self.world().clog_one_way(from, to);
+        self.later(window, move |n| {
+            n.note(format!("unclog replica-{from} -> replica-{to}"));
+            n.world().unclog_one_way(from, to);
+        });
+    }
+
+    fn packet_loss(self: Arc<Self>, window: Duration) {
+        let rate = self.swarm.packet_loss_rate;
+        self.note(format!("packet loss {rate} for {window:?}"));
+        NetSim::current().update_config(|c| c.packet_loss_rate = rate);
+        self.later(window, |n| {
+            n.note("packet loss off".into());
+            n.world().restore_packet_loss();
+        });
+    }
+
+    fn latency_spike(self: Arc<Self>, window: Duration) {
+        let high_ms = thread_rng().gen_range(50..=1_500);
+        self.note(format!("latency 1..{high_ms}ms for {window:?}"));
+        NetSim::current().update_config(|c| {
+            c.send_latency = Duration::from_millis(1)..Duration::from_millis(high_ms)
+        });
+        self.later(window, |n| {
+            n.note("latency normal".into());
+            n.world().restore_latency();
+        });
+    }
+
+    /// Disk errors on one replica for `window`; after it the supervisor
+    /// drains and restarts the replica (redb refuses every write after an
+    /// I/O error until the database is reopened).
+    fn disk_errors(self: Arc<Self>, window: Duration) {
+        let index = thread_rng().gen_range(0..self.world().nodes.len());
+        let replica = self.world().nodes[index].replica_id;
+        let faults = self.swarm.disk_faults;
+        self.note(format!("disk errors on replica-{replica} for {window:?}"));
+        self.supervisor.begin_disk_errors(
+            replica,
+            faults.write_error_probability,
+            faults.sync_error_probability,
+        );
+        self.sweeps.forget(replica);
+        self.later(window, move |n| {
+            n.note(format!("disk errors off on replica-{replica}"));
+            n.sweeps.forget(replica);
+            n.supervisor.end_disk_errors(replica);
+        });
+    }
+
+    fn push_blackout(self: Arc<Self>, window: Duration) {
+        let (from, to) = self.random_pair();
+        self.note(format!(
+            "drop pushes replica-{from} -> replica-{to} for {window:?}"
+        ));
+        self.world().filter.block(from, to, RequestKind::Push);
+        self.later(window, move |n| {
+            n.note(format!("pushes replica-{from} -> replica-{to} flow again"));
+            n.world().filter.unblock(from, to, RequestKind::Push);
+        });
     }
 
     /// Cuts every replica off from every other for `window` (clients still
     /// reach them), healed link by link in shuffled order.
     pub fn opening_partition(self: Arc<Self>, window: Duration) {
-        let ids = self.world.replica_ids();
+        let ids = self.world().replica_ids();
         let links: Vec<(ReplicaId, ReplicaId)> = ids
             .iter()
             .flat_map(|&a| ids.iter().filter(move |&&b| b != a).map(move |&b| (a, b)))
@@ -240,7 +219,7 @@ impl Nemesis {
     /// A symmetric partition of one pair, or one replica cut off from all
     /// others; healed link by link in shuffled order.
     fn partition(self: Arc<Self>, window: Duration) {
-        let ids = self.world.replica_ids();
+        let ids = self.world().replica_ids();
         let mut links = Vec::new();
         if thread_rng().gen_bool(0.5) {
             let (a, b) = self.random_pair();
@@ -259,27 +238,29 @@ impl Nemesis {
     fn cut(self: Arc<Self>, mut links: Vec<(ReplicaId, ReplicaId)>, window: Duration) {
         self.note(format!("partition {links:?} for {window:?}"));
         for &(from, to) in &links {
-            self.world.clog_one_way(from, to);
+            self.world().clog_one_way(from, to);
         }
         let nemesis = self.clone();
-        self.detach(async move {
+        self.supervisor.detach(async move {
             madsim::time::sleep(window).await;
             links.shuffle(&mut thread_rng());
             for (from, to) in links {
                 nemesis.note(format!("unclog replica-{from} -> replica-{to}"));
-                nemesis.world.unclog_one_way(from, to);
+                nemesis.world().unclog_one_way(from, to);
                 let gap = thread_rng().gen_range(0..200);
                 madsim::time::sleep(Duration::from_millis(gap)).await;
             }
         });
     }
 
+    /// Crashes a live replica the supervisor is not restarting, for a
+    /// downtime of up to `DOWNTIME_MAX`.
     fn crash(self: Arc<Self>) {
-        let up: Vec<ReplicaId> = self
-            .world
+        let world = self.world();
+        let up: Vec<ReplicaId> = world
             .replica_ids()
             .into_iter()
-            .filter(|&r| self.world.is_up(r) && !self.supervised.lock().unwrap().contains(&r))
+            .filter(|&r| world.is_up(r) && !self.supervisor.is_supervised(r))
             .collect();
         let Some(&victim) = up.choose(&mut thread_rng()) else {
             return;
@@ -287,316 +268,17 @@ impl Nemesis {
         let downtime =
             Duration::from_millis(thread_rng().gen_range(10..=DOWNTIME_MAX.as_millis() as u64));
         self.note(format!("crash replica-{victim} for {downtime:?}"));
-        let before = self.world.stored_heights(victim);
-        self.world.crash(victim);
-        self.clone().detach(async move {
-            madsim::time::sleep(downtime).await;
-            if !self.world.is_up(victim) && !self.stopped.load(Ordering::SeqCst) {
-                self.world.restart(victim);
-                check_nothing_lost(&self.world, &self.workload, victim, before, "power failure")
-                    .await;
-            }
-        });
+        self.supervisor.crash_for(victim, downtime);
     }
 
-    /// Runs `task` on its own, to be aborted by `abort_detached`.
-    fn detach(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let handle = madsim::task::spawn(task);
-        let mut detached = self.detached.lock().unwrap();
-        detached.retain(|h| !h.is_finished());
-        detached.push(handle.abort_handle());
-    }
-
-    /// Aborts every detached task still pending (the end of the run).
-    pub fn abort_detached(&self) {
-        for handle in self.detached.lock().unwrap().drain(..) {
-            handle.abort();
-        }
-    }
-
+    /// Runs `heal` after `delay`, unless the run healed first.
     fn later(self: Arc<Self>, delay: Duration, heal: impl FnOnce(&Arc<Nemesis>) + Send + 'static) {
-        self.clone().detach(async move {
+        let nemesis = self.clone();
+        self.supervisor.detach(async move {
             madsim::time::sleep(delay).await;
-            if !self.stopped.load(Ordering::SeqCst) {
-                heal(&self);
+            if !nemesis.supervisor.healing() {
+                heal(&nemesis);
             }
-        });
-    }
-
-    /// The tree invariant on every tree of every live replica. `Full`
-    /// checks every tree; `SkipUnchanged` (the periodic sweeps) skips a
-    /// tree whose record equals the one its last full check saw on the
-    /// same incarnation of the replica, less than
-    /// `UNCHANGED_RECHECK_INTERVAL` ago, with no disk error window on that
-    /// replica since.
-    pub fn sweep_invariants(&self, sweep: Sweep) {
-        if let Some((replica, tree, broken)) = self.broken_trees(sweep).into_iter().next() {
-            self.workload.fail(Failure::new(
-                "tree invariant",
-                format!("replica-{replica} {:?}/{}: {broken}", tree.cid, tree.tree),
-            ));
-        }
-    }
-
-    /// The trees `sweep_invariants` finds broken, with what broke.
-    fn broken_trees(&self, sweep: Sweep) -> Vec<(ReplicaId, TreeKey, String)> {
-        let mut broken = Vec::new();
-        for node in &self.world.nodes {
-            let Some(service) = node.service() else {
-                continue;
-            };
-            let forest = service.forest();
-            let trees = match forest.all_trees() {
-                Ok(trees) => trees,
-                Err(e) => {
-                    // A storage error while listing is an operating error
-                    // (injected disk faults), not a broken invariant.
-                    self.note(format!("{}: cannot list trees: {e}", node.name));
-                    continue;
-                }
-            };
-            let mut checked = self.checked.lock().unwrap();
-            let memo = checked
-                .entry(node.replica_id)
-                .or_insert_with(|| CheckedIncarnation {
-                    forest: Weak::new(),
-                    trees: BTreeMap::new(),
-                });
-            if !std::ptr::eq(memo.forest.as_ptr(), Arc::as_ptr(forest)) {
-                memo.forest = Arc::downgrade(forest);
-                memo.trees.clear();
-            }
-            let now = global_now();
-            for tree in trees {
-                let seen = match (sweep, memo.trees.get(&tree)) {
-                    (Sweep::SkipUnchanged, Some((rec, at)))
-                        if now < *at + UNCHANGED_RECHECK_INTERVAL =>
-                    {
-                        Some(rec)
-                    }
-                    _ => None,
-                };
-                let verdict = match forest.check_invariants_if_changed(&tree, seen) {
-                    Ok(Recheck::Unchanged) => continue,
-                    Ok(Recheck::Checked { rec, verdict }) => {
-                        memo.trees.insert(tree.clone(), (rec, now));
-                        verdict
-                    }
-                    // A storage error while reading (a database poisoned by
-                    // an injected I/O error) is an operating error; any
-                    // other (an undecodable row) is a broken invariant.
-                    Err(arbor::Error::Storage(_)) => {
-                        memo.trees.remove(&tree);
-                        continue;
-                    }
-                    Err(other) => {
-                        memo.trees.remove(&tree);
-                        Err(other.to_string())
-                    }
-                };
-                if let Err(what) = verdict {
-                    broken.push((node.replica_id, tree, what));
-                }
-            }
-        }
-        broken
-    }
-
-    /// The next sweep checks every tree of `replica` in full.
-    fn forget_checks(&self, replica: ReplicaId) {
-        self.checked.lock().unwrap().remove(&replica);
-    }
-}
-
-/// How much a sweep may skip (see `Nemesis::sweep_invariants`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sweep {
-    Full,
-    SkipUnchanged,
-}
-
-/// How long a replica cut off from new requests may take to answer every
-/// caller it has: a batch waits at most `max_batch_delay` and a commit on a
-/// failed database fails fast.
-const DRAIN_WINDOW: Duration = Duration::from_secs(1);
-
-/// Extra time, only when writes are still pending after `DRAIN_WINDOW`: a
-/// request sent just before inbound traffic stopped may still be in flight
-/// during a latency spike (up to 1.5 s per message) and be admitted late in
-/// the window. A hung caller stays pending however long we wait.
-const LATE_ARRIVAL_GRACE: Duration = Duration::from_secs(2);
-const DRAIN_POLL: Duration = Duration::from_millis(10);
-
-/// Before the supervisor restarts a replica whose disk failed (which would
-/// drop any caller it left hanging), its inbound traffic stops for a moment
-/// and every caller must have had its answer by then.
-async fn check_drained(world: &World, workload: &Workload, replica: ReplicaId) {
-    let net = NetSim::current();
-    let id = world.node(replica).madsim_id();
-    net.clog_node_in(id);
-    madsim::time::sleep(DRAIN_WINDOW).await;
-    let pending = || {
-        world
-            .node(replica)
-            .service()
-            .map_or(0, |service| service.stats().pending_writes)
-    };
-    let grace_polls = LATE_ARRIVAL_GRACE.as_millis() / DRAIN_POLL.as_millis();
-    for _ in 0..grace_polls {
-        if pending() == 0 {
-            break;
-        }
-        madsim::time::sleep(DRAIN_POLL).await;
-    }
-    net.unclog_node_in(id);
-    let pending = pending();
-    if pending != 0 {
-        let waited = DRAIN_WINDOW + LATE_ARRIVAL_GRACE;
-        workload.fail(Failure::new(
-            "hung callers",
-            format!("replica-{replica} still has {pending} writes pending {waited:?} after its inbound traffic stopped (disk errors before)"),
-        ));
-    }
-}
-
-/// Every commit is durable (`Durability::Immediate`), so what a replica
-/// had stored before a crash or restart must still be there after it.
-async fn check_nothing_lost(
-    world: &World,
-    workload: &Workload,
-    replica: ReplicaId,
-    before: Option<std::collections::BTreeMap<arbor::TreeKey, u64>>,
-    what: &str,
-) {
-    let Some(before) = before else { return };
-    if !world.wait_up(replica, Duration::from_secs(10)).await {
-        return;
-    }
-    let Some(after) = world.stored_heights(replica) else {
-        return;
-    };
-    for (tree, height) in before {
-        let now = after.get(&tree).copied().unwrap_or(0);
-        if now < height {
-            workload.fail(Failure::new(
-                "lost write",
-                format!(
-                    "replica-{replica} {:?}/{} stored {height} ops before a {what}, {now} after",
-                    tree.cid, tree.tree
-                ),
-            ));
-        }
-    }
-}
-
-pub fn reset_latency() {
-    NetSim::current()
-        .update_config(|c| c.send_latency = Duration::from_millis(1)..Duration::from_millis(10));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::scenario::swarm::{Profile, Size};
-    use crate::trace::Trace;
-    use crate::world::{cluster_configs, Client, Knobs};
-    use arbor::proto::{Request, Response};
-    use arbor::{ContainerId, KeyValue, NodeId, ROOT};
-
-    fn tree(name: &str) -> TreeKey {
-        TreeKey::new(ContainerId([9; 32]), name)
-    }
-
-    async fn add(client: &Client, tree: &TreeKey) -> NodeId {
-        let request = Request::Add {
-            tree: tree.clone(),
-            parent: ROOT,
-            items: vec![KeyValue::new("FileName", b"x".to_vec())],
-        };
-        match client.call(1, request, Duration::from_secs(2)).await {
-            Ok(Response::Added { node }) => node,
-            other => panic!("add failed: {other:?}"),
-        }
-    }
-
-    /// The names of the trees one sweep finds broken.
-    fn sweep(nemesis: &Nemesis, how: Sweep) -> Vec<String> {
-        let found = nemesis.broken_trees(how);
-        for (_, _, what) in &found {
-            assert!(what.contains("not in the log"), "{what}");
-        }
-        found.into_iter().map(|(_, tree, _)| tree.tree).collect()
-    }
-
-    fn plant(world: &World, tree: &TreeKey, node: NodeId) {
-        let service = world.node(1).service().expect("replica up");
-        service.forest().plant_broken_node(tree, node).unwrap();
-    }
-
-    /// What each kind of sweep sees of a break written outside the op
-    /// path (the tree's record does not move): the skipping sweep finds it
-    /// once the tree changes, once its last check is
-    /// `UNCHANGED_RECHECK_INTERVAL` old, or after a restart; a full sweep
-    /// (healing, convergence checks) at once.
-    #[test]
-    fn a_planted_break_is_caught() {
-        let runtime = madsim::runtime::Runtime::with_seed_and_config(5, Default::default());
-        runtime.block_on(async {
-            let trace = Trace::new(false);
-            let configs = cluster_configs(1, &Knobs::default());
-            let mut world = World::build_simple(configs, trace.clone());
-            let client = world.client();
-            let world = Arc::new(world);
-            assert!(world.wait_up(1, Duration::from_secs(10)).await);
-            let workload = Arc::new(Workload::new(world.clone(), trace, Duration::from_secs(2)));
-            let nemesis = Nemesis {
-                world: world.clone(),
-                workload,
-                swarm: Swarm::draw(5, Profile::Standard, Size::TEST, false),
-                disks: Vec::new(),
-                faults_injected: Arc::default(),
-                supervised: Mutex::default(),
-                stopped: Default::default(),
-                checked: Mutex::default(),
-                detached: Mutex::default(),
-            };
-            let (changing, quiet, restarted) = (tree("a"), tree("b"), tree("c"));
-            let mut planted = Vec::new();
-            for tree in [&changing, &quiet, &restarted] {
-                planted.push(add(&client, tree).await);
-            }
-            let none: Vec<String> = Vec::new();
-            let all = vec!["a".to_string(), "b".into(), "c".into()];
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), none);
-            for (tree, &node) in [&changing, &quiet, &restarted].into_iter().zip(&planted) {
-                plant(&world, tree, node);
-            }
-            assert_eq!(
-                sweep(&nemesis, Sweep::SkipUnchanged),
-                none,
-                "unchanged records, checked just now: skipped"
-            );
-            assert_eq!(sweep(&nemesis, Sweep::Full), all, "a full sweep finds all");
-            assert_eq!(sweep(&nemesis, Sweep::Full), all, "every time");
-
-            // The skipping sweep checks a tree again once it changes ...
-            add(&client, &changing).await;
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), vec!["a"]);
-
-            // ... once its last check is old enough ...
-            madsim::time::sleep(UNCHANGED_RECHECK_INTERVAL).await;
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), all);
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), none);
-
-            // ... and after the replica restarted (a new forest).
-            world.restart_process(1).await;
-            assert!(world.wait_up(1, Duration::from_secs(10)).await);
-            assert_eq!(sweep(&nemesis, Sweep::SkipUnchanged), all);
-
-            // `sweep_invariants` reports the first break as the run's failure.
-            nemesis.sweep_invariants(Sweep::Full);
-            let failure = nemesis.workload.failure.lock().unwrap().clone();
-            assert_eq!(failure.map(|f| f.kind), Some("tree invariant".to_string()));
         });
     }
 }

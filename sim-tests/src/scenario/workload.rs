@@ -4,13 +4,14 @@
 //! directories concurrently on different replicas, and reading. Every
 //! acknowledged write goes into the ledger the checkers hold the cluster to.
 
-use super::Failure;
+use super::checkers::invariants;
+use super::ledger::{Ledger, MOVE_TAG_KEY};
+use crate::failure::Verdict;
 use crate::trace::Trace;
 use crate::world::{Client, World};
 use arbor::proto::{Request, Response};
 use arbor::{ContainerId, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use madsim::rand::{thread_rng, Rng};
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,83 +42,27 @@ pub fn multipart_tree(cid: ContainerId, client: usize) -> TreeKey {
     TreeKey::new(cid, format!("multipart-{client}"))
 }
 
-/// An acknowledged write: what every replica must eventually hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Acked {
-    /// A node created by an op whose timestamp is the node id.
-    Created {
-        tree: TreeKey,
-        node: NodeId,
-        acker: ReplicaId,
-    },
-    /// A move tagged with a unique `op` meta value.
-    Moved {
-        tree: TreeKey,
-        node: NodeId,
-        parent: NodeId,
-        tag: String,
-        acker: ReplicaId,
-    },
-    /// A remove: some op of the acker moved `node` under TRASH.
-    Removed {
-        tree: TreeKey,
-        node: NodeId,
-        acker: ReplicaId,
-    },
-}
-
-/// What the clients did, shared between them and the checkers.
-#[derive(Default)]
-pub struct Ledger {
-    pub acked: Vec<Acked>,
-    /// Nodes known to exist per tree (acked creations), move/remove targets.
-    pub known: BTreeMap<TreeKey, Vec<NodeId>>,
-    /// Full paths of acked leaves in version trees.
-    pub leaf_paths: BTreeSet<(TreeKey, Vec<String>)>,
-    pub ops_sent: u64,
-    pub ops_acked: u64,
-    pub ops_failed: u64,
-}
-
 /// Everything a client needs.
 pub struct Workload {
     pub world: Arc<World>,
     pub trace: Trace,
     pub ledger: Mutex<Ledger>,
-    /// The first failure seen while the workload runs.
-    pub failure: Mutex<Option<Failure>>,
+    /// The run's first failure.
+    pub verdict: Verdict,
     pub call_timeout: Duration,
-    /// Check the tree invariant on the acking replica after each write.
-    pub check_each_write: bool,
-    /// Replica sets of containers; a container not listed is on every replica.
-    pub replica_sets: BTreeMap<ContainerId, Vec<ReplicaId>>,
     next_op: Mutex<u64>,
 }
 
 impl Workload {
-    pub fn new(world: Arc<World>, trace: Trace, call_timeout: Duration) -> Self {
+    pub fn new(world: Arc<World>, verdict: Verdict, call_timeout: Duration) -> Self {
         Self {
+            trace: world.trace.clone(),
             world,
-            trace,
             ledger: Mutex::default(),
-            failure: Mutex::default(),
+            verdict,
             call_timeout,
-            check_each_write: true,
-            replica_sets: BTreeMap::new(),
             next_op: Mutex::new(0),
         }
-    }
-
-    pub fn fail(&self, failure: Failure) {
-        let mut slot = self.failure.lock().unwrap();
-        if slot.is_none() {
-            self.trace.record("world", format!("FAILURE {failure}"));
-            *slot = Some(failure);
-        }
-    }
-
-    pub fn failed(&self) -> bool {
-        self.failure.lock().unwrap().is_some()
     }
 
     fn op_id(&self) -> u64 {
@@ -128,10 +73,7 @@ impl Workload {
 
     /// The replicas holding a container.
     pub fn replicas_of(&self, cid: &ContainerId) -> Vec<ReplicaId> {
-        self.replica_sets
-            .get(cid)
-            .cloned()
-            .unwrap_or_else(|| self.world.replica_ids())
+        self.world.replicas_of(cid)
     }
 
     fn random_replica(&self, cid: &ContainerId) -> ReplicaId {
@@ -171,7 +113,7 @@ fn object_meta(name: &str, op: u64) -> Vec<KeyValue> {
 pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think_mean: Duration) {
     opening_burst(&workload, &client).await;
     for _ in 0..ops {
-        if workload.failed() {
+        if workload.verdict.failed() {
             break;
         }
         let think_ms = thread_rng().gen_range(0..=2 * think_mean.as_millis() as u64);
@@ -349,42 +291,39 @@ fn summarize_response(response: &Response) -> String {
     }
 }
 
-/// The tree invariant of one tree: `Some(what broke)` when violated. A
-/// storage error while reading (a database poisoned by an injected I/O
-/// error) is an operating error, not a violation.
-pub fn broken_invariant(forest: &arbor::forest::Forest, tree: &TreeKey) -> Option<String> {
-    match forest.check_invariants(tree) {
-        Ok(()) => None,
-        Err(message) if message.starts_with("storage error") => None,
-        Err(message) => Some(message),
+/// Records what `replica` acknowledged, then checks on it the part of
+/// the tree invariant the write could break
+/// (`checkers::invariants::after_write`).
+fn acknowledged(workload: &Workload, replica: ReplicaId, request: &Request, response: &Response) {
+    let touched = workload
+        .ledger
+        .lock()
+        .unwrap()
+        .record(replica, request, response);
+    let tree = match request {
+        Request::AddByPath { tree, .. }
+        | Request::Add { tree, .. }
+        | Request::Move { tree, .. }
+        | Request::Remove { tree, .. } => tree,
+        _ => return,
+    };
+    if let Err(failure) = invariants::after_write(&workload.world, replica, tree, &touched) {
+        workload.verdict.fail(failure);
     }
 }
 
-/// Checks, on the replica that acked a write, the part of the tree
-/// invariant that write could break: the nodes it wrote and their ancestor
-/// chains (the full check of every tree runs every few simulated seconds
-/// and at the end, see `Nemesis::sweep_invariants`).
-fn check_after_write(workload: &Workload, replica: ReplicaId, tree: &TreeKey, touched: &[NodeId]) {
-    if !workload.check_each_write {
-        return;
-    }
-    let Some(service) = workload.world.node(replica).service() else {
-        return;
-    };
-    let verdict = match service.forest().check_invariants_touched(tree, touched) {
-        Ok(()) => None,
-        Err(message) if message.starts_with("storage error") => None,
-        Err(message) => Some(message),
-    };
-    if let Some(broken) = verdict {
-        workload.fail(Failure::new(
-            "tree invariant",
-            format!(
-                "replica-{replica} {:?}/{} after a write: {broken}",
-                tree.cid, tree.tree
-            ),
-        ));
-    }
+/// Sends one write; once answered, records what it acknowledged and
+/// checks the acking replica.
+async fn write(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    op: u64,
+    request: Request,
+) -> Option<Response> {
+    let response = call(workload, client, replica, op, request.clone()).await?;
+    acknowledged(workload, replica, &request, &response);
+    Some(response)
 }
 
 async fn add_by_path(
@@ -397,30 +336,12 @@ async fn add_by_path(
     op: u64,
 ) {
     let request = Request::AddByPath {
-        tree: tree.clone(),
+        tree,
         attr: ATTR_FILE_NAME.into(),
-        path: vec![dir.clone()],
+        path: vec![dir],
         items: object_meta(&name, op),
     };
-    let Some(Response::AddedByPath { leaf, created }) =
-        call(workload, client, replica, op, request).await
-    else {
-        return;
-    };
-    let touched: Vec<NodeId> = created.iter().copied().chain([leaf]).collect();
-    check_after_write(workload, replica, &tree, &touched);
-    let mut ledger = workload.ledger.lock().unwrap();
-    for &node in created.iter().chain([&leaf]) {
-        ledger.acked.push(Acked::Created {
-            tree: tree.clone(),
-            node,
-            acker: replica,
-        });
-    }
-    let known = ledger.known.entry(tree.clone()).or_default();
-    known.extend(created.iter().copied());
-    known.push(leaf);
-    ledger.leaf_paths.insert((tree, vec![dir, name]));
+    write(workload, client, replica, op, request).await;
 }
 
 async fn add_system(
@@ -432,31 +353,23 @@ async fn add_system(
     parent: NodeId,
 ) -> Option<NodeId> {
     let request = Request::Add {
-        tree: tree.clone(),
+        tree,
         parent,
         items: vec![
             KeyValue::new(ATTR_FILE_NAME, format!("sys-{op}").into_bytes()),
             KeyValue::new("Lock", format!("owner-{}", op % 7).into_bytes()),
         ],
     };
-    let Some(Response::Added { node }) = call(workload, client, replica, op, request).await else {
-        return None;
-    };
-    check_after_write(workload, replica, &tree, &[node]);
-    let mut ledger = workload.ledger.lock().unwrap();
-    ledger.acked.push(Acked::Created {
-        tree: tree.clone(),
-        node,
-        acker: replica,
-    });
-    ledger.known.entry(tree).or_default().push(node);
-    Some(node)
+    match write(workload, client, replica, op, request).await {
+        Some(Response::Added { node }) => Some(node),
+        _ => None,
+    }
 }
 
 fn move_items(op: u64) -> Vec<KeyValue> {
     vec![
         KeyValue::new(ATTR_FILE_NAME, format!("moved-{op}").into_bytes()),
-        KeyValue::new("op", op.to_string().into_bytes()),
+        KeyValue::new(MOVE_TAG_KEY, op.to_string().into_bytes()),
     ]
 }
 
@@ -470,22 +383,12 @@ async fn move_node(
     op: u64,
 ) {
     let request = Request::Move {
-        tree: tree.clone(),
+        tree,
         parent,
         node,
         items: move_items(op),
     };
-    if call(workload, client, replica, op, request).await.is_none() {
-        return;
-    }
-    check_after_write(workload, replica, &tree, &[node]);
-    workload.ledger.lock().unwrap().acked.push(Acked::Moved {
-        tree,
-        node,
-        parent,
-        tag: op.to_string(),
-        acker: replica,
-    });
+    write(workload, client, replica, op, request).await;
 }
 
 async fn move_random(
@@ -531,19 +434,8 @@ async fn remove_random(
     let Some(node) = workload.random_known(&tree) else {
         return;
     };
-    let request = Request::Remove {
-        tree: tree.clone(),
-        node,
-    };
-    if call(workload, client, replica, op, request).await.is_none() {
-        return;
-    }
-    check_after_write(workload, replica, &tree, &[node]);
-    workload.ledger.lock().unwrap().acked.push(Acked::Removed {
-        tree,
-        node,
-        acker: replica,
-    });
+    let request = Request::Remove { tree, node };
+    write(workload, client, replica, op, request).await;
 }
 
 async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, op: u64) {

@@ -7,30 +7,29 @@
 //! (`madsim::runtime::Runtime::with_seed_and_config(..).block_on(..)`).
 
 pub mod clock;
+pub mod config;
 pub mod runtime;
 pub mod storage;
+pub mod supervisor;
 pub mod transport;
 
+use crate::disk::{DiskConfig, DiskFaults, SimDisk, WeakDisk};
 use crate::trace::Trace;
-use arbor::config::{
-    Config, ContainerConfig, Limits, NodeConfig, PeerConfig, PiloramaConfig, TreeConfig,
-};
-use arbor::forest::{Forest, ForestOptions};
+use arbor::config::Config;
+use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
 use arbor::service::Service;
-use arbor::{Error, ReplicaId};
+use arbor::{Error, ReplicaId, TreeKey};
 use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use storage::NodeDisk;
 use transport::{CallIds, MessageFilter, SimTransport};
 
-/// Port every simulated replica listens on.
-pub const SERVICE_PORT: u16 = 7000;
+pub use config::{cluster_configs, cluster_configs_with, replica_addr, Knobs, SERVICE_PORT};
 
 /// How often a (re)starting node retries opening its disk, and how long it
 /// waits between tries, before it gives up and stays down.
@@ -40,133 +39,19 @@ const OPEN_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// every simulated millisecond), before a process restart or at the end.
 const OLD_INCARNATION_DROP_MAX: Duration = Duration::from_secs(1);
 
-/// How long `wait_restarts_done` waits for the supervisor actions under
-/// way. The longest is the nemesis's restart after a disk-error window:
-/// a drain of 1 s plus up to 2 s for late writes, up to 1 s for the old
-/// incarnation to go, and up to 10 s for the new one to serve before its
-/// stored ops are compared. One second (the bound before) was shorter
-/// than the drain alone: healing that began just after such a restart
-/// started failed the seed (storage-errors seed 201270).
-const RESTARTS_IN_FLIGHT_MAX: Duration = Duration::from_secs(15);
+/// Ops stored per tree on one replica.
+pub type Heights = BTreeMap<TreeKey, u64>;
 
-/// The address of the `index`-th replica (0-based).
-pub fn replica_addr(index: usize) -> SocketAddr {
-    SocketAddr::new(
-        IpAddr::V4(Ipv4Addr::new(10, 0, 0, index as u8 + 1)),
-        SERVICE_PORT,
-    )
-}
-
-/// The tunable knobs of a simulated node's config.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Knobs {
-    pub max_batch_size: usize,
-    pub max_batch_delay: Duration,
-    pub replication_channel_capacity: usize,
-    pub replication_worker_count: usize,
-    pub replication_timeout: Duration,
-    pub sync_interval: Option<Duration>,
-    pub max_pending_writes: usize,
-    pub sync_page_size: usize,
-}
-
-impl Default for Knobs {
-    fn default() -> Self {
-        Self {
-            max_batch_size: 100,
-            max_batch_delay: Duration::from_millis(5),
-            replication_channel_capacity: 1000,
-            replication_worker_count: 16,
-            replication_timeout: Duration::from_secs(1),
-            sync_interval: Some(Duration::from_secs(5)),
-            max_pending_writes: 10_000,
-            sync_page_size: 256,
-        }
-    }
-}
-
-/// Configs for `count` replicas numbered 1..=count at `replica_addr`, every
-/// container replicated on all of them.
-pub fn cluster_configs(count: usize, knobs: &Knobs) -> Vec<Config> {
-    cluster_configs_with(count, knobs, &[])
-}
-
-/// Like `cluster_configs`, with explicit replica sets for some containers
-/// (every node learns every container's set, as from a network map).
-pub fn cluster_configs_with(
-    count: usize,
-    knobs: &Knobs,
-    containers: &[ContainerConfig],
-) -> Vec<Config> {
-    let ids: Vec<ReplicaId> = (1..=count as ReplicaId).collect();
-    ids.iter()
-        .map(|&id| node_config(id, &ids, knobs, containers.to_vec()))
-        .collect()
-}
-
-/// The config of replica `id` among `all` (ids are 1-based positions).
-pub fn node_config(
-    id: ReplicaId,
-    all: &[ReplicaId],
-    knobs: &Knobs,
-    containers: Vec<ContainerConfig>,
-) -> Config {
-    let peers = all
-        .iter()
-        .filter(|&&peer| peer != id)
-        .map(|&peer| PeerConfig {
-            replica_id: peer,
-            address: replica_addr(usize::from(peer) - 1).to_string(),
-        })
-        .collect();
-    Config {
-        tree: TreeConfig {
-            enabled: true,
-            cache_size: 15,
-            replication_worker_count: knobs.replication_worker_count,
-            replication_channel_capacity: knobs.replication_channel_capacity,
-            replication_timeout: knobs.replication_timeout,
-            sync_interval: knobs.sync_interval,
-        },
-        pilorama: PiloramaConfig {
-            max_batch_delay: knobs.max_batch_delay,
-            max_batch_size: knobs.max_batch_size,
-            replicated_batch_delay: Duration::ZERO,
-            path: format!("sim://replica-{id}").into(),
-            no_sync: false,
-            reopen_attempts_max: 20,
-            reopen_backoff_max: Duration::from_secs(2),
-        },
-        node: NodeConfig {
-            replica_id: id,
-            listen: replica_addr(usize::from(id) - 1).to_string(),
-            peers,
-            containers,
-        },
-        limits: Limits {
-            max_message_bytes: 4 << 20,
-            max_meta_bytes: 64 << 10,
-            max_path_len: 64,
-            max_pending_writes: knobs.max_pending_writes,
-            max_commit_size: Limits::default().max_commit_size,
-            sync_page_size: knobs.sync_page_size,
-            push_scan_heights: Limits::default().push_scan_heights,
-            // Small stamp pages in tests, so paging is exercised.
-            sync_stamp_page_size: knobs.sync_page_size,
-            push_window_ops: Limits::default().push_window_ops,
-            max_subtree_nodes: 100_000,
-            max_tracked_trees: Limits::default().max_tracked_trees,
-            max_connections: 4096,
-            connect_timeout: Duration::from_secs(1),
-        },
-    }
-}
+/// Time for a (re)started replica to serve (simulated).
+pub const BOOT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// One replica to build.
 pub struct NodeSpec {
     pub config: Config,
     pub skew: ClockSkew,
-    pub disk: Arc<dyn NodeDisk>,
+    pub disk: DiskConfig,
+    /// redb's page cache (redb's default when `None`).
+    pub redb_cache_bytes: Option<usize>,
 }
 
 /// A running (or crashed) replica of the world.
@@ -175,7 +60,9 @@ pub struct SimNode {
     pub replica_id: ReplicaId,
     pub addr: SocketAddr,
     pub config: Config,
-    pub disk: Arc<dyn NodeDisk>,
+    pub disk: SimDisk,
+    /// The disk's faults outside error windows (torn writes, say).
+    pub base_faults: DiskFaults,
     pub clock: Arc<SimClock>,
     node: NodeHandle,
     /// The service of the current incarnation; empty while down.
@@ -200,8 +87,9 @@ pub struct World {
     pub trace: Trace,
     call_ids: CallIds,
     clients: usize,
-    /// Process restarts still waiting for their old incarnation to go.
-    restarts_in_flight: Arc<std::sync::atomic::AtomicU64>,
+    /// The network's config when the world was built: what healing
+    /// restores.
+    base_net: madsim::net::Config,
 }
 
 impl World {
@@ -219,47 +107,43 @@ impl World {
             trace,
             call_ids,
             clients: 0,
-            restarts_in_flight: Arc::default(),
+            base_net: net_config(),
         }
     }
 
-    /// `count` replicas with `configs` on fault-free disks without skew.
+    /// Replicas with `configs` on fault-free disks without skew.
     pub fn build_simple(configs: Vec<Config>, trace: Trace) -> World {
+        let skews = vec![ClockSkew::default(); configs.len()];
+        Self::build_on_disks(configs, &skews, |i| DiskConfig::reliable(i as u64), trace)
+    }
+
+    /// Replicas with `configs` and clock `skews`, the `i`-th on a disk
+    /// made from `disk_config(i)`.
+    pub fn build_on_disks(
+        configs: Vec<Config>,
+        skews: &[ClockSkew],
+        disk_config: impl Fn(usize) -> DiskConfig,
+        trace: Trace,
+    ) -> World {
+        assert_eq!(configs.len(), skews.len(), "one clock skew per replica");
         let specs = configs
             .into_iter()
-            .map(|config| NodeSpec {
+            .zip(skews)
+            .enumerate()
+            .map(|(i, (config, &skew))| NodeSpec {
                 config,
-                skew: ClockSkew::default(),
-                disk: Arc::new(storage::MemDisk::new()),
+                skew,
+                disk: disk_config(i),
+                redb_cache_bytes: None,
             })
             .collect();
         Self::build(specs, trace)
     }
 
-    /// Replicas with `configs` and clock `skews` on simulated disks, the
-    /// `i`-th made from `disk_config(i)`; the disks come back too, for the
-    /// faults the caller injects into them.
-    pub fn build_on_sim_disks(
-        configs: Vec<Config>,
-        skews: &[ClockSkew],
-        disk_config: impl Fn(usize) -> crate::disk::DiskConfig,
-        trace: Trace,
-    ) -> (World, Vec<crate::disk::SimDisk>) {
-        assert_eq!(configs.len(), skews.len(), "one clock skew per replica");
-        let disks: Vec<crate::disk::SimDisk> = (0..configs.len())
-            .map(|i| crate::disk::SimDisk::new(disk_config(i)))
-            .collect();
-        let specs = configs
-            .into_iter()
-            .zip(&disks)
-            .zip(skews)
-            .map(|((config, disk), &skew)| NodeSpec {
-                config,
-                skew,
-                disk: Arc::new(disk.clone()),
-            })
-            .collect();
-        (Self::build(specs, trace), disks)
+    /// Handles on every replica's disk that do not keep it alive: the leak
+    /// check once the run's runtime is gone.
+    pub fn disk_probes(&self) -> Vec<WeakDisk> {
+        self.nodes.iter().map(|n| n.disk.downgrade()).collect()
     }
 
     pub fn node(&self, replica: ReplicaId) -> &SimNode {
@@ -271,6 +155,27 @@ impl World {
 
     pub fn replica_ids(&self) -> Vec<ReplicaId> {
         self.nodes.iter().map(|n| n.replica_id).collect()
+    }
+
+    /// The replicas holding a container, as the membership config says
+    /// (every node's config lists the same sets): its own replica set, or
+    /// every replica when it has none.
+    pub fn replicas_of(&self, cid: &arbor::ContainerId) -> Vec<ReplicaId> {
+        let listed = self.nodes.first().and_then(|node| {
+            let containers = &node.config.node.containers;
+            containers.iter().find(|c| c.cid == *cid)
+        });
+        match listed {
+            Some(container) => container.replicas.clone(),
+            None => self.replica_ids(),
+        }
+    }
+
+    /// True when the replicas run background sync.
+    pub fn sync_configured(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.config.tree.sync_interval.is_some())
     }
 
     /// A new client node that calls replicas over the simulated network.
@@ -334,7 +239,7 @@ impl World {
         // One step for the executor to drop what was killed or aborted,
         // even when no forest is left to wait for.
         madsim::time::sleep(Duration::from_millis(1)).await;
-        poll_until(OLD_INCARNATION_DROP_MAX, || {
+        poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
             forests.iter().all(|(_, f)| f.strong_count() == 0)
         })
         .await;
@@ -353,10 +258,11 @@ impl World {
     pub async fn restart_process(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "process restart");
-        let _in_flight = InFlight::enter(&self.restarts_in_flight);
         // kill first: madsim's restart alone keeps the old sockets bound.
         if let Some(old_forest) = kill_incarnation(node) {
-            let gone = poll_until(OLD_INCARNATION_DROP_MAX, || old_forest.strong_count() == 0);
+            let gone = poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
+                old_forest.strong_count() == 0
+            });
             assert!(
                 gone.await,
                 "{}: the killed incarnation still holds its forest",
@@ -368,7 +274,7 @@ impl World {
 
     /// Ops stored per tree on a live replica, `None` when down or its
     /// database cannot be read (poisoned by an I/O error).
-    pub fn stored_heights(&self, replica: ReplicaId) -> Option<BTreeMap<arbor::TreeKey, u64>> {
+    pub fn stored_heights(&self, replica: ReplicaId) -> Option<Heights> {
         let service = self.node(replica).service()?;
         let forest = service.forest();
         let mut heights = BTreeMap::new();
@@ -377,26 +283,6 @@ impl World {
             heights.insert(tree, height);
         }
         Some(heights)
-    }
-
-    /// Marks a supervisor action under way until the guard is dropped;
-    /// `wait_restarts_done` waits for it.
-    pub fn maintenance(&self) -> InFlight {
-        InFlight::enter(&self.restarts_in_flight)
-    }
-
-    /// Waits (bounded) until no process restart is under way, so that a
-    /// caller restarting nodes does not race one.
-    pub async fn wait_restarts_done(&self) {
-        let idle = || {
-            self.restarts_in_flight
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 0
-        };
-        assert!(
-            poll_until(RESTARTS_IN_FLIGHT_MAX, idle).await,
-            "a process restart never finished within {RESTARTS_IN_FLIGHT_MAX:?}"
-        );
     }
 
     /// Starts a crashed node again; it reopens its forest from its disk.
@@ -474,21 +360,47 @@ impl World {
             net.unclog_node(a.node.id());
         }
     }
-}
 
-/// Counts an operation in flight for as long as it lives.
-pub struct InFlight(Arc<std::sync::atomic::AtomicU64>);
-
-impl InFlight {
-    fn enter(counter: &Arc<std::sync::atomic::AtomicU64>) -> Self {
-        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Self(counter.clone())
+    /// Ends every fault of the network and the disks: links unclogged,
+    /// loss and latency as built, no request kind blocked, every disk
+    /// back to its base faults.
+    pub fn heal(&self) {
+        self.heal_network();
+        let base = self.base_net.clone();
+        madsim::net::NetSim::current().update_config(|c| *c = base);
+        self.filter.unblock_all();
+        for node in &self.nodes {
+            node.disk.set_faults(node.base_faults);
+        }
     }
-}
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    /// Packet loss as the world was built with.
+    pub fn restore_packet_loss(&self) {
+        let rate = self.base_net.packet_loss_rate;
+        madsim::net::NetSim::current().update_config(|c| c.packet_loss_rate = rate);
+    }
+
+    /// Message latency as the world was built with.
+    pub fn restore_latency(&self) {
+        let latency = self.base_net.send_latency.clone();
+        madsim::net::NetSim::current().update_config(|c| c.send_latency = latency);
+    }
+
+    /// The replica's disk fails writes and syncs with these probabilities
+    /// (its other faults stay).
+    pub fn begin_disk_errors(&self, replica: ReplicaId, write: f64, sync: f64) {
+        let node = self.node(replica);
+        node.disk.set_faults(DiskFaults {
+            write_error_probability: write,
+            sync_error_probability: sync,
+            ..node.base_faults
+        });
+    }
+
+    /// The replica's disk is back to its base faults.
+    pub fn end_disk_errors(&self, replica: ReplicaId) {
+        let node = self.node(replica);
+        node.disk.set_faults(node.base_faults);
     }
 }
 
@@ -508,9 +420,12 @@ fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
     old
 }
 
-/// Checks `done` every simulated millisecond for at most `limit`; whether
-/// it came true.
-async fn poll_until(limit: Duration, done: impl Fn() -> bool) -> bool {
+/// How often the world polls for a state it waits for (simulated).
+const POLL: Duration = Duration::from_millis(1);
+
+/// Checks `done` every `poll` for at most `limit` (simulated); whether it
+/// came true.
+async fn poll_until(limit: Duration, poll: Duration, done: impl Fn() -> bool) -> bool {
     let deadline = clock::global_now() + limit;
     loop {
         if done() {
@@ -519,8 +434,15 @@ async fn poll_until(limit: Duration, done: impl Fn() -> bool) -> bool {
         if clock::global_now() >= deadline {
             return false;
         }
-        madsim::time::sleep(Duration::from_millis(1)).await;
+        madsim::time::sleep(poll).await;
     }
+}
+
+/// The current network config of the simulation.
+fn net_config() -> madsim::net::Config {
+    let mut config = None;
+    madsim::net::NetSim::current().update_config(|c| config = Some(c.clone()));
+    config.expect("update_config runs its closure")
 }
 
 fn build_node(
@@ -539,10 +461,13 @@ fn build_node(
         .expect("a simulated node listens on an ip:port");
     let clock = Arc::new(SimClock::new(spec.skew));
     let service = Arc::new(Mutex::new(None));
+    let disk = SimDisk::new(spec.disk);
+    let base_faults = spec.disk.faults;
     let boot = Boot {
         name: name.clone(),
         config: config.clone(),
-        disk: spec.disk.clone(),
+        disk: disk.clone(),
+        redb_cache_bytes: spec.redb_cache_bytes,
         clock: clock.clone(),
         filter,
         call_ids,
@@ -561,7 +486,8 @@ fn build_node(
         replica_id,
         addr,
         config,
-        disk: spec.disk,
+        disk,
+        base_faults,
         clock,
         node,
         service,
@@ -572,7 +498,8 @@ fn build_node(
 struct Boot {
     name: String,
     config: Config,
-    disk: Arc<dyn NodeDisk>,
+    disk: SimDisk,
+    redb_cache_bytes: Option<usize>,
     clock: Arc<SimClock>,
     filter: Arc<MessageFilter>,
     call_ids: CallIds,
@@ -637,14 +564,9 @@ impl Boot {
     }
 
     async fn open_forest(&self) -> Option<arbor::forest::Forest> {
-        let options = ForestOptions {
-            replica_id: self.config.node.replica_id,
-            max_meta_bytes: self.config.limits.max_meta_bytes,
-            max_path_len: self.config.limits.max_path_len,
-            durable: !self.config.pilorama.no_sync,
-        };
+        let options = self.config.forest_options();
         for attempt in 1..=OPEN_ATTEMPTS_MAX {
-            match self.disk.open(options.clone()) {
+            match storage::open_forest(&self.disk, options.clone(), self.redb_cache_bytes) {
                 Ok(forest) => return Some(forest),
                 Err(e) => {
                     self.trace

@@ -1,0 +1,144 @@
+//! What went wrong in a simulated run: a typed kind and a detail, and the
+//! run's first failure, which everything that watches the run reports to.
+
+use crate::trace::Trace;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// The class of a failure. `Display` gives the words reports print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FailureKind {
+    /// A replica did not boot, serve, sync or go idle within its deadline.
+    Liveness,
+    /// A tree breaks the tree invariant (or a stored op cannot be decoded).
+    TreeInvariant,
+    /// Replicas of a tree hold different logs or trees after convergence.
+    Divergence,
+    /// Replicas of a tree answer the same read differently.
+    DivergentRead,
+    /// An acknowledged or stored write is missing.
+    LostWrite,
+    /// A caller still waits for an answer that should have come.
+    HungCallers,
+    /// A checker could not read a replica's storage.
+    Storage,
+    /// The simulation panicked (a broken engine assertion, say).
+    Panic,
+    /// Something of the simulated world outlived its run.
+    Leak,
+}
+
+impl FailureKind {
+    /// The words reports print for this kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Liveness => "liveness",
+            FailureKind::TreeInvariant => "tree invariant",
+            FailureKind::Divergence => "divergence",
+            FailureKind::DivergentRead => "divergent read",
+            FailureKind::LostWrite => "lost write",
+            FailureKind::HungCallers => "hung callers",
+            FailureKind::Storage => "storage",
+            FailureKind::Panic => "panic",
+            FailureKind::Leak => "leak",
+        }
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What went wrong in a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub detail: String,
+}
+
+impl Failure {
+    pub fn new(kind: FailureKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.detail)
+    }
+}
+
+/// The first failure of a run, shared by whoever sees one while the run
+/// goes on (clients checking their writes, the nemesis's sweeps, the
+/// supervisor's restarts); later failures are consequences and dropped.
+#[derive(Clone)]
+pub struct Verdict {
+    first: Arc<Mutex<Option<Failure>>>,
+    trace: Trace,
+}
+
+impl Verdict {
+    pub fn new(trace: Trace) -> Self {
+        Self {
+            first: Arc::default(),
+            trace,
+        }
+    }
+
+    /// Records `failure` unless one came first.
+    pub fn fail(&self, failure: Failure) {
+        let mut first = self.first.lock().unwrap();
+        if first.is_none() {
+            self.trace.record("world", format!("FAILURE {failure}"));
+            *first = Some(failure);
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.first.lock().unwrap().is_some()
+    }
+
+    /// `Err` with the first failure, if any.
+    pub fn result(&self) -> Result<(), Failure> {
+        match self.first.lock().unwrap().clone() {
+            Some(failure) => Err(failure),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reports read as they did when kinds were strings.
+    #[test]
+    fn kinds_print_their_words() {
+        let failure = Failure::new(FailureKind::LostWrite, "op 7 is missing");
+        assert_eq!(failure.to_string(), "lost write: op 7 is missing");
+        assert_eq!(FailureKind::HungCallers.to_string(), "hung callers");
+    }
+
+    /// The first failure wins, and only it reaches the trace.
+    #[test]
+    fn the_first_failure_is_kept() {
+        let runtime = madsim::runtime::Runtime::with_seed_and_config(1, Default::default());
+        runtime.block_on(async {
+            let trace = Trace::new(false);
+            let verdict = Verdict::new(trace.clone());
+            assert_eq!(verdict.result(), Ok(()));
+            verdict.fail(Failure::new(FailureKind::Divergence, "first"));
+            verdict.fail(Failure::new(FailureKind::Liveness, "second"));
+            assert!(verdict.failed());
+            let first = verdict.result().unwrap_err();
+            assert_eq!(first.kind, FailureKind::Divergence);
+            assert_eq!(first.detail, "first");
+            assert_eq!(trace.events().len(), 1);
+        });
+    }
+}

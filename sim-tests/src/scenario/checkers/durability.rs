@@ -1,0 +1,163 @@
+//! Durability: nothing acknowledged is lost. Every acknowledged write is
+//! in the replicas' common log at every checkpoint, and what a replica had
+//! stored before a crash or a process restart is still there after it
+//! (commits are durable, `Durability::Immediate`).
+
+use super::{Checker, Checkpoint};
+use crate::failure::{Failure, FailureKind};
+use crate::scenario::ledger::Acked;
+use crate::world::Heights;
+use arbor::forest::records::LogView;
+use arbor::forest::ReplicaContent;
+use arbor::runtime::BoxFuture;
+use arbor::{timestamp_replica, NodeId, ReplicaId, TreeKey, TRASH};
+use std::collections::{BTreeMap, BTreeSet};
+
+type Result<T = ()> = std::result::Result<T, Failure>;
+
+/// Every write of the ledger is in the log its tree's replicas share (the
+/// first replica's; `convergence::SameState` runs first and holds the
+/// others to it).
+pub struct AckedWrites;
+
+impl Checker for AckedWrites {
+    fn check<'a>(&'a self, at: &'a Checkpoint<'a>) -> BoxFuture<'a, Result> {
+        Box::pin(async move { acked_present(at) })
+    }
+}
+
+/// One logged op, as the acked-write check needs it.
+struct LoggedOp<'a> {
+    ts: u64,
+    parent: NodeId,
+    tag: Option<&'a [u8]>,
+}
+
+/// Per tree, the logged ops by the node they move: each acked write looks
+/// among the ops of its own node only.
+type OpsByChild<'a> = BTreeMap<&'a TreeKey, BTreeMap<NodeId, Vec<LoggedOp<'a>>>>;
+
+/// The common log of every tree some replica holds.
+fn common_logs<'a>(at: &'a Checkpoint) -> BTreeMap<&'a TreeKey, &'a ReplicaContent> {
+    let trees: BTreeSet<&TreeKey> = at.contents.values().flat_map(|d| d.keys()).collect();
+    trees
+        .into_iter()
+        .filter_map(|tree| {
+            let first = *at.world.replicas_of(&tree.cid).first()?;
+            Some((tree, at.content(first, tree)))
+        })
+        .collect()
+}
+
+fn ops_by_child<'a>(logs: &BTreeMap<&'a TreeKey, &'a ReplicaContent>) -> Result<OpsByChild<'a>> {
+    let mut all = BTreeMap::new();
+    for (&tree, content) in logs {
+        let mut by_child: BTreeMap<NodeId, Vec<LoggedOp>> = BTreeMap::new();
+        for (ts, op) in content.ops() {
+            let op = LogView::parse_op(op).map_err(|e| {
+                Failure::new(
+                    FailureKind::TreeInvariant,
+                    format!("{:?}/{}: op {ts}: {e}", tree.cid, tree.tree),
+                )
+            })?;
+            let tag = op
+                .items()
+                .find(|(key, _)| *key == crate::scenario::ledger::MOVE_TAG_KEY.as_bytes())
+                .map(|(_, value)| value);
+            by_child.entry(op.child).or_default().push(LoggedOp {
+                ts,
+                parent: op.parent,
+                tag,
+            });
+        }
+        all.insert(tree, by_child);
+    }
+    Ok(all)
+}
+
+fn acked_present(at: &Checkpoint) -> Result {
+    let logs = common_logs(at);
+    let timestamps: BTreeMap<&TreeKey, BTreeSet<u64>> = logs
+        .iter()
+        .map(|(&tree, content)| (tree, content.ops().map(|(ts, _)| ts).collect()))
+        .collect();
+    let by_child = ops_by_child(&logs)?;
+    let ops_of = |tree: &TreeKey, node: &NodeId| -> &[LoggedOp] {
+        by_child
+            .get(tree)
+            .and_then(|ops| ops.get(node))
+            .map_or(&[], Vec::as_slice)
+    };
+    for acked in &at.ledger.acked {
+        let present = match acked {
+            Acked::Created { tree, node, .. } => {
+                timestamps.get(tree).is_some_and(|ts| ts.contains(node))
+            }
+            Acked::Moved {
+                tree,
+                node,
+                parent,
+                tag,
+                ..
+            } => ops_of(tree, node)
+                .iter()
+                .any(|op| op.parent == *parent && op.tag == Some(tag.as_bytes())),
+            Acked::Removed { tree, node, acker } => ops_of(tree, node)
+                .iter()
+                .any(|op| op.parent == TRASH && timestamp_replica(op.ts) == *acker),
+        };
+        if !present {
+            return Err(Failure::new(
+                FailureKind::LostWrite,
+                format!("{}: acknowledged {acked:?} is missing", at.when),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// No tree of `replica` holds fewer ops after a restart (`cause`) than
+/// before it.
+pub fn kept_across_restart(
+    replica: ReplicaId,
+    before: &Heights,
+    after: &Heights,
+    cause: &str,
+) -> Result {
+    for (tree, &height) in before {
+        let now = after.get(tree).copied().unwrap_or(0);
+        if now < height {
+            return Err(Failure::new(
+                FailureKind::LostWrite,
+                format!(
+                    "replica-{replica} {:?}/{} stored {height} ops before a {cause}, {now} after",
+                    tree.cid, tree.tree
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor::ContainerId;
+
+    /// A tree that lost ops across a restart fails; one that gained or
+    /// kept them does not.
+    #[test]
+    fn a_restart_may_not_lose_stored_ops() {
+        let tree = |name: &str| TreeKey::new(ContainerId([3; 32]), name);
+        let before = Heights::from([(tree("a"), 5), (tree("b"), 2)]);
+        let grown = Heights::from([(tree("a"), 7), (tree("b"), 2)]);
+        assert_eq!(kept_across_restart(1, &before, &grown, "crash"), Ok(()));
+        let shrunk = Heights::from([(tree("a"), 5)]);
+        let lost = kept_across_restart(1, &before, &shrunk, "crash").unwrap_err();
+        assert_eq!(lost.kind, FailureKind::LostWrite);
+        assert!(
+            lost.detail.contains("stored 2 ops before a crash, 0 after"),
+            "{lost}"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The configs of simulated replicas: `Config::default_for_test` with the
+//! world's addresses and membership, and the knobs a run draws.
+
+use arbor::config::{Config, ContainerConfig, PeerConfig};
+use arbor::ReplicaId;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+/// Port every simulated replica listens on.
+pub const SERVICE_PORT: u16 = 7000;
+
+/// A simulated node answers datagrams, not connections:
+/// `limits.max_connections` bounds the requests it serves at once, and a
+/// load run's bursts (every generator request plus the replicas' pushes)
+/// go past the TCP default.
+const SIM_REQUESTS_IN_FLIGHT_MAX: usize = 4096;
+
+/// The address of the `index`-th replica (0-based).
+pub fn replica_addr(index: usize) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, index as u8 + 1)),
+        SERVICE_PORT,
+    )
+}
+
+/// The tunable knobs of a simulated node's config.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Knobs {
+    pub max_batch_size: usize,
+    pub max_batch_delay: Duration,
+    pub replication_channel_capacity: usize,
+    pub replication_worker_count: usize,
+    pub replication_timeout: Duration,
+    pub sync_interval: Option<Duration>,
+    pub max_pending_writes: usize,
+    /// Ops per sync page and per push, and stamps per stamp page: small
+    /// pages in simulation, so paging is exercised.
+    pub sync_page_size: usize,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Self {
+            max_batch_size: 100,
+            max_batch_delay: Duration::from_millis(5),
+            replication_channel_capacity: 1000,
+            replication_worker_count: 16,
+            replication_timeout: Duration::from_secs(1),
+            sync_interval: Some(Duration::from_secs(5)),
+            max_pending_writes: 10_000,
+            sync_page_size: 256,
+        }
+    }
+}
+
+impl Knobs {
+    /// Sets these knobs in `config`.
+    pub fn apply(&self, config: &mut Config) {
+        config.tree.replication_worker_count = self.replication_worker_count;
+        config.tree.replication_channel_capacity = self.replication_channel_capacity;
+        config.tree.replication_timeout = self.replication_timeout;
+        config.tree.sync_interval = self.sync_interval;
+        config.pilorama.max_batch_delay = self.max_batch_delay;
+        config.pilorama.max_batch_size = self.max_batch_size;
+        config.limits.max_pending_writes = self.max_pending_writes;
+        config.limits.sync_page_size = self.sync_page_size;
+        config.limits.sync_stamp_page_size = self.sync_page_size;
+    }
+}
+
+/// Configs for `count` replicas numbered 1..=count at `replica_addr`, every
+/// container replicated on all of them.
+pub fn cluster_configs(count: usize, knobs: &Knobs) -> Vec<Config> {
+    cluster_configs_with(count, knobs, &[])
+}
+
+/// Like `cluster_configs`, with explicit replica sets for some containers
+/// (every node learns every container's set, as from a network map).
+pub fn cluster_configs_with(
+    count: usize,
+    knobs: &Knobs,
+    containers: &[ContainerConfig],
+) -> Vec<Config> {
+    let ids: Vec<ReplicaId> = (1..=count as ReplicaId).collect();
+    ids.iter()
+        .map(|&id| node_config(id, &ids, knobs, containers.to_vec()))
+        .collect()
+}
+
+/// The config of replica `id` among `all` (ids are 1-based positions).
+pub fn node_config(
+    id: ReplicaId,
+    all: &[ReplicaId],
+    knobs: &Knobs,
+    containers: Vec<ContainerConfig>,
+) -> Config {
+    let address = |id: ReplicaId| replica_addr(usize::from(id) - 1).to_string();
+    let mut config = Config::default_for_test(id);
+    config.node.listen = address(id);
+    config.node.peers = all
+        .iter()
+        .filter(|&&peer| peer != id)
+        .map(|&peer| PeerConfig {
+            replica_id: peer,
+            address: address(peer),
+        })
+        .collect();
+    config.node.containers = containers;
+    config.pilorama.path = format!("sim://replica-{id}").into();
+    config.limits.max_connections = SIM_REQUESTS_IN_FLIGHT_MAX;
+    knobs.apply(&mut config);
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node's config is valid, names its peers and carries the knobs.
+    #[test]
+    fn node_configs_are_valid_and_carry_the_knobs() {
+        let knobs = Knobs {
+            sync_page_size: 3,
+            sync_interval: None,
+            ..Knobs::default()
+        };
+        let configs = cluster_configs(3, &knobs);
+        for config in &configs {
+            config.validate().expect("a valid config");
+            assert_eq!(config.node.peers.len(), 2);
+            assert_eq!(config.limits.sync_stamp_page_size, 3);
+            assert_eq!(config.tree.sync_interval, None);
+        }
+        assert_eq!(configs[1].node.listen, "10.0.0.2:7000");
+    }
+}

@@ -1,0 +1,290 @@
+//! The supervisor: the one owner of restarts, as an init system is on a
+//! real host. It crashes a replica (power failure and kill) and starts it
+//! again; it drains and restarts a replica whose disk failed, since redb
+//! refuses writes after an I/O error until the database is reopened; and
+//! when the run heals it starts what is down. Around each restart it
+//! measures what the replica had stored, and before a drained restart how
+//! many callers still wait; the checkers judge both, and a failure goes to
+//! the run's verdict.
+
+use super::{poll_until, Heights, World, BOOT_DEADLINE};
+use crate::failure::{Failure, FailureKind, Verdict};
+use crate::scenario::checkers::{durability, liveness};
+use arbor::ReplicaId;
+use madsim::net::NetSim;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long `heal` waits for the drained restarts under way. The longest
+/// takes a drain of 1 s plus up to 2 s for late writes, up to 1 s for the
+/// old incarnation to go, and up to 10 s for the new one to serve before
+/// its stored ops are compared. One second (the bound before) was shorter
+/// than the drain alone: healing that began just after such a restart
+/// started failed the seed (storage-errors seed 201270).
+const RESTARTS_IN_FLIGHT_MAX: Duration = Duration::from_secs(15);
+
+/// How long a replica cut off from new requests may take to answer every
+/// caller it has: a batch waits at most `max_batch_delay` and a commit on a
+/// failed database fails fast.
+const DRAIN_WINDOW: Duration = Duration::from_secs(1);
+
+/// Extra time, only when writes are still pending after `DRAIN_WINDOW`: a
+/// request sent just before inbound traffic stopped may still be in flight
+/// during a latency spike (up to 1.5 s per message) and be admitted late in
+/// the window. A hung caller stays pending however long we wait.
+const LATE_ARRIVAL_GRACE: Duration = Duration::from_secs(2);
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// Why a replica restarted, in the words failures print.
+const POWER_FAILURE: &str = "power failure";
+const PROCESS_RESTART: &str = "process restart";
+
+pub struct Supervisor {
+    world: Arc<World>,
+    verdict: Verdict,
+    /// Replicas being drained and restarted; no fault touches them meanwhile.
+    supervised: Mutex<BTreeSet<ReplicaId>>,
+    /// Replicas whose disk had an error window since their last drained
+    /// restart: drained and restarted when the window ends or the run heals.
+    poisoned: Mutex<BTreeSet<ReplicaId>>,
+    /// What each crashed replica had stored when the power went (`None`
+    /// when its database could not be read).
+    crashed: Mutex<BTreeMap<ReplicaId, Option<Heights>>>,
+    /// Drained restarts under way.
+    in_flight: Arc<AtomicU64>,
+    /// Set when the run heals: restarts scheduled for later do nothing.
+    healing: AtomicBool,
+    /// Tasks nobody awaits (scheduled restarts, the nemesis's fault
+    /// windows), aborted at the end of the run: madsim does not drop a
+    /// pending task when its runtime goes (`World::shut_down`).
+    detached: Mutex<Vec<madsim::task::AbortHandle>>,
+}
+
+impl Supervisor {
+    pub fn new(world: Arc<World>, verdict: Verdict) -> Arc<Self> {
+        Arc::new(Self {
+            world,
+            verdict,
+            supervised: Mutex::default(),
+            poisoned: Mutex::default(),
+            crashed: Mutex::default(),
+            in_flight: Arc::default(),
+            healing: AtomicBool::new(false),
+            detached: Mutex::default(),
+        })
+    }
+
+    pub fn world(&self) -> &Arc<World> {
+        &self.world
+    }
+
+    /// The run's verdict, which the supervisor's checks report to.
+    pub fn verdict(&self) -> &Verdict {
+        &self.verdict
+    }
+
+    /// True once the run heals: faults still scheduled to end do nothing.
+    pub fn healing(&self) -> bool {
+        self.healing.load(Ordering::SeqCst)
+    }
+
+    /// True while the replica is being drained and restarted.
+    pub fn is_supervised(&self, replica: ReplicaId) -> bool {
+        self.supervised.lock().unwrap().contains(&replica)
+    }
+
+    /// Power failure and kill; what the replica had stored is remembered
+    /// for the check after its restart.
+    pub fn crash(&self, replica: ReplicaId) {
+        let before = self.world.stored_heights(replica);
+        self.crashed.lock().unwrap().insert(replica, before);
+        self.world.crash(replica);
+    }
+
+    /// Starts a crashed replica again; once it serves, nothing it had
+    /// stored may be missing.
+    pub fn restart(self: &Arc<Self>, replica: ReplicaId) {
+        let supervisor = self.clone();
+        self.detach(async move { supervisor.start_and_check(replica).await });
+    }
+
+    /// Crashes the replica and starts it again after `downtime`, unless
+    /// the run heals first (healing starts it).
+    pub fn crash_for(self: &Arc<Self>, replica: ReplicaId, downtime: Duration) {
+        self.crash(replica);
+        let supervisor = self.clone();
+        self.detach(async move {
+            madsim::time::sleep(downtime).await;
+            if !supervisor.world.is_up(replica) && !supervisor.healing() {
+                supervisor.start_and_check(replica).await;
+            }
+        });
+    }
+
+    async fn start_and_check(&self, replica: ReplicaId) {
+        self.world.restart(replica);
+        let before = self.crashed.lock().unwrap().remove(&replica).flatten();
+        self.check_nothing_lost(replica, before, POWER_FAILURE)
+            .await;
+    }
+
+    /// The replica's disk fails writes and syncs with these probabilities
+    /// from now on, until `end_disk_errors` or healing.
+    pub fn begin_disk_errors(&self, replica: ReplicaId, write: f64, sync: f64) {
+        self.poisoned.lock().unwrap().insert(replica);
+        self.world.begin_disk_errors(replica, write, sync);
+    }
+
+    /// Ends the replica's disk errors and drains and restarts it.
+    pub fn end_disk_errors(self: &Arc<Self>, replica: ReplicaId) {
+        self.world.end_disk_errors(replica);
+        if self.poisoned.lock().unwrap().remove(&replica) {
+            self.drain_and_restart(replica);
+        }
+    }
+
+    /// Drains and restarts a live replica not already supervised, on its
+    /// own task; `heal` waits for it.
+    fn drain_and_restart(self: &Arc<Self>, replica: ReplicaId) {
+        if !self.world.is_up(replica) || !self.supervised.lock().unwrap().insert(replica) {
+            return;
+        }
+        let guard = InFlight::enter(&self.in_flight);
+        let supervisor = self.clone();
+        self.detach(async move {
+            let _guard = guard;
+            supervisor.drain_and_restart_now(replica).await;
+            supervisor.supervised.lock().unwrap().remove(&replica);
+        });
+    }
+
+    /// Before the restart, which would drop any caller the replica left
+    /// hanging, its inbound traffic stops for a moment and every caller
+    /// must have had its answer by then.
+    async fn drain_and_restart_now(&self, replica: ReplicaId) {
+        let (pending, waited) = self.drain(replica).await;
+        if let Err(failure) = liveness::drained(replica, pending, waited) {
+            self.verdict.fail(failure);
+        }
+        let before = self.world.stored_heights(replica);
+        self.world.restart_process(replica).await;
+        self.check_nothing_lost(replica, before, PROCESS_RESTART)
+            .await;
+    }
+
+    /// Stops the replica's inbound traffic until its callers are answered
+    /// (bounded): the writes still pending and how long it waited.
+    async fn drain(&self, replica: ReplicaId) -> (u64, Duration) {
+        let net = NetSim::current();
+        let id = self.world.node(replica).madsim_id();
+        net.clog_node_in(id);
+        madsim::time::sleep(DRAIN_WINDOW).await;
+        let pending = || {
+            self.world
+                .node(replica)
+                .service()
+                .map_or(0, |service| service.stats().pending_writes)
+        };
+        poll_until(LATE_ARRIVAL_GRACE, DRAIN_POLL, || pending() == 0).await;
+        net.unclog_node_in(id);
+        (pending(), DRAIN_WINDOW + LATE_ARRIVAL_GRACE)
+    }
+
+    /// Every commit is durable, so what a replica had stored before a
+    /// restart must still be there once it serves again.
+    async fn check_nothing_lost(&self, replica: ReplicaId, before: Option<Heights>, cause: &str) {
+        let Some(before) = before else { return };
+        if !self.world.wait_up(replica, BOOT_DEADLINE).await {
+            return;
+        }
+        let Some(after) = self.world.stored_heights(replica) else {
+            return;
+        };
+        if let Err(failure) = durability::kept_across_restart(replica, &before, &after, cause) {
+            self.verdict.fail(failure);
+        }
+    }
+
+    /// The run heals: faults scheduled to end later do nothing, and every
+    /// fault of the network and the disks ends now.
+    pub fn end_faults(&self) {
+        self.healing.store(true, Ordering::SeqCst);
+        self.world.heal();
+    }
+
+    /// After `end_faults`: the drained restarts under way finish, every
+    /// replica that is down starts, every replica whose disk failed is
+    /// drained and restarted, and all must serve again.
+    pub async fn restart_all(self: &Arc<Self>) -> Result<(), Failure> {
+        assert!(self.healing(), "restart_all runs once the faults ended");
+        self.wait_in_flight().await;
+        let poisoned = std::mem::take(&mut *self.poisoned.lock().unwrap());
+        let mut started = Vec::new();
+        for replica in self.world.replica_ids() {
+            if !self.world.is_up(replica) {
+                self.world.restart(replica);
+                started.push(replica);
+            } else if poisoned.contains(&replica) {
+                self.drain_and_restart_now(replica).await;
+            }
+        }
+        for replica in self.world.replica_ids() {
+            if !self.world.wait_up(replica, BOOT_DEADLINE).await {
+                return Err(Failure::new(
+                    FailureKind::Liveness,
+                    format!("replica-{replica} did not come back after healing"),
+                ));
+            }
+        }
+        for replica in started {
+            let before = self.crashed.lock().unwrap().remove(&replica).flatten();
+            self.check_nothing_lost(replica, before, POWER_FAILURE)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) until no drained restart is under way, so that
+    /// healing does not race one.
+    async fn wait_in_flight(&self) {
+        let idle = || self.in_flight.load(Ordering::SeqCst) == 0;
+        assert!(
+            poll_until(RESTARTS_IN_FLIGHT_MAX, Duration::from_millis(1), idle).await,
+            "a process restart never finished within {RESTARTS_IN_FLIGHT_MAX:?}"
+        );
+    }
+
+    /// Runs `task` on its own, to be aborted by `abort_detached`.
+    pub fn detach(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let handle = madsim::task::spawn(task);
+        let mut detached = self.detached.lock().unwrap();
+        detached.retain(|h| !h.is_finished());
+        detached.push(handle.abort_handle());
+    }
+
+    /// Aborts every detached task still pending (the end of the run).
+    pub fn abort_detached(&self) {
+        for handle in self.detached.lock().unwrap().drain(..) {
+            handle.abort();
+        }
+    }
+}
+
+/// Counts a drained restart under way for as long as it lives.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn enter(counter: &Arc<AtomicU64>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
