@@ -205,15 +205,15 @@ title() {
 }
 
 # The line under each section heading that says where its figures came from.
+# The load average when the section starts says how quiet the machine was.
 provenance() {
-    local what="$1"
+    local what="$1" load="$section_load"
     echo "<!-- results:mode=$(mode_label) -->"
     if [ "$quick" = 1 ]; then
         echo "**Quick run** (\`scripts/results.sh --quick\`: smaller counts and durations than the reference"
-        echo "figures; the commands below are what ran). Commit $commit; $cpu, $cores cores; $what."
-    else
-        echo "Commit $commit; $cpu, $cores cores; $what."
+        echo "figures; the commands below are what ran)."
     fi
+    echo "Commit $commit; $cpu, $cores cores, load average $load when the section started; $what."
     echo
 }
 
@@ -234,7 +234,7 @@ section_sweep() {
         echo
         provenance "$binary_note"
         echo "The standard scenario (3-4 replicas, 2,000 client ops over 60 simulated seconds, faults on),"
-        echo "the same seeds on one and on two worker threads, minutes apart."
+        echo "the same seeds on one and on two worker threads, one run right after the other."
         echo
         echo "| command | seeds/min | failures | ops sent | ops acked | faults | wall | trace fingerprint |"
         echo "|---|---:|---:|---:|---:|---:|---:|---|"
@@ -487,6 +487,7 @@ section_sim_load() {
 }
 
 for name in "${wanted[@]}"; do
+    section_load="$(cut -d ' ' -f 1 /proc/loadavg 2>/dev/null || echo '?')"
     "section_${name//-/_}"
 done
 
