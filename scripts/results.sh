@@ -223,7 +223,18 @@ provenance() {
 # Fields of the summary row a sweep prints (after its `|---:` line):
 # runs failures seeds/min sent acked faults wall.
 sweep_row() {
-    grep -A1 '^|-----:' "$1" | tail -n 1 | tr -d ' ' | awk -F'|' '{ print $2, $3, $4, $5, $6, $7, $8 }'
+    { grep -A1 '^|-----:' "$1" || true; } | tail -n 1 | tr -d ' ' |
+        awk -F'|' '{ print $2, $3, $4, $5, $6, $7, $8 }'
+}
+
+# What a section says when its command produced no result to read.
+command_failed() {
+    echo "**\`$2\` produced no result.** The end of its output:"
+    echo
+    echo '```'
+    tail -q -n 20 "$work/$1.out" "$work/$1.err" 2>/dev/null
+    echo '```'
+    echo
 }
 sweep_fingerprint() { sed -n 's/.*trace fingerprint \([0-9a-f]*\).*/\1/p' "$1"; }
 sweep_failing_seeds() { sed -n 's/^  seed \([0-9]*\): .*/\1/p' "$1"; }
@@ -247,18 +258,28 @@ section_sweep() {
         local runs failures rate sent acked faults wall print
         read -r runs failures rate sent acked faults wall <<<"$(sweep_row "$work/sweep$jobs.out")"
         print="$(sweep_fingerprint "$work/sweep$jobs.out")"
+        if [ -z "$runs" ]; then
+            echo "| \`$(sweep_cmd "$jobs")\` | no summary printed; see below | | | | | | |" >>"$work/sweep.md"
+            command_failed "sweep$jobs" "$(sweep_cmd "$jobs")" >>"$work/sweep.tail"
+            continue
+        fi
         echo "| \`$(sweep_cmd "$jobs")\` | $rate | $failures of $runs | $sent | $acked | $faults | $wall | \`$print\` |" >>"$work/sweep.md"
         if [ "$jobs" = 1 ]; then rate1="$rate"; print1="$print"; else rate2="$rate"; print2="$print"; fi
     done
+    if [ -s "$work/sweep.tail" ]; then
+        { echo; cat "$work/sweep.tail"; } >>"$work/sweep.md"
+    fi
     {
         echo
-        awk -v a="$rate1" -v b="$rate2" 'BEGIN { if (a > 0) printf "Two threads against one: %.2fx the seeds per minute.", b / a }'
-        if [ "$print1" = "$print2" ]; then
-            echo " Both runs printed the same trace fingerprint: the same simulations ran."
-        else
-            echo " **The two runs printed different trace fingerprints**: a run is not deterministic."
+        if [ -n "$rate1" ] && [ -n "$rate2" ]; then
+            awk -v a="$rate1" -v b="$rate2" 'BEGIN { if (a > 0) printf "Two threads against one: %.2fx the seeds per minute.", b / a }'
+            if [ "$print1" = "$print2" ]; then
+                echo " Both runs printed the same trace fingerprint: the same simulations ran."
+            else
+                echo " **The two runs printed different trace fingerprints**: a run is not deterministic."
+            fi
+            echo
         fi
-        echo
         echo "\`arbor-sim\` is \`target/release/arbor-sim\` (\`cargo build --release -p arbor-sim\`);"
         echo "\`cargo run --release -p arbor-sim -- sweep --seeds 200\` runs the one-thread sweep."
     } >>"$work/sweep.md"
@@ -268,7 +289,7 @@ section_sweep() {
 canary_outcome() {
     local file="$1" first count kind
     first="$(sweep_failing_seeds "$file" | sort -n | head -n 1)"
-    count="$(sweep_row "$file" | awk '{ print $2 }')"
+    count="$(sweep_row "$file" | awk '{ print $2 }' || true)"
     kind="$(sed -n "s/^  seed ${first:-x}: \([^:]*\):.*/\1/p" "$file" | head -n 1)"
     echo "${first:--}|${count:-?}|${kind:--}"
 }
@@ -285,13 +306,13 @@ section_canaries() {
         rows+="| \`$name\`: $what | $profile | $first | $count | $kind | \`$(canary_cmd "$profile" "$name")\` |"$'\n'
         readme_rows+="| $what | $profile | $first | $count |"$'\n'
     done
-    local control="" off_total=0 off
+    local control="" off_total=0 off_unread=0 off
     for profile in "${PROFILES[@]}"; do
         log "canaries off, profile $profile"
         capture "control-$profile" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
             --profile "$profile" || true
-        off="$(sweep_row "$work/control-$profile.out" | awk '{ print $2 }')"
-        off_total=$((off_total + ${off:-0}))
+        off="$(sweep_row "$work/control-$profile.out" | awk '{ print $2 }' || true)"
+        if [ -n "$off" ]; then off_total=$((off_total + off)); else off_unread=$((off_unread + 1)); fi
         control+="| $profile | ${off:-?} | \`$(canary_cmd "$profile")\` |"$'\n'
     done
     {
@@ -322,7 +343,11 @@ section_canaries() {
         else
             echo "Written by \`scripts/results.sh\` at commit $commit;"
         fi
-        echo "with every canary off the same seeds gave $off_total failures over the four profiles."
+        if [ "$off_unread" = 0 ]; then
+            echo "with every canary off the same seeds gave $off_total failures over the four profiles."
+        else
+            echo "with every canary off, $off_unread of the four profiles' sweeps printed no summary (see \`docs/results.md\`)."
+        fi
         echo "Commands and details: \`docs/results.md\`, \"Canaries\"."
     } >"$work/readme-canaries.md"
 }
@@ -419,7 +444,11 @@ section_load() {
         echo "the user scenario (AddByPath, 7 meta fields) at 5000/s and the system scenario (Add) at 10/s."
         echo "Latencies are wall-clock; exit status $status."
         echo
-        load_rows "$work/load.json"
+        if [ -s "$work/load.json" ]; then
+            load_rows "$work/load.json"
+        else
+            command_failed load "$(load_cmd)"
+        fi
     } >"$work/load.md"
 }
 
@@ -436,6 +465,10 @@ section_clean_rate() {
         echo "p99 <= 100 ms, no errors, no dropped iterations. The search doubles the rate while probes"
         echo "are clean, then bisects between the best clean and the lowest unclean rate (one probe per rate)."
         echo
+        if [ ! -s "$work/clean-rate.json" ]; then
+            command_failed clean-rate "$(clean_rate_cmd)"
+            return
+        fi
         jq -r '"Highest clean rate: **\(.highest_clean_rate // "none") requests/s**."' "$work/clean-rate.json"
         echo
         echo "| probe rate | achieved | avg | p99 | errors | dropped | clean |"
@@ -457,6 +490,10 @@ section_grid() {
         echo "background sync every 5 minutes and off. The last column is the average the reference"
         echo "implementation reported for that rate (a constant in \`load/matrix.rs\`, not measured here)."
         echo
+        if [ ! -s "$work/grid.json" ]; then
+            command_failed grid "$(grid_cmd)"
+            return
+        fi
         echo "| rate | sync | avg | p90 | p99 | max | errors | dropped | reference avg |"
         echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
         jq -r '.grid[] | "| \(.rate) | \(.sync) | \(.avg_ms * 100 | round / 100) ms | \(.p90_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.max_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .reference_avg_ms then "\(.reference_avg_ms) ms" else "-" end) |"' \
@@ -480,6 +517,10 @@ section_sim_load() {
         echo "Wall time of the whole command: **$(cat "$work/sim-load.wall") s**."
         echo "Latencies below are simulated time."
         echo
+        if [ ! -s "$work/sim-load.json" ]; then
+            command_failed sim-load "$(sim_load_cmd)"
+            return
+        fi
         load_rows "$work/sim-load.json"
         jq -r '"Ops pushed \(.service.ops_pushed), pulled by sync \(.service.ops_pulled), sync rounds \(.service.sync_rounds)."' \
             "$work/sim-load.json"
