@@ -1,0 +1,605 @@
+#!/usr/bin/env bash
+# Measures Arbor's current figures and writes docs/results.md, plus the
+# canary table of README.md (between its canaries markers), so that both
+# come from one run.
+#
+#   scripts/results.sh                      # every section, full size
+#   scripts/results.sh --quick              # smaller counts and durations
+#   scripts/results.sh --only sweep,load    # re-measure some sections
+#   scripts/results.sh --list               # the sections and their commands
+#
+# A section that is not run keeps what docs/results.md already holds; each
+# section names the commit, CPU and mode of the run that measured it.
+# Run it on a quiet machine: timed figures measure the host as much as the
+# code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
+set -euo pipefail
+
+readonly SECTIONS=(sweep canaries bench fuzz load clean-rate grid sim-load)
+
+usage() {
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    cat <<EOF
+
+Options:
+  --quick          smaller counts and durations; every command shown is the
+                   one that ran, and the sections say they are quick
+  --only LIST      comma-separated sections of: ${SECTIONS[*]}
+  --sim-bin PATH   use this arbor-sim binary instead of building one
+  --out FILE       where the results go (default docs/results.md)
+  --readme FILE    whose canary table to rewrite (default README.md)
+  --list           print the sections and their commands, run nothing
+EOF
+}
+
+quick=0
+only=""
+sim_bin=""
+list=0
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="$root/docs/results.md"
+readme="$root/README.md"
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=1 ;;
+        --only) only="${2:?--only needs a list}"; shift ;;
+        --sim-bin) sim_bin="${2:?--sim-bin needs a path}"; shift ;;
+        --out) out="${2:?--out needs a file}"; shift ;;
+        --readme) readme="${2:?--readme needs a file}"; shift ;;
+        --list) list=1 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+
+# ---------------------------------------------------------------------------
+# Sizes: the full run and what --quick runs instead.
+
+if [ "$quick" = 1 ]; then
+    sweep_seeds=20
+    canary_seeds=10
+    bench_args=(-- --ops 20000 --reapply 20000)
+    fuzz_seconds=10
+    load_duration=5s
+    search_start=5000; search_duration=3s; search_probes=2
+    grid_duration=3s
+    sim_load_duration=1m
+else
+    sweep_seeds=200
+    canary_seeds=20
+    bench_args=()
+    fuzz_seconds=40
+    load_duration=30s
+    search_start=30000; search_duration=30s; search_probes=6
+    grid_duration=30s
+    sim_load_duration=15m
+fi
+
+# The planted bugs (engine/src/canary.rs), the profile that reaches each,
+# and what each does, in table order.
+readonly CANARIES=(
+    "ReplicationDropsOnFullQueue|push-only|replication drops ops when its queue is full"
+    "SharedSyncCursor|sync-heavy|one sync cursor shared by all peers"
+    "StaleUndoOnRedo|standard|redo keeps stale undo information"
+    "OldOpWrongPosition|standard|an op older than the whole log applied at the wrong position"
+    "FailedBatchHangs|storage-errors|a failed batch leaves its callers waiting"
+    "SyncDropsTreeOnPeerError|sync-heavy|sync drops a tree on a transient peer error"
+    "PathByArrivalOrder|standard|path resolution picks a duplicate directory by arrival order"
+)
+readonly PROFILES=(standard push-only sync-heavy storage-errors)
+
+sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
+canary_cmd() {
+    echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}"
+}
+bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
+fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
+load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
+clean_rate_cmd() {
+    echo "arbor-sim matrix --no-grid --search-start $search_start --search-duration $search_duration --search-probes $search_probes"
+}
+grid_cmd() { echo "arbor-sim matrix --no-search --grid-duration $grid_duration"; }
+sim_load_cmd() {
+    echo "arbor-sim load --mode sim --replicas 3 --rate 1000 --sync 5m --duration $sim_load_duration --seed 7 --verify"
+}
+
+if [ "$list" = 1 ]; then
+    echo "sweep:      $(sweep_cmd 1); $(sweep_cmd 2)"
+    echo "canaries:   $(canary_cmd P C), for each canary; $(canary_cmd P), for each profile"
+    echo "bench:      $(bench_cmd)"
+    echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
+    echo "load:       $(load_cmd)"
+    echo "clean-rate: $(clean_rate_cmd)"
+    echo "grid:       $(grid_cmd)"
+    echo "sim-load:   $(sim_load_cmd)"
+    exit 0
+fi
+
+wanted=()
+if [ -z "$only" ]; then
+    wanted=("${SECTIONS[@]}")
+else
+    IFS=',' read -r -a wanted <<<"$only"
+    for name in "${wanted[@]}"; do
+        case " ${SECTIONS[*]} " in
+            *" $name "*) ;;
+            *) echo "unknown section $name (one of: ${SECTIONS[*]})" >&2; exit 2 ;;
+        esac
+    done
+fi
+runs() { case " ${wanted[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+command -v jq >/dev/null || { echo "scripts/results.sh needs jq" >&2; exit 1; }
+cd "$root"
+
+# ---------------------------------------------------------------------------
+# Provenance: which code, which machine, which mode.
+
+commit="$(git rev-parse --short HEAD)"
+if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+    commit="$commit (dirty)"
+fi
+cpu="$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo 2>/dev/null | head -n 1)"
+if [ -z "$cpu" ] && command -v lscpu >/dev/null; then
+    cpu="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
+fi
+cpu="${cpu:-unknown CPU}"
+cores="$(nproc 2>/dev/null || echo '?')"
+mode_label() { [ "$quick" = 1 ] && echo "quick" || echo "full"; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+log() { echo "[results] $*" >&2; }
+
+# Runs a command, keeping its stdout in $work/$1.out and its stderr in
+# $work/$1.err; returns the command's exit status without stopping.
+capture() {
+    local name="$1"; shift
+    local rc=0
+    "$@" >"$work/$name.out" 2>"$work/$name.err" || rc=$?
+    return $rc
+}
+
+# Wall time of a command in seconds, into $work/$1.wall.
+timed() {
+    local name="$1"; shift
+    local start end rc=0
+    start="$(date +%s%N)"
+    capture "$name" "$@" || rc=$?
+    end="$(date +%s%N)"
+    awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", (b - a) / 1e9 }' >"$work/$name.wall"
+    return $rc
+}
+
+needs_sim=0
+for name in sweep canaries load clean-rate grid sim-load; do
+    runs "$name" && needs_sim=1
+done
+binary_note=""
+if [ "$needs_sim" = 1 ]; then
+    if [ -n "$sim_bin" ]; then
+        [ -x "$sim_bin" ] || { echo "--sim-bin $sim_bin is not executable" >&2; exit 1; }
+        binary_note="binary \`$sim_bin\` given with \`--sim-bin\` (not built by this run; its commit is not checked)"
+    else
+        log "building arbor-sim (release)"
+        cargo build --release -p arbor-sim >&2
+        sim_bin="${CARGO_TARGET_DIR:-target}/release/arbor-sim"
+        binary_note="binary built by this run: \`cargo build --release -p arbor-sim\`"
+    fi
+fi
+SIM() { "$sim_bin" "$@"; }
+
+# The heading of each section.
+title() {
+    case "$1" in
+        sweep) echo "Simulation sweep speed" ;;
+        canaries) echo "Canaries" ;;
+        bench) echo "Engine bench" ;;
+        fuzz) echo "Fuzzing speed" ;;
+        load) echo "Load, real mode, 5000 requests/s" ;;
+        clean-rate) echo "Highest clean rate, real mode" ;;
+        grid) echo "Reference grid, real mode" ;;
+        sim-load) echo "Simulated load, 3 replicas" ;;
+    esac
+}
+
+# The line under each section heading that says where its figures came from.
+# The load average when the section starts says how quiet the machine was.
+provenance() {
+    local what="$1" load="$section_load"
+    echo "<!-- results:mode=$(mode_label) -->"
+    if [ "$quick" = 1 ]; then
+        echo "**Quick run** (\`scripts/results.sh --quick\`: smaller counts and durations than the reference"
+        echo "figures; the commands below are what ran)."
+    fi
+    echo "Commit $commit; $cpu, $cores cores, load average $load when the section started; $what."
+    echo
+}
+
+# ---------------------------------------------------------------------------
+# Sections. Each writes its markdown body to $work/<section>.md.
+
+# Fields of the summary row a sweep prints (after its `|---:` line):
+# runs failures seeds/min sent acked faults wall.
+sweep_row() {
+    { grep -A1 '^|-----:' "$1" || true; } | tail -n 1 | tr -d ' ' |
+        awk -F'|' '{ print $2, $3, $4, $5, $6, $7, $8 }'
+}
+
+# What a section says when its command produced no result to read.
+command_failed() {
+    echo "**\`$2\` produced no result.** The end of its output:"
+    echo
+    echo '```'
+    tail -q -n 20 "$work/$1.out" "$work/$1.err" 2>/dev/null
+    echo '```'
+    echo
+}
+sweep_fingerprint() { sed -n 's/.*trace fingerprint \([0-9a-f]*\).*/\1/p' "$1"; }
+sweep_failing_seeds() { sed -n 's/^  seed \([0-9]*\): .*/\1/p' "$1"; }
+
+section_sweep() {
+    {
+        echo "## $(title sweep)"
+        echo
+        provenance "$binary_note"
+        echo "The standard scenario (3-4 replicas, 2,000 client ops over 60 simulated seconds, faults on),"
+        echo "the same seeds on one and on two worker threads, one run right after the other."
+        echo
+        echo "| command | seeds/min | failures | ops sent | ops acked | faults | wall | trace fingerprint |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---|"
+    } >"$work/sweep.md"
+    local jobs rate1="" rate2="" print1="" print2=""
+    for jobs in 1 2; do
+        log "sweep, $jobs job(s)"
+        # A failing seed makes the sweep exit non-zero; the table says so.
+        capture "sweep$jobs" SIM sweep --seeds "$sweep_seeds" --jobs "$jobs" || true
+        local runs failures rate sent acked faults wall print
+        read -r runs failures rate sent acked faults wall <<<"$(sweep_row "$work/sweep$jobs.out")"
+        print="$(sweep_fingerprint "$work/sweep$jobs.out")"
+        if [ -z "$runs" ]; then
+            echo "| \`$(sweep_cmd "$jobs")\` | no summary printed; see below | | | | | | |" >>"$work/sweep.md"
+            command_failed "sweep$jobs" "$(sweep_cmd "$jobs")" >>"$work/sweep.tail"
+            continue
+        fi
+        echo "| \`$(sweep_cmd "$jobs")\` | $rate | $failures of $runs | $sent | $acked | $faults | $wall | \`$print\` |" >>"$work/sweep.md"
+        if [ "$jobs" = 1 ]; then rate1="$rate"; print1="$print"; else rate2="$rate"; print2="$print"; fi
+    done
+    if [ -s "$work/sweep.tail" ]; then
+        { echo; cat "$work/sweep.tail"; } >>"$work/sweep.md"
+    fi
+    {
+        echo
+        if [ -n "$rate1" ] && [ -n "$rate2" ]; then
+            awk -v a="$rate1" -v b="$rate2" 'BEGIN { if (a > 0) printf "Two threads against one: %.2fx the seeds per minute.", b / a }'
+            if [ "$print1" = "$print2" ]; then
+                echo " Both runs printed the same trace fingerprint: the same simulations ran."
+            else
+                echo " **The two runs printed different trace fingerprints**: a run is not deterministic."
+            fi
+            echo
+        fi
+        echo "\`arbor-sim\` is \`target/release/arbor-sim\` (\`cargo build --release -p arbor-sim\`);"
+        echo "\`cargo run --release -p arbor-sim -- sweep --seeds 200\` runs the one-thread sweep."
+    } >>"$work/sweep.md"
+}
+
+# First failing seed and failure count of one canary sweep; "-" when none.
+canary_outcome() {
+    local file="$1" first count kind
+    first="$(sweep_failing_seeds "$file" | sort -n | head -n 1)"
+    count="$(sweep_row "$file" | awk '{ print $2 }' || true)"
+    kind="$(sed -n "s/^  seed ${first:-x}: \([^:]*\):.*/\1/p" "$file" | head -n 1)"
+    echo "${first:--}|${count:-?}|${kind:--}"
+}
+
+section_canaries() {
+    local entry name profile what first count kind
+    local readme_rows="" rows=""
+    for entry in "${CANARIES[@]}"; do
+        IFS='|' read -r name profile what <<<"$entry"
+        log "canary $name"
+        capture "canary-$name" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
+            --profile "$profile" --canary "$name" || true
+        IFS='|' read -r first count kind <<<"$(canary_outcome "$work/canary-$name.out")"
+        rows+="| \`$name\`: $what | $profile | $first | $count | $kind | \`$(canary_cmd "$profile" "$name")\` |"$'\n'
+        readme_rows+="| $what | $profile | $first | $count |"$'\n'
+    done
+    local control="" off_total=0 off_unread=0 off
+    for profile in "${PROFILES[@]}"; do
+        log "canaries off, profile $profile"
+        capture "control-$profile" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
+            --profile "$profile" || true
+        off="$(sweep_row "$work/control-$profile.out" | awk '{ print $2 }' || true)"
+        if [ -n "$off" ]; then off_total=$((off_total + off)); else off_unread=$((off_unread + 1)); fi
+        control+="| $profile | ${off:-?} | \`$(canary_cmd "$profile")\` |"$'\n'
+    done
+    {
+        echo "## $(title canaries)"
+        echo
+        provenance "$binary_note"
+        echo "Each planted bug switched on alone, seeds 1-$canary_seeds of the test-sized scenario (300 ops,"
+        echo "15 simulated seconds, the size \`cargo test\` runs) in the profile that reaches it."
+        echo "\"Caught as\" is the failure kind of the first failing seed."
+        echo
+        echo "| canary | profile | first failing seed | seeds of 1-$canary_seeds that fail | caught as | command |"
+        echo "|---|---|---:|---:|---|---|"
+        printf '%s' "$rows"
+        echo
+        echo "The same seeds with every canary off, in the same run:"
+        echo
+        echo "| profile | seeds of 1-$canary_seeds that fail | command |"
+        echo "|---|---:|---|"
+        printf '%s' "$control"
+    } >"$work/canaries.md"
+    {
+        echo "| canary | profile | first failing seed | seeds of 1-$canary_seeds that fail |"
+        echo "|---|---|---:|---:|"
+        printf '%s' "$readme_rows"
+        echo
+        if [ "$quick" = 1 ]; then
+            echo "Written by \`scripts/results.sh --quick\` (seeds 1-$canary_seeds only) at commit $commit;"
+        else
+            echo "Written by \`scripts/results.sh\` at commit $commit;"
+        fi
+        if [ "$off_unread" = 0 ]; then
+            echo "with every canary off the same seeds gave $off_total failures over the four profiles."
+        else
+            echo "with every canary off, $off_unread of the four profiles' sweeps printed no summary (see \`docs/results.md\`)."
+        fi
+        echo "Commands and details: \`docs/results.md\`, \"Canaries\"."
+    } >"$work/readme-canaries.md"
+}
+
+section_bench() {
+    log "engine bench"
+    local status="ran"
+    capture bench cargo bench -p arbor-engine --bench engine ${bench_args[@]+"${bench_args[@]}"} ||
+        status="failed"
+    {
+        echo "## $(title bench)"
+        echo
+        provenance "built by \`cargo bench\` in this run"
+        echo "Command: \`$(bench_cmd)\`. Each scenario opens a fresh redb file and commits"
+        echo "durably (one fsync per batch); \`docs/engine-bench.md\` explains the scenarios and columns."
+        echo
+        if [ "$status" = ran ]; then
+            sed -n 's/^\(ops=.*\)$/Parameters: `\1`./p' "$work/bench.out"
+            echo
+            grep '^|' "$work/bench.out"
+        else
+            echo "**The bench failed**; the end of its output:"
+            echo
+            echo '```'
+            tail -n 20 "$work/bench.err"
+            echo '```'
+        fi
+    } >"$work/bench.md"
+}
+
+section_fuzz() {
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        log "cargo-fuzz is not installed: fuzz section skipped"
+        {
+            echo "## $(title fuzz)"
+            echo
+            echo "Not measured: cargo-fuzz was not installed on the machine of the run at commit $commit"
+            echo "(\`cargo install cargo-fuzz --locked\`, then \`scripts/results.sh --only fuzz\`)."
+        } >"$work/fuzz.md"
+        return
+    fi
+    {
+        echo "## $(title fuzz)"
+        echo
+        provenance "built by \`fuzz/ci.sh\` in this run"
+    } >"$work/fuzz.md"
+    log "fuzzing, ${fuzz_seconds}s per target"
+    local status="passed"
+    FUZZ_SECONDS="$fuzz_seconds" capture fuzz bash fuzz/ci.sh || status="failed"
+    {
+        echo "Command: \`$(fuzz_cmd)\` (each target for $fuzz_seconds s, from the committed corpus,"
+        echo "with the flags \`fuzz/ci.sh\` gives it). Outcome: $status."
+        echo
+        echo "| target | runs | runs/s |"
+        echo "|---|---:|---:|"
+        awk '
+            /^=== fuzzing / { target = $3 }
+            /^stat::number_of_executed_units/ { runs[target] = $2 }
+            /^stat::average_exec_per_sec/ { rate[target] = $2; order[++n] = target }
+            END { for (i = 1; i <= n; i++) printf "| `%s` | %s | %s |\n", order[i], runs[order[i]], rate[order[i]] }
+        ' "$work/fuzz.out"
+    } >>"$work/fuzz.md"
+}
+
+# One scenario's figures from a load report: avg med p99 max errors dropped.
+scenario_figures() {
+    jq -r --arg name "$2" '.scenarios[] | select(.name == $name) |
+        "\(.latency.avg_ms) \(.latency.med_ms) \(.latency.p99_ms) \(.latency.max_ms) \(.errors) \(.dropped)"' "$1"
+}
+ms() { awk -v v="$1" 'BEGIN { printf "%.2f ms", v }'; }
+
+load_rows() {
+    local json="$1" scenario avg med p99 max errors dropped
+    echo "| scenario | avg | median | p99 | max | errors | dropped |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    for scenario in user system; do
+        read -r avg med p99 max errors dropped <<<"$(scenario_figures "$json" "$scenario")"
+        echo "| $scenario | $(ms "$avg") | $(ms "$med") | $(ms "$p99") | $(ms "$max") | $errors | $dropped |"
+    done
+    echo
+    jq -r '"Every acknowledged write read back: \(.verification.found) of \(.verification.acked) on \(.verification.replicas_checked) replica(s). Service: \(.service.writes_committed) writes in \(.service.batches_committed) commits (\(.service.batch_size_avg * 10 | round / 10) per commit), \(.service.writes_rejected_overload) refused as overloaded."' "$json"
+}
+
+section_load() {
+    log "load, 5000/s for $load_duration"
+    local status=0
+    capture load SIM load --rate 5000 --duration "$load_duration" --verify --no-progress \
+        --json "$work/load.json" --html "$work/load.html" || status=$?
+    {
+        echo "## $(title load)"
+        echo
+        provenance "$binary_note"
+        echo "Command: \`$(load_cmd)\`: one node, a durable redb file, the reference configuration;"
+        echo "the user scenario (AddByPath, 7 meta fields) at 5000/s and the system scenario (Add) at 10/s."
+        echo "Latencies are wall-clock; exit status $status."
+        echo
+        if [ -s "$work/load.json" ]; then
+            load_rows "$work/load.json"
+        else
+            command_failed load "$(load_cmd)"
+        fi
+    } >"$work/load.md"
+}
+
+section_clean_rate() {
+    log "highest clean rate"
+    capture clean-rate SIM matrix --no-grid --search-start "$search_start" \
+        --search-duration "$search_duration" --search-probes "$search_probes" --no-progress \
+        --json "$work/clean-rate.json" || true
+    {
+        echo "## $(title clean-rate)"
+        echo
+        provenance "$binary_note"
+        echo "Command: \`$(clean_rate_cmd)\`. Clean: user and system scenarios with"
+        echo "p99 <= 100 ms, no errors, no dropped iterations. The search doubles the rate while probes"
+        echo "are clean, then bisects between the best clean and the lowest unclean rate (one probe per rate)."
+        echo
+        if [ ! -s "$work/clean-rate.json" ]; then
+            command_failed clean-rate "$(clean_rate_cmd)"
+            return
+        fi
+        jq -r '"Highest clean rate: **\(.highest_clean_rate // "none") requests/s**."' "$work/clean-rate.json"
+        echo
+        echo "| probe rate | achieved | avg | p99 | errors | dropped | clean |"
+        echo "|---:|---:|---:|---:|---:|---:|---|"
+        jq -r '.search[] | "| \(.rate) | \(.achieved_rate | round) | \(.avg_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .clean then "yes" else "no" end) |"' \
+            "$work/clean-rate.json"
+    } >"$work/clean-rate.md"
+}
+
+section_grid() {
+    log "reference grid"
+    capture grid SIM matrix --no-search --grid-duration "$grid_duration" --no-progress \
+        --json "$work/grid.json" || true
+    {
+        echo "## $(title grid)"
+        echo
+        provenance "$binary_note"
+        echo "Command: \`$(grid_cmd)\`: one node, durable, user scenario at each rate with"
+        echo "background sync every 5 minutes and off. The last column is the average the reference"
+        echo "implementation reported for that rate (a constant in \`load/matrix.rs\`, not measured here)."
+        echo
+        if [ ! -s "$work/grid.json" ]; then
+            command_failed grid "$(grid_cmd)"
+            return
+        fi
+        echo "| rate | sync | avg | p90 | p99 | max | errors | dropped | reference avg |"
+        echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+        jq -r '.grid[] | "| \(.rate) | \(.sync) | \(.avg_ms * 100 | round / 100) ms | \(.p90_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.max_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .reference_avg_ms then "\(.reference_avg_ms) ms" else "-" end) |"' \
+            "$work/grid.json"
+    } >"$work/grid.md"
+}
+
+section_sim_load() {
+    log "sim-mode load for $sim_load_duration (simulated)"
+    local status=0
+    timed sim-load SIM load --mode sim --replicas 3 --rate 1000 --sync 5m \
+        --duration "$sim_load_duration" --seed 7 --verify --no-progress \
+        --json "$work/sim-load.json" --html "$work/sim-load.html" || status=$?
+    {
+        echo "## $(title sim-load)"
+        echo
+        provenance "$binary_note"
+        echo "Command: \`$(sim_load_cmd)\`: three replicas inside the simulator on the"
+        echo "calibrated disk model, $sim_load_duration of simulated time; exit status $status."
+        echo
+        echo "Wall time of the whole command: **$(cat "$work/sim-load.wall") s**."
+        echo "Latencies below are simulated time."
+        echo
+        if [ ! -s "$work/sim-load.json" ]; then
+            command_failed sim-load "$(sim_load_cmd)"
+            return
+        fi
+        load_rows "$work/sim-load.json"
+        jq -r '"Ops pushed \(.service.ops_pushed), pulled by sync \(.service.ops_pulled), sync rounds \(.service.sync_rounds)."' \
+            "$work/sim-load.json"
+    } >"$work/sim-load.md"
+}
+
+for name in "${wanted[@]}"; do
+    section_load="$(cut -d ' ' -f 1 /proc/loadavg 2>/dev/null || echo '?')"
+    "section_${name//-/_}"
+done
+
+# ---------------------------------------------------------------------------
+# Assemble: new sections replace old ones; the others are kept.
+
+old_section() {
+    [ -f "$out" ] || return 0
+    awk -v begin="<!-- results:$1:begin -->" -v end="<!-- results:$1:end -->" '
+        $0 == end { inside = 0 }
+        inside { print }
+        $0 == begin { inside = 1 }
+    ' "$out"
+}
+
+for name in "${SECTIONS[@]}"; do
+    if runs "$name"; then
+        continue
+    fi
+    old_section "$name" >"$work/$name.md"
+    if [ ! -s "$work/$name.md" ]; then
+        printf '## %s\n\nNot measured yet: `scripts/results.sh --only %s`.\n' \
+            "$(title "$name")" "$name" >"$work/$name.md"
+    fi
+done
+
+run_args=""
+[ "$quick" = 1 ] && run_args+=" --quick"
+[ -n "$only" ] && run_args+=" --only $only"
+quick_sections=()
+for name in "${SECTIONS[@]}"; do
+    grep -q '^<!-- results:mode=quick -->$' "$work/$name.md" && quick_sections+=("$name")
+done
+
+{
+    echo "# Measured results"
+    echo
+    echo "Generated by \`scripts/results.sh\`; do not edit by hand. The last run was"
+    echo "\`scripts/results.sh$run_args\`"
+    echo "at commit $commit on $cpu, $cores cores. Each section says which run measured it"
+    echo "(commit, CPU, cores, mode) and gives the exact command of every figure; \`arbor-sim\` is"
+    echo "\`target/release/arbor-sim\` from \`cargo build --release -p arbor-sim\`."
+    echo
+    if [ ${#quick_sections[@]} -gt 0 ]; then
+        echo "**Quick-run figures** in: ${quick_sections[*]}. Those sections come from \`--quick\` runs"
+        echo "(smaller counts and durations, as their commands show), not from the full measurement."
+        echo
+    fi
+    echo "Timed figures depend on the machine as much as on the code: compare them only within"
+    echo "one section, where both sides of a comparison ran in the same run."
+    for name in "${SECTIONS[@]}"; do
+        echo
+        echo "<!-- results:$name:begin -->"
+        cat "$work/$name.md"
+        echo "<!-- results:$name:end -->"
+    done
+} >"$work/results.md"
+mkdir -p "$(dirname "$out")"
+cp "$work/results.md" "$out"
+log "wrote $out"
+
+if runs canaries && [ -f "$readme" ]; then
+    if grep -q '^<!-- canaries:begin -->$' "$readme" && grep -q '^<!-- canaries:end -->$' "$readme"; then
+        awk -v table="$work/readme-canaries.md" '
+            /^<!-- canaries:end -->$/ { while ((getline line < table) > 0) print line; inside = 0 }
+            !inside { print }
+            /^<!-- canaries:begin -->$/ { inside = 1 }
+        ' "$readme" >"$work/readme.md"
+        cp "$work/readme.md" "$readme"
+        log "rewrote the canary table of $readme"
+    else
+        log "$readme has no canaries markers: its table was not touched"
+    fi
+fi
