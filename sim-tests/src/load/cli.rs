@@ -245,6 +245,18 @@ impl Common {
         Ok(gateways)
     }
 
+    /// Fails before the run, not after it, on flags that cannot work
+    /// together and on outputs that cannot be written (checked last: the
+    /// check creates them).
+    fn check_usage(&self, spec: &RunSpec, html: &Path) -> Result<(), String> {
+        self.gateways()?;
+        self.check_thresholds(spec)?;
+        if let Some(json) = &self.json {
+            check_writable(json)?;
+        }
+        check_writable(html)
+    }
+
     /// Thresholds name scenarios this run has.
     fn check_thresholds(&self, spec: &RunSpec) -> Result<(), String> {
         let names: Vec<&str> = spec.scenarios.iter().map(|s| s.name.as_str()).collect();
@@ -430,9 +442,10 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, Stop> {
             html,
         } => {
             let spec = common.spec(vec![Stage { duration, rate }], common.verify);
+            let config = common.config()?;
             let html = html.unwrap_or_else(default_html_path);
-            check_outputs(&common, &html)?;
-            let report = common.run_paths(&spec, common.config()?, false)?;
+            common.check_usage(&spec, &html)?;
+            let report = common.run_paths(&spec, config, false)?;
             finish_run(&common, &report, &html)
         }
         LoadCommand::Matrix {
@@ -531,9 +544,10 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, Stop> {
                 },
             ];
             let spec = common.spec(stages, true);
+            let config = common.config()?;
             let html = html.unwrap_or_else(default_html_path);
-            check_outputs(&common, &html)?;
-            let mut report = common.run_paths(&spec, common.config()?, true)?;
+            common.check_usage(&spec, &html)?;
+            let mut report = common.run_paths(&spec, config, true)?;
             report.title = format!("Overload: {base_rate}/s, {rate}/s, {base_rate}/s");
             report
                 .notes
@@ -642,14 +656,6 @@ impl Runner for RealRunner {
             }
         }
     }
-}
-
-/// Fails before the run, not after it, when an output cannot be written.
-fn check_outputs(common: &Common, html: &Path) -> Result<(), String> {
-    if let Some(json) = &common.json {
-        check_writable(json)?;
-    }
-    check_writable(html)
 }
 
 /// Creates the file's directory and opens the file for writing (leaving
