@@ -2,34 +2,32 @@
 //! whose threshold cannot hold exits with 99 and says so first; one whose
 //! thresholds hold exits with 0; bad usage exits with 2 before any load.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_arbor-sim");
+use common::{arbor_sim, printed as text};
+use std::path::Path;
+use std::process::Output;
 
 /// A one-second run at 50/s on one node, reached over loopback TCP (the
 /// default path), its reports in `dir`, with `extra` flags.
 fn tiny_load(dir: &Path, extra: &[&str]) -> Output {
     let json = dir.join("report.json");
     let html = dir.join("report.html");
-    Command::new(BIN)
-        .args(["load", "--rate", "50", "--duration", "1s", "--no-progress"])
-        .args(["--replicas", "1"])
-        .arg("--json")
-        .arg(&json)
-        .arg("--html")
-        .arg(&html)
-        .args(extra)
-        .output()
-        .expect("arbor-sim runs")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
+    let base = [
+        "load",
+        "--rate",
+        "50",
+        "--duration",
+        "1s",
+        "--no-progress",
+        "--replicas",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ];
+    arbor_sim(&[&base[..], extra].concat())
 }
 
 fn json_report(dir: &Path) -> serde_json::Value {

@@ -7,25 +7,15 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_arbor-sim");
+mod common;
+
+use common::{arbor_sim, printed as text};
 
 /// Seeds 1..=SEEDS of the test-sized scenario.
 const SEEDS: u64 = 6;
 
 fn sweep(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("sweep")
-        .args(args)
-        .output()
-        .expect("arbor-sim runs")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
+    arbor_sim(&[&["sweep"], args].concat())
 }
 
 fn records(path: &Path) -> Vec<serde_json::Value> {
@@ -193,18 +183,16 @@ fn records_by_seed(records: &[serde_json::Value]) -> Vec<serde_json::Value> {
 /// A failing replay exits 1 as a failing sweep does.
 #[test]
 fn a_failing_replay_exits_1() {
-    let output = Command::new(BIN)
-        .args([
-            "replay",
-            "--seed",
-            "1",
-            "--small",
-            "--profile",
-            "storage-errors",
-        ])
-        .args(["--canary", "FailedBatchHangs"])
-        .output()
-        .unwrap();
+    let output = arbor_sim(&[
+        "replay",
+        "--seed",
+        "1",
+        "--small",
+        "--profile",
+        "storage-errors",
+        "--canary",
+        "FailedBatchHangs",
+    ]);
     assert_eq!(output.status.code(), Some(1), "{}", text(&output));
 }
 
@@ -231,10 +219,7 @@ fn bad_usage_exits_2() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {out}");
         assert!(!out.contains("starting"), "{args:?} ran a seed: {out}");
     }
-    let replay = Command::new(BIN)
-        .args(["replay", "--small"])
-        .output()
-        .unwrap();
+    let replay = arbor_sim(&["replay", "--small"]);
     assert_eq!(replay.status.code(), Some(2), "{}", text(&replay));
 }
 
@@ -242,7 +227,7 @@ fn bad_usage_exits_2() {
 /// a timeout has named it.
 #[test]
 fn the_seed_is_named_before_its_run_ends() {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(env!("CARGO_BIN_EXE_arbor-sim"))
         .args(["sweep", "--seeds", "1", "--seed-start", "4242"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -683,8 +683,7 @@ fn finish_run(common: &Common, report: &RunReport, html: &Path) -> Result<ExitCo
     write_creating_dirs(html, super::html::render(report).as_bytes())
         .map_err(|e| format!("{}: {e}", html.display()))?;
     println!("  html report: {}", html.display());
-    let lost = report.verification.as_ref().is_some_and(|v| v.missing > 0);
-    Ok(if lost || report.stuck > 0 {
+    Ok(if report.failed() {
         ExitCode::from(EXIT_RUN_FAILED)
     } else if !report.thresholds_passed() {
         ExitCode::from(EXIT_THRESHOLDS_FAILED)

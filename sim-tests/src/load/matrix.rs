@@ -144,7 +144,9 @@ pub struct SearchPlan {
 
 /// Runs the grid, printing each row as it lands.
 pub fn run_grid(runner: &mut dyn Runner, points: &[Point], bar: &CleanBar) -> Vec<Row> {
-    println!("{}", header());
+    if !points.is_empty() {
+        println!("{}", header());
+    }
     points
         .iter()
         .map(|p| {

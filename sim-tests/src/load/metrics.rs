@@ -526,32 +526,27 @@ pub fn recovery_after_s(
 mod tests {
     use super::*;
 
-    /// Each window keeps its peak of iterations in flight and the pool's
-    /// size, for the over-time chart of k6's VUs.
+    /// Each window keeps its peak of iterations in flight, counted at
+    /// starts and at completions, and the pool's size, which carries over
+    /// windows without arrivals: the over-time chart of k6's VUs.
     #[test]
     fn windows_track_in_flight_and_the_pool() {
-        let mut r = ScenarioRecorder::new("user", Duration::from_secs(1), true);
-        let ms = Duration::from_millis;
-        r.record_start(ms(0), ms(0), 1, 10);
-        r.record_done(ms(10), ms(10), Outcome::Ok { node: Some(7) }, 1);
-        r.record_start(ms(1500), ms(30), 1, 10);
-        r.record_start(ms(1600), ms(0), 2, 10);
-        r.record_done(
-            ms(2500),
-            ms(1000),
-            Outcome::Failed(ErrorKind::Overloaded),
-            2,
-        );
-        r.record_dropped(ms(2600), 11);
-        r.record_done(ms(2700), ms(1100), Outcome::Ok { node: Some(8) }, 1);
-        let (s, acked) = r.finish(ms(3000), Duration::from_secs(3), 4);
-        assert_eq!(acked, vec![7, 8]);
-        assert_eq!((s.iterations, s.ok, s.errors, s.dropped), (3, 2, 1, 1));
-        assert!((s.target_rate - 4.0 / 3.0).abs() < 1e-9);
+        let mut r = ScenarioRecorder::new("user", Duration::from_secs(1), false);
+        let at = Duration::from_millis;
+        for (i, start_ms) in [100, 200, 300].into_iter().enumerate() {
+            r.record_start(at(start_ms), Duration::ZERO, i as u64 + 1, 10);
+        }
+        for (in_flight, done_ms) in [(3, 1100), (2, 1200)] {
+            r.record_done(at(done_ms), at(900), Outcome::Ok { node: None }, in_flight);
+        }
+        r.record_dropped(at(3500), 11);
+        r.record_done(at(3600), at(3300), Outcome::Ok { node: None }, 1);
+        let (s, _) = r.finish(at(4000), Duration::from_secs(4), 5);
         let in_flight: Vec<u64> = s.windows.iter().map(|w| w.in_flight_max).collect();
-        assert_eq!(in_flight, [1, 2, 2]);
+        assert_eq!(in_flight, [3, 3, 0, 1]);
         let vus: Vec<u64> = s.windows.iter().map(|w| w.vus_allocated).collect();
-        assert_eq!(vus, [10, 10, 11]);
+        assert_eq!(vus, [10, 10, 10, 11]);
+        assert!((s.target_rate - 1.25).abs() < 1e-9);
     }
 
     #[test]

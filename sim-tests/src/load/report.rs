@@ -103,6 +103,12 @@ impl RunReport {
         }
     }
 
+    /// Whether this run or one beside it lost acknowledged writes or left
+    /// iterations stuck.
+    pub fn failed(&self) -> bool {
+        PathSummary::of(self).failed() || self.beside.iter().any(PathSummary::failed)
+    }
+
     /// Whether every threshold held (true without thresholds).
     pub fn thresholds_passed(&self) -> bool {
         self.thresholds.iter().all(|t| t.passed)
@@ -269,6 +275,8 @@ pub struct PathSummary {
     pub mode: String,
     pub wall_time_s: f64,
     pub scenarios: Vec<PathScenario>,
+    pub stuck: u64,
+    pub verification: Option<Verification>,
 }
 
 impl PathSummary {
@@ -292,7 +300,14 @@ impl PathSummary {
             mode: report.mode.clone(),
             wall_time_s: report.wall_time_s,
             scenarios,
+            stuck: report.stuck,
+            verification: report.verification.clone(),
         }
+    }
+
+    /// Acknowledged writes missing afterwards, or iterations stuck.
+    pub fn failed(&self) -> bool {
+        self.stuck > 0 || self.verification.as_ref().is_some_and(|v| v.missing > 0)
     }
 }
 
@@ -323,6 +338,18 @@ fn paths_text(report: &RunReport) -> String {
                 p.errors,
                 p.dropped
             );
+        }
+    }
+    for path in &report.beside {
+        if let Some(v) = &path.verification {
+            let _ = writeln!(
+                out,
+                "    verify over {}: {}/{} acknowledged nodes readable on {} replica(s), {} missing",
+                path.gateway, v.found, v.acked, v.replicas_checked, v.missing
+            );
+        }
+        if path.stuck > 0 {
+            let _ = writeln!(out, "    stuck over {}: {}", path.gateway, path.stuck);
         }
     }
     out
@@ -426,5 +453,18 @@ mod tests {
         let beside = text.find("user     in-process").expect("beside");
         assert!(tcp < beside, "{text}");
         assert!(text.contains("1000.0/1000/s"), "{text}");
+        assert!(!report.failed());
+        // Writes lost on the path beside fail the whole run.
+        in_process.verification = Some(Verification {
+            acked: 10,
+            found: 9,
+            missing: 1,
+            ..Default::default()
+        });
+        report.beside = vec![PathSummary::of(&in_process)];
+        assert!(report.failed());
+        assert!(report
+            .summary_text()
+            .contains("verify over in-process: 9/10"));
     }
 }
