@@ -1,14 +1,24 @@
 //! Simulation subcommands: `sweep` runs many seeds on worker threads (each
-//! seed in its own madsim runtime) and summarises; `replay` reruns one seed
-//! with a readable trace on simulated time.
+//! seed in its own madsim runtime) and summarises, perhaps one part of a
+//! range shared by several machines, with JUnit and JSON-lines records for
+//! CI; `replay` reruns one seed with a readable trace on simulated time.
+
+pub mod partition;
+pub mod records;
 
 use crate::scenario::swarm::{Profile, Size};
 use crate::scenario::{run_seed, Options, Report};
 use arbor::canary::Canary;
+use partition::{Partition, SeedSet};
+use records::{commit, create_file, junit_xml, JsonLines, SeedRecord, SuiteInfo};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Options shared by both subcommands: which scenario variant to run.
 #[derive(clap::Args, Debug, Clone)]
@@ -29,7 +39,7 @@ pub struct ScenarioArgs {
 }
 
 impl ScenarioArgs {
-    fn options(&self, echo_trace: bool) -> Options {
+    pub fn options(&self, echo_trace: bool) -> Options {
         Options {
             profile: self.profile,
             size: if self.small {
@@ -46,19 +56,12 @@ impl ScenarioArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SimCommand {
-    /// Run many seeds of a scenario and summarise.
-    Sweep {
-        #[arg(long, default_value_t = 100)]
-        seeds: u64,
-        #[arg(long, default_value_t = 1)]
-        seed_start: u64,
-        /// Worker threads, each running its own simulations.
-        #[arg(long, default_value_t = 1)]
-        jobs: usize,
-        #[command(flatten)]
-        scenario: ScenarioArgs,
-    },
-    /// Replay one seed with a readable trace.
+    /// Run many seeds of a scenario and summarise. Exit status: 0 every
+    /// seed passed, 1 a seed failed, 2 usage or environment error (bad
+    /// flags, an output file that cannot be written).
+    Sweep(SweepArgs),
+    /// Replay one seed with a readable trace. Exit status: 0 passed, 1
+    /// failed, 2 usage error.
     Replay {
         #[arg(long)]
         seed: u64,
@@ -66,6 +69,39 @@ pub enum SimCommand {
         scenario: ScenarioArgs,
     },
 }
+
+#[derive(clap::Args, Debug)]
+pub struct SweepArgs {
+    #[arg(long, default_value_t = 100)]
+    pub seeds: u64,
+    #[arg(long, default_value_t = 1)]
+    pub seed_start: u64,
+    /// Worker threads, each running its own simulations.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// Run one part of the seed range, so that N machines share it:
+    /// `slice:M/N` runs the M-th of N contiguous slices, `hash:M/N` the
+    /// seeds whose hash falls in part M (M counts from 1). The N parts of
+    /// either kind are disjoint and together cover the range.
+    #[arg(long, value_name = "KIND:M/N", value_parser = Partition::parse)]
+    pub partition: Option<Partition>,
+    /// Write a JUnit XML report here at the end: one test case per seed, a
+    /// failure's replay command in its message.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Write one JSON line per seed here as each finishes: seed, commit,
+    /// profile, canary, verdict, failure kind, simulated and wall time,
+    /// trace fingerprint, replay command.
+    #[arg(long, value_name = "FILE")]
+    pub jsonl: Option<PathBuf>,
+    #[command(flatten)]
+    pub scenario: ScenarioArgs,
+}
+
+/// Exit status of a sweep or replay in which a seed failed.
+pub const EXIT_SEED_FAILED: u8 = 1;
+/// Exit status of a usage or environment error (clap's, too).
+pub const EXIT_USAGE: u8 = 2;
 
 pub fn parse_profile(name: &str) -> Result<Profile, String> {
     Profile::parse(name).ok_or_else(|| format!("unknown profile {name:?}"))
@@ -85,12 +121,7 @@ pub fn parse_canary(name: &str) -> Result<Canary, String> {
 
 pub fn run(command: SimCommand) -> ExitCode {
     match command {
-        SimCommand::Sweep {
-            seeds,
-            seed_start,
-            jobs,
-            scenario,
-        } => sweep(seed_start, seeds, jobs.max(1), &scenario.options(false)),
+        SimCommand::Sweep(args) => sweep(&args),
         SimCommand::Replay { seed, scenario } => replay(seed, &scenario.options(true)),
     }
 }
@@ -127,85 +158,281 @@ impl SweepSummary {
     }
 }
 
-/// Runs seeds `start..start+count` on `jobs` threads; `on_done` sees each
-/// report as it arrives (progress).
+/// One seed's verdict and the wall time its run took.
+#[derive(Debug)]
+pub struct SeedRun {
+    pub report: Report,
+    pub wall: Duration,
+}
+
+/// Runs seeds `start..start+count` on `jobs` threads, naming each seed on
+/// stderr before it starts (`announce_seed`); `on_done` sees each run as it
+/// finishes (progress).
 pub fn run_sweep(
     start: u64,
     count: u64,
     jobs: usize,
     options: &Options,
-    mut on_done: impl FnMut(&Report),
+    on_done: impl FnMut(&SeedRun),
+) -> SweepSummary {
+    let seeds = SeedSet {
+        range: start..start + count,
+        partition: None,
+    };
+    let announce = |seed: u64, running: &[u64]| announce_seed(seed, running, options);
+    run_seeds(&seeds, jobs, options, &announce, on_done)
+}
+
+/// Runs the seeds of `seeds` on `jobs` threads. `on_start` runs on the
+/// worker just before each seed, with the seeds running at that moment;
+/// `on_done` sees each run as it finishes.
+pub fn run_seeds(
+    seeds: &SeedSet,
+    jobs: usize,
+    options: &Options,
+    on_start: &(dyn Fn(u64, &[u64]) + Sync),
+    mut on_done: impl FnMut(&SeedRun),
 ) -> SweepSummary {
     let started = Instant::now();
-    let next = Arc::new(AtomicU64::new(start));
-    let end = start + count;
-    let (tx, rx) = mpsc::channel::<Report>();
-    let workers: Vec<_> = (0..jobs)
-        .map(|_| {
-            let (next, tx, options) = (next.clone(), tx.clone(), options.clone());
+    let walk = seeds.walk();
+    let (next, end) = (AtomicU64::new(walk.start), walk.end);
+    let running = Mutex::new(BTreeSet::new());
+    let mut summary = SweepSummary::default();
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<SeedRun>();
+        for _ in 0..jobs.max(1) {
+            let (tx, next, running) = (tx.clone(), &next, &running);
             // Threads outside the simulations: each runs whole runtimes.
-            std::thread::spawn(move || loop {
+            scope.spawn(move || loop {
                 let seed = next.fetch_add(1, Ordering::Relaxed);
                 if seed >= end {
                     return;
                 }
-                if tx.send(run_seed(seed, &options)).is_err() {
+                if !seeds.contains(seed) {
+                    continue;
+                }
+                let run = run_one(seed, options, on_start, running);
+                if tx.send(run).is_err() {
                     return;
                 }
-            })
-        })
-        .collect();
-    drop(tx);
-    let mut summary = SweepSummary::default();
-    for report in rx {
-        on_done(&report);
-        summary.runs += 1;
-        summary.ops_acked += report.ops_acked;
-        summary.ops_sent += report.ops_sent;
-        summary.faults_injected += report.faults_injected;
-        summary.trace_hashes.insert(report.seed, report.trace_hash);
-        if !report.passed() {
-            summary.failures.push(report);
+            });
         }
-    }
-    for worker in workers {
-        let _ = worker.join();
-    }
+        drop(tx);
+        for run in rx {
+            on_done(&run);
+            summary.add(run.report);
+        }
+    });
     summary.failures.sort_by_key(|r| r.seed);
     summary.wall_seconds = started.elapsed().as_secs_f64();
     summary
 }
 
-fn sweep(start: u64, count: u64, jobs: usize, options: &Options) -> ExitCode {
+/// One seed on a worker: announced, run, timed.
+fn run_one(
+    seed: u64,
+    options: &Options,
+    on_start: &(dyn Fn(u64, &[u64]) + Sync),
+    running: &Mutex<BTreeSet<u64>>,
+) -> SeedRun {
+    let now_running: Vec<u64> = {
+        let mut running = running.lock().unwrap_or_else(|e| e.into_inner());
+        running.insert(seed);
+        running.iter().copied().collect()
+    };
+    on_start(seed, &now_running);
+    let wall = Instant::now();
+    let report = run_seed(seed, options);
+    let wall = wall.elapsed();
+    running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&seed);
+    SeedRun { report, wall }
+}
+
+impl SweepSummary {
+    fn add(&mut self, report: Report) {
+        self.runs += 1;
+        self.ops_acked += report.ops_acked;
+        self.ops_sent += report.ops_sent;
+        self.faults_injected += report.faults_injected;
+        self.trace_hashes.insert(report.seed, report.trace_hash);
+        if !report.passed() {
+            self.failures.push(report);
+        }
+    }
+}
+
+/// Names a seed on stderr before it runs, so that a run killed by a
+/// timeout still says which seeds it was in: one line, with the other
+/// seeds running at the time. Written to the stream itself, not through
+/// `eprintln!`, which a test harness captures and loses with the process.
+pub fn announce_seed(seed: u64, running: &[u64], options: &Options) {
+    let mut line = format!("seed {seed}: starting ({}", options.profile.name());
+    if options.size == Size::TEST {
+        line.push_str(", small");
+    }
+    if !options.faults {
+        line.push_str(", no faults");
+    }
+    if let Some(canary) = options.canary {
+        let _ = write!(line, ", canary {canary:?}");
+    }
+    line.push(')');
+    let others: Vec<String> = running
+        .iter()
+        .filter(|s| **s != seed)
+        .map(u64::to_string)
+        .collect();
+    if !others.is_empty() {
+        let _ = write!(line, "; also running {}", others.join(", "));
+    }
+    line.push('\n');
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(line.as_bytes());
+    let _ = stderr.flush();
+}
+
+/// `run_seed` with the seed named on stderr first (`announce_seed`).
+pub fn run_seed_announced(seed: u64, options: &Options) -> Report {
+    announce_seed(seed, &[seed], options);
+    run_seed(seed, options)
+}
+
+/// Where a sweep writes its records.
+struct Outputs {
+    commit: String,
+    jsonl: Option<JsonLines>,
+    /// Every seed's record, kept for the JUnit file.
+    records: Vec<SeedRecord>,
+    /// Failing seeds' reports, for the JUnit failure bodies.
+    failure_reports: BTreeMap<u64, String>,
+    /// The first write error; the sweep goes on and reports it at the end.
+    error: Option<String>,
+}
+
+impl Outputs {
+    fn open(args: &SweepArgs) -> Result<Outputs, String> {
+        let jsonl = match &args.jsonl {
+            Some(path) => Some(
+                JsonLines::create(path).map_err(|e| format!("--jsonl {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        if let Some(path) = &args.junit {
+            // Created now and rewritten at the end: a path that cannot be
+            // written stops the sweep before it spends any time.
+            create_file(path).map_err(|e| format!("--junit {}: {e}", path.display()))?;
+        }
+        Ok(Outputs {
+            commit: commit(),
+            jsonl,
+            records: Vec::new(),
+            failure_reports: BTreeMap::new(),
+            error: None,
+        })
+    }
+
+    fn record(&mut self, run: &SeedRun, options: &Options) {
+        let record = SeedRecord::of(run, options, &self.commit);
+        if let Some(jsonl) = &mut self.jsonl {
+            if let Err(e) = jsonl.write(&record) {
+                self.error.get_or_insert(format!("--jsonl: {e}"));
+            }
+        }
+        if !run.report.passed() {
+            self.failure_reports
+                .insert(run.report.seed, run.report.to_string());
+        }
+        self.records.push(record);
+    }
+
+    fn write_junit(&mut self, args: &SweepArgs, seeds: &SeedSet, summary: &SweepSummary) {
+        let Some(path) = &args.junit else {
+            return;
+        };
+        self.records.sort_by_key(|r| r.seed);
+        let options = args.scenario.options(false);
+        let name = format!(
+            "arbor-sim sweep {}{}",
+            options.profile.name(),
+            if args.scenario.small { " small" } else { "" }
+        );
+        let mut properties = vec![
+            ("commit", self.commit.clone()),
+            ("seeds", seeds.describe()),
+            ("faults", options.faults.to_string()),
+            ("host", crate::host::describe()),
+        ];
+        if let Some(canary) = options.canary {
+            properties.push(("canary", format!("{canary:?}")));
+        }
+        let suite = SuiteInfo {
+            name: &name,
+            wall_s: summary.wall_seconds,
+            properties: &properties,
+        };
+        let xml = junit_xml(&suite, &self.records, &self.failure_reports);
+        if let Err(e) = std::fs::write(path, xml) {
+            self.error
+                .get_or_insert(format!("--junit {}: {e}", path.display()));
+        }
+    }
+}
+
+fn sweep(args: &SweepArgs) -> ExitCode {
+    let seeds = match SeedSet::new(args.seed_start, args.seeds, args.partition) {
+        Ok(seeds) => seeds,
+        Err(e) => return usage_error(&e),
+    };
+    let mut outputs = match Outputs::open(args) {
+        Ok(outputs) => outputs,
+        Err(e) => return usage_error(&e),
+    };
+    let options = args.scenario.options(false);
+    let jobs = args.jobs.max(1);
     // Panics inside runs are failures with their message in the report; the
     // default hook would only scribble over the progress bar.
     std::panic::set_hook(Box::new(|_| {}));
-    let bar = indicatif::ProgressBar::new(count);
+    let bar = indicatif::ProgressBar::new(seeds.len());
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta} {msg}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let announce = |seed: u64, running: &[u64]| {
+        bar.suspend(|| announce_seed(seed, running, &options));
+    };
     let mut failed = 0;
-    let summary = run_sweep(start, count, jobs, options, |report| {
-        if !report.passed() {
+    let summary = run_seeds(&seeds, jobs, &options, &announce, |run| {
+        if !run.report.passed() {
             failed += 1;
             bar.set_message(format!("{failed} failed"));
         }
+        outputs.record(run, &options);
         bar.inc(1);
     });
     bar.finish();
     let _ = std::panic::take_hook();
-    print_summary(&summary, start, count, jobs, options);
-    if summary.failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    outputs.write_junit(args, &seeds, &summary);
+    print_summary(&summary, &seeds, jobs, &options);
+    if !summary.failures.is_empty() {
+        return ExitCode::from(EXIT_SEED_FAILED);
+    }
+    match &outputs.error {
+        Some(e) => usage_error(e),
+        None => ExitCode::SUCCESS,
     }
 }
 
-fn print_summary(summary: &SweepSummary, start: u64, count: u64, jobs: usize, options: &Options) {
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn print_summary(summary: &SweepSummary, seeds: &SeedSet, jobs: usize, options: &Options) {
     let size = options.size;
     println!();
     println!(
@@ -218,8 +445,8 @@ fn print_summary(summary: &SweepSummary, start: u64, count: u64, jobs: usize, op
         options.canary
     );
     println!(
-        "seeds {start}..{} on {jobs} thread(s), trace fingerprint {:016x}",
-        start + count,
+        "{} on {jobs} thread(s), trace fingerprint {:016x}",
+        seeds.describe(),
         summary.fingerprint()
     );
     println!("host: {}", crate::host::describe());
@@ -274,11 +501,11 @@ fn replay(seed: u64, options: &Options) -> ExitCode {
         .with_timer(SimulatedTime)
         .with_target(false)
         .try_init();
-    let report = run_seed(seed, options);
+    let report = run_seed_announced(seed, options);
     println!("{report}");
     if report.passed() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::FAILURE
+        ExitCode::from(EXIT_SEED_FAILED)
     }
 }

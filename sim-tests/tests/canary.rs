@@ -3,9 +3,9 @@
 //! Canaries are switched process-wide, so these tests take turns.
 
 use arbor::canary::Canary;
-use arbor_sim::cli::run_sweep;
+use arbor_sim::cli::{run_seed_announced, run_sweep};
 use arbor_sim::scenario::swarm::{Profile, Size};
-use arbor_sim::scenario::{run_seed, Options, Report};
+use arbor_sim::scenario::{Options, Report};
 use std::sync::Mutex;
 
 /// At least one of seeds 1..=SEEDS_MAX must fail with the canary on.
@@ -50,7 +50,7 @@ fn caught(canary: Canary) {
         .ok()
         .and_then(|s| s.parse().ok())
     {
-        let report = run_seed(seed, &options(Some(canary), profile));
+        let report = run_seed_announced(seed, &options(Some(canary), profile));
         println!("{report}");
         assert!(!report.passed(), "{canary:?} not caught by seed {seed}");
         return;

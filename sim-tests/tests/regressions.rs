@@ -1,8 +1,9 @@
 //! Bugs found by the simulator, each kept as the seed that failed before its
 //! fix.
 
+use arbor_sim::cli::run_seed_announced;
 use arbor_sim::scenario::swarm::Profile;
-use arbor_sim::scenario::{run_seed, Options};
+use arbor_sim::scenario::Options;
 
 /// The full-size scenario of the `storage-errors` profile.
 fn storage_errors() -> Options {
@@ -20,7 +21,7 @@ fn storage_errors() -> Options {
 /// now stops at the first error.
 #[test]
 fn standard_seed_6_invariant_sweep_on_failed_disk() {
-    let report = run_seed(6, &Options::standard());
+    let report = run_seed_announced(6, &Options::standard());
     println!("{report}");
     assert!(report.passed(), "seed 6 failed");
     assert!(report.faults_injected > 0);
@@ -35,7 +36,7 @@ fn standard_seed_6_invariant_sweep_on_failed_disk() {
 /// the database itself after a storage error (bounded retries, backoff).
 #[test]
 fn standard_seed_1000_database_poisoned_by_io_error() {
-    let report = run_seed(1000, &Options::standard());
+    let report = run_seed_announced(1000, &Options::standard());
     println!("{report}");
     assert!(report.passed(), "seed 1000 failed");
     assert!(report.faults_injected > 0);
@@ -51,7 +52,7 @@ fn standard_seed_1000_database_poisoned_by_io_error() {
 /// caught on seed 1).
 #[test]
 fn storage_errors_seed_52_late_request_in_the_drain_window() {
-    let report = run_seed(52, &storage_errors());
+    let report = run_seed_announced(52, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 52 failed");
     assert!(report.faults_injected > 0);
@@ -70,7 +71,7 @@ fn storage_errors_seed_52_late_request_in_the_drain_window() {
 /// task pending at the end, which killing the replicas alone missed.
 #[test]
 fn standard_seed_2023_nothing_outlives_the_run() {
-    let report = run_seed(2023, &Options::standard());
+    let report = run_seed_announced(2023, &Options::standard());
     println!("{report}");
     assert!(report.passed(), "seed 2023 failed");
 }
@@ -87,7 +88,7 @@ fn standard_seed_2023_nothing_outlives_the_run() {
 /// Seeds 101307 and 102355 failed the same way.
 #[test]
 fn standard_seed_100738_stale_answer_after_a_restart() {
-    let report = run_seed(100738, &Options::standard());
+    let report = run_seed_announced(100738, &Options::standard());
     println!("{report}");
     assert!(report.passed(), "seed 100738 failed");
 }
@@ -101,7 +102,7 @@ fn standard_seed_100738_stale_answer_after_a_restart() {
 /// check now returns storage errors as errors.
 #[test]
 fn storage_errors_seed_200385_storage_error_is_not_a_broken_tree() {
-    let report = run_seed(200385, &storage_errors());
+    let report = run_seed_announced(200385, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 200385 failed");
 }
@@ -113,7 +114,7 @@ fn storage_errors_seed_200385_storage_error_is_not_a_broken_tree() {
 /// s. The wait now covers the longest supervised restart (15 s).
 #[test]
 fn storage_errors_seed_201270_healing_waits_for_a_supervised_restart() {
-    let report = run_seed(201270, &storage_errors());
+    let report = run_seed_announced(201270, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 201270 failed");
 }

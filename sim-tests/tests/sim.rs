@@ -3,8 +3,8 @@
 //! that one seed instead, with its full report (`ARBOR_SIM_SIZE=standard`
 //! for a seed found by a full-size `arbor-sim sweep`).
 
-use arbor_sim::cli::run_sweep;
-use arbor_sim::scenario::{run_seed, Options};
+use arbor_sim::cli::{run_seed_announced, run_sweep};
+use arbor_sim::scenario::Options;
 
 /// Seeds 1..=SEEDS of the test-sized standard scenario.
 const SEEDS: u64 = 50;
@@ -28,7 +28,7 @@ fn standard_seeds() {
             Ok("standard") => Options::standard(),
             _ => options,
         };
-        let report = run_seed(seed, &options);
+        let report = run_seed_announced(seed, &options);
         println!("{report}");
         assert!(report.passed(), "seed {seed} failed");
         return;
@@ -69,7 +69,7 @@ fn fault_free_run_acks_almost_everything() {
         faults: false,
         ..Options::test()
     };
-    let report = run_seed(4242, &options);
+    let report = run_seed_announced(4242, &options);
     println!("{report}");
     assert!(report.passed());
     assert_eq!(report.faults_injected, 0);

@@ -2,20 +2,24 @@
 //! grid and the search for the highest clean rate) and `overload`.
 
 use super::driver::RunSpec;
-use super::matrix::{self, CleanBar, MatrixResult, Point, Runner, SearchPlan};
+use super::matrix::{self, CleanBar, MatrixResult, PathResult, Point, Runner, SearchPlan};
 use super::metrics::recovery_after_s;
-use super::real::{self, RealOptions, Topology};
-use super::report::{write_creating_dirs, RunReport};
+use super::real::{self, RealOptions};
+use super::report::{write_creating_dirs, PathSummary, RunReport};
 use super::scenario::{Scenario, Stage};
 use super::sim::{self, SimOptions};
+use super::target::GatewayTransport;
+use super::threshold::{check_scopes, evaluate_all, Threshold, EXIT_THRESHOLDS_FAILED};
 use arbor::config::Config;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum LoadCommand {
-    /// Run one constant-arrival-rate load test (k6 semantics).
+    /// Run one constant-arrival-rate load test (k6 semantics). Exit
+    /// status: 0 passed, 1 acknowledged writes lost or iterations stuck, 2
+    /// usage or environment error, 99 a --threshold failed.
     Load {
         #[command(flatten)]
         common: Box<Common>,
@@ -30,7 +34,9 @@ pub enum LoadCommand {
         html: Option<PathBuf>,
     },
     /// Run the reference grid (1000/2500/5000 RPS x sync 5m/off) and search
-    /// upward for the highest rate with p99 <= 100 ms and no errors.
+    /// upward for the highest clean rate: p99 <= 100 ms, no errors, no
+    /// dropped iterations, or the --thresholds given. Over each --transport
+    /// path, wire first; with --replicas 1 or more.
     Matrix {
         #[command(flatten)]
         common: Box<Common>,
@@ -144,10 +150,25 @@ pub struct Common {
     /// real mode connects them over loopback TCP).
     #[arg(long, default_value_t = 1)]
     replicas: usize,
-    /// Real cluster: the gateway calls replicas over TCP too (default: in
-    /// process, as the reference run mocked the gateway's network).
-    #[arg(long)]
-    gateway_tcp: bool,
+    /// How the generator (the gateway) reaches the nodes: `tcp`, the wire
+    /// path users take, or `in-process`, direct calls without a wire.
+    /// Comma-separated paths run the same load over each, one after the
+    /// other, wire first; in-process numbers are only reported beside a
+    /// wire path's (`--transport tcp,in-process`). Default: tcp; sim mode
+    /// has only its simulated in-process gateway.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    transport: Vec<GatewayTransport>,
+    /// A pass/fail criterion, as k6's thresholds:
+    /// `[SCENARIO:] AGGREGATE OP VALUE`, e.g. 'user: p(99)<25ms',
+    /// 'rate<0.01', 'system: dropped==0'. AGGREGATE: p(N), avg, med, min,
+    /// max (latency: us, ms, s; a bare number is ms), rate (failed share
+    /// of completed iterations: 0.01 or 1%), dropped (count). OP: `<`,
+    /// `<=`, `>`, `>=`, `==`, `!=`. Without SCENARIO it holds for every
+    /// scenario. Repeat for more. Verdicts come first in the summary; a
+    /// failed one makes the run exit with 99. In `matrix`, thresholds
+    /// replace the clean bar.
+    #[arg(long = "threshold", value_name = "THRESHOLD", value_parser = Threshold::parse)]
+    thresholds: Vec<Threshold>,
     /// Sim mode: the seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -171,7 +192,77 @@ pub enum Mode {
     Sim,
 }
 
+/// Why a subcommand stopped before it could judge a run.
+#[derive(Debug)]
+pub enum Stop {
+    /// Bad flags or an environment that cannot run the load (unreadable
+    /// config, unwritable output, no port): exit 2.
+    Usage(String),
+    /// A run that could not complete (sim mode's world would not boot):
+    /// exit 1.
+    Failed(String),
+}
+
+impl From<String> for Stop {
+    fn from(message: String) -> Self {
+        Stop::Usage(message)
+    }
+}
+
+/// Exit status of a run that lost acknowledged writes, left iterations
+/// stuck, or could not complete.
+pub const EXIT_RUN_FAILED: u8 = 1;
+/// Exit status of a usage or environment error (clap's, too).
+pub const EXIT_USAGE: u8 = 2;
+
 impl Common {
+    /// The gateway paths to run, wire first. In-process numbers are only
+    /// reported beside a wire path's, so a real-mode list needs one.
+    fn gateways(&self) -> Result<Vec<GatewayTransport>, String> {
+        if self.mode == Mode::Sim {
+            return match self.transport.iter().find(|g| g.is_wire()) {
+                Some(g) => Err(format!(
+                    "--transport {}: sim mode's gateway calls the simulated replicas \
+                     in process; the wire is real mode only",
+                    g.name()
+                )),
+                None => Ok(vec![GatewayTransport::InProcess]),
+            };
+        }
+        if self.transport.is_empty() {
+            return Ok(vec![GatewayTransport::Tcp]);
+        }
+        let mut gateways = self.transport.clone();
+        gateways.sort_by_key(|g| !g.is_wire());
+        gateways.dedup();
+        if !gateways[0].is_wire() {
+            return Err(
+                "--transport in-process: in-process numbers are only reported beside a \
+                 wire path's; add one (--transport tcp,in-process)"
+                    .into(),
+            );
+        }
+        Ok(gateways)
+    }
+
+    /// Fails before the run, not after it, on flags that cannot work
+    /// together and on outputs that cannot be written (checked last: the
+    /// check creates them).
+    fn check_usage(&self, spec: &RunSpec, html: &Path) -> Result<(), String> {
+        self.gateways()?;
+        self.check_thresholds(spec)?;
+        if let Some(json) = &self.json {
+            check_writable(json)?;
+        }
+        check_writable(html)
+    }
+
+    /// Thresholds name scenarios this run has.
+    fn check_thresholds(&self, spec: &RunSpec) -> Result<(), String> {
+        let names: Vec<&str> = spec.scenarios.iter().map(|s| s.name.as_str()).collect();
+        check_scopes(&self.thresholds, &names)
+    }
+
     fn sync_explicit(&self) -> bool {
         self.sync.is_some()
     }
@@ -250,33 +341,62 @@ impl Common {
         }
     }
 
-    /// One run in the chosen mode.
-    fn run(&self, spec: &RunSpec, config: Config, verify: bool) -> Result<RunReport, String> {
+    /// One run in the chosen mode over `gateway`; `separate_dir` gives it
+    /// its own subdirectory of `--data-dir` (several paths in one call).
+    fn run(
+        &self,
+        spec: &RunSpec,
+        config: Config,
+        verify: bool,
+        gateway: GatewayTransport,
+        separate_dir: bool,
+    ) -> Result<RunReport, Stop> {
         match self.mode {
             Mode::Real => {
-                let mut options = self.real_options(config)?;
+                let mut options = self.real_options(config, gateway)?;
                 options.verify |= verify;
-                real::run(spec, &options)
+                if separate_dir {
+                    options.data_dir = options.data_dir.map(|d| d.join(gateway.name()));
+                }
+                Ok(real::run(spec, &options)?)
             }
             Mode::Sim => {
                 let mut options = self.sim_options(config);
                 options.verify |= verify;
-                sim::run(spec, &options)
+                let mut report = sim::run(spec, &options).map_err(Stop::Failed)?;
+                report.gateway = format!("{} (simulated)", gateway.name());
+                report.replicas = self.replicas;
+                Ok(report)
             }
         }
     }
 
-    fn real_options(&self, config: Config) -> Result<RealOptions, String> {
-        let topology = match self.replicas {
-            0 => return Err("--replicas must be at least 1".into()),
-            1 => Topology::Single,
-            replicas => Topology::Cluster {
-                replicas,
-                via_tcp: self.gateway_tcp,
-            },
-        };
+    /// The run over the first gateway path, with the others' headline
+    /// numbers beside it, judged by the thresholds.
+    fn run_paths(&self, spec: &RunSpec, config: Config, verify: bool) -> Result<RunReport, Stop> {
+        let gateways = self.gateways()?;
+        self.check_thresholds(spec)?;
+        let several = gateways.len() > 1;
+        let mut report = self.run(spec, config.clone(), verify, gateways[0], several)?;
+        for gateway in &gateways[1..] {
+            let other = self.run(spec, config.clone(), verify, *gateway, several)?;
+            report.beside.push(PathSummary::of(&other));
+        }
+        report.thresholds = evaluate_all(&self.thresholds, &report.scenarios);
+        Ok(report)
+    }
+
+    fn real_options(
+        &self,
+        config: Config,
+        gateway: GatewayTransport,
+    ) -> Result<RealOptions, String> {
+        if self.replicas == 0 {
+            return Err("--replicas must be at least 1".into());
+        }
         Ok(RealOptions {
-            topology,
+            replicas: self.replicas,
+            gateway,
             config,
             data_dir: self.data_dir.clone(),
             worker_threads: self.workers,
@@ -285,17 +405,24 @@ impl Common {
     }
 }
 
+/// Runs a load subcommand: exit 0 when the run passed, 1 when it failed
+/// (lost writes, stuck iterations), 2 on a usage or environment error, 99
+/// when a threshold failed.
 pub fn run(command: LoadCommand) -> ExitCode {
     match dispatch(command) {
         Ok(code) => code,
-        Err(e) => {
+        Err(Stop::Usage(e)) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(Stop::Failed(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_RUN_FAILED)
         }
     }
 }
 
-fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
+fn dispatch(command: LoadCommand) -> Result<ExitCode, Stop> {
     match command {
         LoadCommand::Calibrate(args) => {
             let temp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
@@ -315,8 +442,11 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
             html,
         } => {
             let spec = common.spec(vec![Stage { duration, rate }], common.verify);
-            let report = common.run(&spec, common.config()?, false)?;
-            finish_run(&common, &report, html)
+            let config = common.config()?;
+            let html = html.unwrap_or_else(default_html_path);
+            common.check_usage(&spec, &html)?;
+            let report = common.run_paths(&spec, config, false)?;
+            finish_run(&common, &report, &html)
         }
         LoadCommand::Matrix {
             common,
@@ -328,36 +458,61 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
             no_grid,
             no_search,
         } => {
-            let mut runner = RealRunner {
-                common: (*common).clone(),
-                base: common.config()?,
+            let gateways = common.gateways()?;
+            let bar = if common.thresholds.is_empty() {
+                CleanBar::default()
+            } else {
+                common.check_thresholds(&common.spec(vec![], false))?;
+                CleanBar {
+                    thresholds: common.thresholds.clone(),
+                }
             };
-            let bar = CleanBar::default();
+            if let Some(path) = &common.json {
+                check_writable(path)?;
+            }
+            let base = common.config()?;
+            let plan = SearchPlan {
+                start_rate: search_start,
+                max_rate: search_max,
+                duration: search_duration,
+                sync_interval: base.tree.sync_interval,
+                resolution: 0.05,
+                probes_max: search_probes,
+            };
             let grid = if no_grid {
                 Vec::new()
             } else {
                 reference_grid(grid_duration)
             };
-            let grid_rows = matrix::run_grid(&mut runner, &grid, &bar);
-            let (highest_clean_rate, search) = if no_search {
-                (None, Vec::new())
-            } else {
-                let plan = SearchPlan {
-                    start_rate: search_start,
-                    max_rate: search_max,
-                    duration: search_duration,
-                    sync_interval: runner.base.tree.sync_interval,
-                    resolution: 0.05,
-                    probes_max: search_probes,
+            let mut paths = Vec::new();
+            for gateway in gateways.iter().copied() {
+                println!("\n{} replica(s), {}", common.replicas, gateway.describe());
+                let mut runner = RealRunner {
+                    common: (*common).clone(),
+                    base: base.clone(),
+                    gateway,
+                    separate_dir: gateways.len() > 1,
                 };
-                matrix::search(&mut runner, &plan, &bar)
-            };
+                let grid_rows = matrix::run_grid(&mut runner, &grid, &bar);
+                let (highest_clean_rate, search) = if no_search {
+                    (None, Vec::new())
+                } else {
+                    matrix::search(&mut runner, &plan, &bar)
+                };
+                paths.push(PathResult {
+                    gateway: runner.gateway_label(),
+                    grid: grid_rows,
+                    search,
+                    highest_clean_rate,
+                });
+            }
             let result = MatrixResult {
-                grid: grid_rows,
-                search,
-                highest_clean_rate,
+                mode: format!("{:?}", common.mode).to_lowercase(),
+                replicas: common.replicas,
+                clean: bar.text(),
+                paths,
             };
-            println!("\n{}", matrix::result_text(&result, &bar));
+            println!("\n{}", matrix::result_text(&result));
             if let Some(path) = &common.json {
                 let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
                 write_creating_dirs(path, text.as_bytes())
@@ -389,12 +544,15 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, String> {
                 },
             ];
             let spec = common.spec(stages, true);
-            let mut report = common.run(&spec, common.config()?, true)?;
+            let config = common.config()?;
+            let html = html.unwrap_or_else(default_html_path);
+            common.check_usage(&spec, &html)?;
+            let mut report = common.run_paths(&spec, config, true)?;
             report.title = format!("Overload: {base_rate}/s, {rate}/s, {base_rate}/s");
             report
                 .notes
                 .extend(recovery_notes(&report, warmup, overload_duration));
-            finish_run(&common, &report, html)
+            finish_run(&common, &report, &html)
         }
     }
 }
@@ -463,6 +621,17 @@ pub fn reference_grid(duration: Duration) -> Vec<Point> {
 struct RealRunner {
     common: Common,
     base: Config,
+    gateway: GatewayTransport,
+    separate_dir: bool,
+}
+
+impl RealRunner {
+    fn gateway_label(&self) -> String {
+        match self.common.mode {
+            Mode::Real => self.gateway.name().to_string(),
+            Mode::Sim => format!("{} (simulated)", self.gateway.name()),
+        }
+    }
 }
 
 impl Runner for RealRunner {
@@ -476,9 +645,12 @@ impl Runner for RealRunner {
             }],
             false,
         );
-        match self.common.run(&spec, config, false) {
+        let run = self
+            .common
+            .run(&spec, config, false, self.gateway, self.separate_dir);
+        match run {
             Ok(report) => report,
-            Err(e) => {
+            Err(Stop::Usage(e) | Stop::Failed(e)) => {
                 eprintln!("run at {}/s failed: {e}", point.rate);
                 RunReport::default()
             }
@@ -486,24 +658,35 @@ impl Runner for RealRunner {
     }
 }
 
-fn finish_run(
-    common: &Common,
-    report: &RunReport,
-    html: Option<PathBuf>,
-) -> Result<ExitCode, String> {
+/// Creates the file's directory and opens the file for writing (leaving
+/// an existing file's content alone).
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map(drop)
+        .map_err(fail)
+}
+
+fn finish_run(common: &Common, report: &RunReport, html: &Path) -> Result<ExitCode, Stop> {
     println!("{}", report.summary_text());
     if let Some(path) = &common.json {
         report
             .write_json(path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let html = html.unwrap_or_else(default_html_path);
-    write_creating_dirs(&html, super::html::render(report).as_bytes())
+    write_creating_dirs(html, super::html::render(report).as_bytes())
         .map_err(|e| format!("{}: {e}", html.display()))?;
     println!("  html report: {}", html.display());
-    let lost = report.verification.as_ref().is_some_and(|v| v.missing > 0);
-    Ok(if lost || report.stuck > 0 {
-        ExitCode::FAILURE
+    Ok(if report.failed() {
+        ExitCode::from(EXIT_RUN_FAILED)
+    } else if !report.thresholds_passed() {
+        ExitCode::from(EXIT_THRESHOLDS_FAILED)
     } else {
         ExitCode::SUCCESS
     })

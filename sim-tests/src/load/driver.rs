@@ -6,7 +6,7 @@
 //! Every request has a deadline; missing it is an error.
 
 use super::metrics::{Outcome, ScenarioRecorder, ScenarioSummary, Snapshot};
-use super::scenario::{iteration_start, Scenario};
+use super::scenario::{iteration_start, iterations_due, Scenario};
 use super::target::Target;
 use arbor::runtime::{with_timeout, Env};
 use arbor::types::NodeId;
@@ -144,7 +144,8 @@ pub async fn run(spec: &RunSpec, env: &Env, target: Arc<dyn Target>) -> RunOutpu
             &mut *s.recorder(),
             ScenarioRecorder::new(&s.scenario.name, spec.window, false),
         );
-        let (summary, acked) = recorder.finish(end, s.scenario.duration());
+        let planned = iterations_due(&s.scenario.stages, s.scenario.duration());
+        let (summary, acked) = recorder.finish(end, s.scenario.duration(), planned);
         out.scenarios.push(summary);
         out.acked.push(acked);
     }
@@ -210,6 +211,7 @@ async fn iteration(
         finished.saturating_sub(run_start),
         finished.saturating_sub(started),
         outcome,
+        shared.in_flight.load(Ordering::SeqCst),
     );
     shared.in_flight.fetch_sub(1, Ordering::SeqCst);
 }

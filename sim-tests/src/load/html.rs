@@ -2,8 +2,8 @@
 //! latency percentiles and throughput over time. No scripts, no fonts, no
 //! network: the file opens anywhere.
 
-use super::metrics::ScenarioSummary;
-use super::report::{fmt_ms, RunReport};
+use super::metrics::{ScenarioSummary, WindowStats};
+use super::report::{fmt_ms, PathSummary, RunReport};
 use std::fmt::Write as _;
 
 const CHART_WIDTH: f64 = 900.0;
@@ -27,7 +27,7 @@ pub fn render(report: &RunReport) -> String {
     let _ = writeln!(
         body,
         "<p class=meta>mode <b>{}</b>{}; {:.1} s on the load clock, {:.1} s wall{}</p>",
-        esc(&report.mode),
+        esc(&report.path_text()),
         report
             .seed
             .map(|s| format!(", seed {s}"))
@@ -40,8 +40,10 @@ pub fn render(report: &RunReport) -> String {
             format!(" on {}", esc(&report.host))
         }
     );
+    body.push_str(&thresholds_table(report));
     body.push_str(&params_table(report));
     body.push_str(&summary_table(&report.scenarios));
+    body.push_str(&paths_table(report));
     // The verdicts (verification, recovery, notes) under the summary table,
     // so that the first screen of the report is the whole summary.
     if let Some(v) = &report.verification {
@@ -69,7 +71,66 @@ pub fn render(report: &RunReport) -> String {
 const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222}\
 table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}\
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.meta{color:#555}.note{color:#a40}\
+.pass{color:#080}.fail{color:#c00;font-weight:bold}\
 svg{display:block;margin:6px 0 18px}";
+
+/// k6's threshold block as a table, first on the page: the verdict.
+fn thresholds_table(report: &RunReport) -> String {
+    if report.thresholds.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "<table><tr><th>threshold</th><th>scenario</th><th>observed</th><th>verdict</th></tr>\n",
+    );
+    for t in &report.thresholds {
+        let (class, mark) = if t.passed {
+            ("pass", "✓ pass")
+        } else {
+            ("fail", "✗ fail")
+        };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class={class}>{mark}</td></tr>",
+            esc(&t.threshold),
+            esc(&t.scenario),
+            esc(&t.observed_text)
+        );
+    }
+    out.push_str("</table>\n");
+    out
+}
+
+/// The run's own path and the paths measured beside it.
+fn paths_table(report: &RunReport) -> String {
+    if report.beside.is_empty() {
+        return String::new();
+    }
+    let own = PathSummary::of(report);
+    let mut out = String::from(
+        "<p>The same load over other paths, one run after the other:</p>\n\
+         <table><tr><th>scenario</th><th>gateway</th><th>achieved/s</th><th>target/s</th>\
+         <th>avg</th><th>p99</th><th>max</th><th>errors</th><th>dropped</th></tr>\n",
+    );
+    for path in std::iter::once(&own).chain(&report.beside) {
+        for p in &path.scenarios {
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&p.name),
+                esc(&path.gateway),
+                p.achieved_rate,
+                p.target_rate,
+                fmt_ms(p.avg_ms),
+                fmt_ms(p.p99_ms),
+                fmt_ms(p.max_ms),
+                p.errors,
+                p.dropped
+            );
+        }
+    }
+    out.push_str("</table>\n");
+    out
+}
 
 fn params_table(report: &RunReport) -> String {
     let mut out = String::from("<table><tr><th>parameter</th><th>value</th></tr>\n");
@@ -89,17 +150,18 @@ fn params_table(report: &RunReport) -> String {
 
 fn summary_table(scenarios: &[ScenarioSummary]) -> String {
     let mut out = String::from(
-        "<table><tr><th>scenario</th><th>iterations</th><th>rate/s</th><th>errors</th><th>dropped</th>\
+        "<table><tr><th>scenario</th><th>iterations</th><th>rate/s</th><th>target/s</th><th>errors</th><th>dropped</th>\
          <th>avg</th><th>min</th><th>med</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>\n",
     );
     for s in scenarios {
         let l = &s.latency;
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{} ({:.2}%){}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{} ({:.2}%){}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&s.name),
             s.ok + s.errors,
             s.achieved_rate,
+            s.target_rate,
             s.errors,
             s.error_rate * 100.0,
             error_kinds(s),
@@ -162,6 +224,18 @@ fn scenario_charts(s: &ScenarioSummary) -> String {
         series("overloaded/s", "#9467bd", per_s(|x| x.overloaded)),
         series("dropped/s", "#8c564b", per_s(|x| x.dropped)),
     ];
+    let in_flight = [
+        series(
+            "in flight (peak)",
+            "#1f77b4",
+            per_window(w, |x| x.in_flight_max),
+        ),
+        series(
+            "VUs allocated",
+            "#7f7f7f",
+            per_window(w, |x| x.vus_allocated),
+        ),
+    ];
     let mut out = format!("<h2>scenario {}</h2>\n", esc(&s.name));
     out.push_str(&line_chart(
         "latency of acknowledged requests (ms, log scale)",
@@ -169,7 +243,17 @@ fn scenario_charts(s: &ScenarioSummary) -> String {
         true,
     ));
     out.push_str(&line_chart("throughput (per second)", &throughput, false));
+    out.push_str(&line_chart(
+        "iterations in flight (k6's busy VUs) and the VU pool",
+        &in_flight,
+        false,
+    ));
     out
+}
+
+/// One value per window, as is (counts, not rates).
+fn per_window(windows: &[WindowStats], f: fn(&WindowStats) -> u64) -> Vec<(f64, f64)> {
+    windows.iter().map(|x| (x.start_s, f(x) as f64)).collect()
 }
 
 fn process_chart(report: &RunReport) -> String {
@@ -191,7 +275,11 @@ fn process_chart(report: &RunReport) -> String {
         points: report.samples.iter().map(|s| (s.at_s, s.rss_mb)).collect(),
     };
     let mut out = String::from("<h2>process</h2>\n");
-    out.push_str(&line_chart("requests in flight", &[in_flight], false));
+    out.push_str(&line_chart(
+        "requests in flight, all scenarios (sampled each window)",
+        &[in_flight],
+        false,
+    ));
     out.push_str(&line_chart("resident memory (MB)", &[rss], false));
     out
 }
@@ -373,6 +461,40 @@ mod tests {
         assert!(svg.contains("p99 &lt;x&gt;"));
         assert!(!svg.contains("http://") || svg.contains("xmlns='http://www.w3.org/2000/svg'"));
         assert_eq!(svg.matches("<polyline").count(), 1);
+    }
+
+    /// The verdicts open the page, the path is named, and each scenario
+    /// charts its iterations in flight over time.
+    #[test]
+    fn report_shows_thresholds_path_and_in_flight() {
+        use crate::load::metrics::WindowStats;
+        use crate::load::threshold::{evaluate_all, Threshold};
+        let windows = (0..3)
+            .map(|i| WindowStats {
+                start_s: i as f64,
+                in_flight_max: 5 + i,
+                vus_allocated: 100,
+                ..Default::default()
+            })
+            .collect();
+        let mut report = RunReport {
+            mode: "real/single".into(),
+            gateway: "tcp".into(),
+            scenarios: vec![ScenarioSummary {
+                name: "user".into(),
+                windows,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let threshold = Threshold::parse("user: rate<0.01").unwrap();
+        report.thresholds = evaluate_all(&[threshold], &report.scenarios);
+        let html = render(&report);
+        assert!(html.contains("real/single, gateway tcp"));
+        let verdict = html.find("✓ pass").expect("verdict shown");
+        assert!(verdict < html.find("<th>parameter</th>").unwrap());
+        assert!(html.contains("iterations in flight (k6&#39;s busy VUs)"));
+        assert!(html.contains("VUs allocated"));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The reference grid (1000/2500/5000 RPS x background sync on/off) side by
 //! side with the reference run's numbers, then a search for the highest rate
-//! that stays clean (p99 <= 100 ms, no errors, no dropped iterations).
+//! that stays clean (by default p99 <= 100 ms, no errors, no dropped
+//! iterations; `--threshold`s replace that bar).
 
 use super::report::{fmt_ms, RunReport};
+use super::threshold::{evaluate_all, Threshold};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -26,27 +28,38 @@ pub trait Runner {
     fn run(&mut self, point: &Point) -> RunReport;
 }
 
-/// What counts as clean.
-#[derive(Clone, Copy, Debug, Serialize)]
+/// What counts as clean: every threshold holds on the scenarios it
+/// judges, no iteration is stuck.
+#[derive(Clone, Debug, Serialize)]
 pub struct CleanBar {
-    pub p99_ms_max: f64,
+    pub thresholds: Vec<Threshold>,
 }
 
 impl Default for CleanBar {
+    /// p99 <= 100 ms, no errors and no dropped iterations, in every
+    /// scenario.
     fn default() -> Self {
-        Self { p99_ms_max: 100.0 }
+        let thresholds = ["p(99)<=100ms", "rate==0", "dropped==0"]
+            .into_iter()
+            .map(|t| Threshold::parse(t).expect("static threshold"))
+            .collect();
+        Self { thresholds }
     }
 }
 
 impl CleanBar {
-    /// Every scenario within the p99 bar, without errors or drops.
     pub fn is_clean(&self, report: &RunReport) -> bool {
         !report.scenarios.is_empty()
             && report.stuck == 0
-            && report
-                .scenarios
+            && evaluate_all(&self.thresholds, &report.scenarios)
                 .iter()
-                .all(|s| s.errors == 0 && s.dropped == 0 && s.latency.p99_ms <= self.p99_ms_max)
+                .all(|r| r.passed)
+    }
+
+    /// "p(99)<=100ms, rate==0, dropped==0".
+    pub fn text(&self) -> String {
+        let texts: Vec<String> = self.thresholds.iter().map(|t| t.to_string()).collect();
+        texts.join(", ")
     }
 }
 
@@ -95,13 +108,25 @@ pub fn sync_label(interval: Option<Duration>) -> String {
     }
 }
 
-/// The grid's result and the search's.
+/// The grid's result and the search's over one gateway path.
 #[derive(Clone, Debug, Serialize)]
-pub struct MatrixResult {
+pub struct PathResult {
+    /// "tcp", "in-process", "in-process (simulated)".
+    pub gateway: String,
     pub grid: Vec<Row>,
     pub search: Vec<Row>,
     /// Highest rate found clean; `None` if even the first probe was not.
     pub highest_clean_rate: Option<u64>,
+}
+
+/// A whole matrix: one result per path, the wire path first.
+#[derive(Clone, Debug, Serialize)]
+pub struct MatrixResult {
+    pub mode: String,
+    pub replicas: usize,
+    /// What the search called clean.
+    pub clean: String,
+    pub paths: Vec<PathResult>,
 }
 
 /// How the upward search proceeds.
@@ -119,7 +144,9 @@ pub struct SearchPlan {
 
 /// Runs the grid, printing each row as it lands.
 pub fn run_grid(runner: &mut dyn Runner, points: &[Point], bar: &CleanBar) -> Vec<Row> {
-    println!("{}", header());
+    if !points.is_empty() {
+        println!("{}", header());
+    }
     points
         .iter()
         .map(|p| {
@@ -222,31 +249,61 @@ pub fn row_text(r: &Row) -> String {
 }
 
 /// The whole matrix as text, for docs and logs.
-pub fn result_text(result: &MatrixResult, bar: &CleanBar) -> String {
+pub fn result_text(result: &MatrixResult) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "reference grid (user scenario; system scenario at 10/s alongside)"
-    );
-    let _ = writeln!(out, "{}", header());
-    for r in &result.grid {
-        let _ = writeln!(out, "{}", row_text(r));
-    }
-    if !result.search.is_empty() {
+    for path in &result.paths {
         let _ = writeln!(
             out,
-            "\nsearch (clean = p99 <= {} ms, 0 errors, 0 dropped)",
-            bar.p99_ms_max
+            "{}, {} replica(s), gateway {}",
+            result.mode, result.replicas, path.gateway
+        );
+        out.push_str(&path_text(path, &result.clean));
+        out.push('\n');
+    }
+    let rates: Vec<String> = result
+        .paths
+        .iter()
+        .filter(|p| !p.search.is_empty())
+        .map(|p| {
+            let rate = p
+                .highest_clean_rate
+                .map_or("none".to_string(), |r| format!("{r}/s"));
+            format!("{rate} with the gateway {}", p.gateway)
+        })
+        .collect();
+    if !rates.is_empty() {
+        let _ = writeln!(
+            out,
+            "highest clean rate, {} replica(s): {}",
+            result.replicas,
+            rates.join("; beside it ")
+        );
+    }
+    out
+}
+
+fn path_text(path: &PathResult, clean: &str) -> String {
+    let mut out = String::new();
+    if !path.grid.is_empty() {
+        let _ = writeln!(
+            out,
+            "reference grid (user scenario; system scenario at 10/s alongside)"
         );
         let _ = writeln!(out, "{}", header());
-        for r in &result.search {
+        for r in &path.grid {
+            let _ = writeln!(out, "{}", row_text(r));
+        }
+    }
+    if !path.search.is_empty() {
+        let _ = writeln!(out, "search (clean = {clean}, nothing stuck)");
+        let _ = writeln!(out, "{}", header());
+        for r in &path.search {
             let _ = writeln!(out, "{}", row_text(r));
         }
         let _ = writeln!(
             out,
             "highest clean rate: {}",
-            result
-                .highest_clean_rate
+            path.highest_clean_rate
                 .map_or("none".to_string(), |r| r.to_string())
         );
     }
@@ -276,6 +333,7 @@ mod tests {
                 scenarios: vec![ScenarioSummary {
                     name: "user".into(),
                     latency: LatencySummary {
+                        count: 100,
                         p99_ms,
                         ..Default::default()
                     },
@@ -322,6 +380,31 @@ mod tests {
         assert_eq!(search(&mut t, &plan, &CleanBar::default()).0, None);
         assert_eq!(t.seen.len(), 10);
         assert!(t.seen.windows(2).all(|w| w[1] == w[0] / 2), "{:?}", t.seen);
+    }
+
+    /// Thresholds replace the default bar: a 5 ms p99 bar makes every
+    /// probe of the pretend service (10 ms when clean) unclean.
+    #[test]
+    fn thresholds_set_the_bar() {
+        let strict = CleanBar {
+            thresholds: vec![super::Threshold::parse("user: p(99)<5ms").unwrap()],
+        };
+        let mut t = threshold(37_000);
+        let plan = plan(5000, 100_000, 0.05, 6);
+        assert_eq!(search(&mut t, &plan, &strict).0, None);
+        let mut t = threshold(37_000);
+        let report = t.run(&Point {
+            rate: 1000,
+            sync_interval: None,
+            duration: Duration::from_secs(1),
+        });
+        assert!(CleanBar::default().is_clean(&report));
+        let stuck = RunReport { stuck: 1, ..report };
+        assert!(!CleanBar::default().is_clean(&stuck));
+        assert_eq!(
+            CleanBar::default().text(),
+            "p(99)<=100ms, rate==0, dropped==0"
+        );
     }
 
     #[test]

@@ -103,6 +103,20 @@ pub struct LatencySummary {
     pub p90_ms: f64,
     pub p95_ms: f64,
     pub p99_ms: f64,
+    /// The whole distribution, for percentiles nobody listed above (a
+    /// threshold on `p(99.9)`); absent in summaries built by hand.
+    #[serde(skip)]
+    pub histogram: Option<LatencyHistogram>,
+}
+
+/// A run's latency histogram (µs), shared instead of copied.
+#[derive(Clone, PartialEq)]
+pub struct LatencyHistogram(std::sync::Arc<Histogram<u64>>);
+
+impl std::fmt::Debug for LatencyHistogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LatencyHistogram({} samples)", self.0.len())
+    }
 }
 
 impl LatencySummary {
@@ -119,7 +133,27 @@ impl LatencySummary {
             p90_ms: ms(h.value_at_quantile(0.90)),
             p95_ms: ms(h.value_at_quantile(0.95)),
             p99_ms: ms(h.value_at_quantile(0.99)),
+            histogram: Some(LatencyHistogram(std::sync::Arc::new(h.clone()))),
         }
+    }
+
+    /// The latency at quantile `q` (0 < q <= 1). Without the histogram,
+    /// the smallest listed quantile at or above `q`: never an understatement.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        assert!(q > 0.0 && q <= 1.0, "quantile {q} out of (0, 1]");
+        if let Some(LatencyHistogram(h)) = &self.histogram {
+            return ms(h.value_at_quantile(q));
+        }
+        let listed = [
+            (0.5, self.med_ms),
+            (0.90, self.p90_ms),
+            (0.95, self.p95_ms),
+            (0.99, self.p99_ms),
+        ];
+        listed
+            .into_iter()
+            .find(|(at, _)| q <= at + 1e-12)
+            .map_or(self.max_ms, |(_, v)| v)
     }
 }
 
@@ -133,6 +167,11 @@ pub struct WindowStats {
     pub errors: u64,
     pub overloaded: u64,
     pub dropped: u64,
+    /// Most iterations in flight at once (k6's busy VUs), seen as
+    /// iterations started and finished in the window.
+    pub in_flight_max: u64,
+    /// The VU pool's size at the window's end.
+    pub vus_allocated: u64,
     pub avg_ms: f64,
     pub p50_ms: f64,
     pub p90_ms: f64,
@@ -155,6 +194,8 @@ pub struct ScenarioSummary {
     pub dropped: u64,
     /// Completed iterations per second over the scenario's duration.
     pub achieved_rate: f64,
+    /// Iterations the schedule asked for per second over the duration.
+    pub target_rate: f64,
     /// Every completed iteration, errors included (k6's http_req_duration).
     pub latency: LatencySummary,
     /// Acknowledged iterations only.
@@ -235,6 +276,8 @@ impl ScenarioRecorder {
     fn close_window(&mut self) {
         let acc = &mut self.current;
         let mut stats = std::mem::take(&mut acc.stats);
+        // The pool never shrinks: a window without arrivals still has it.
+        acc.stats.vus_allocated = stats.vus_allocated;
         stats.start_s = acc.index as f64 * self.window.as_secs_f64();
         let lat = LatencySummary::of(&acc.latency_ok);
         stats.avg_ms = lat.avg_ms;
@@ -261,17 +304,30 @@ impl ScenarioRecorder {
         self.current.stats.started += 1;
         self.in_flight_max = self.in_flight_max.max(in_flight);
         self.vus_allocated_max = self.vus_allocated_max.max(vus_allocated);
+        let window = &mut self.current.stats;
+        window.in_flight_max = window.in_flight_max.max(in_flight);
+        window.vus_allocated = vus_allocated;
     }
 
     pub fn record_dropped(&mut self, at: Duration, vus_allocated: u64) {
         self.roll_to(at);
         self.dropped += 1;
         self.current.stats.dropped += 1;
+        self.current.stats.vus_allocated = vus_allocated;
         self.vus_allocated_max = self.vus_allocated_max.max(vus_allocated);
     }
 
-    pub fn record_done(&mut self, at: Duration, latency: Duration, outcome: Outcome) {
+    /// An iteration finished at `at`; `in_flight` counts it still.
+    pub fn record_done(
+        &mut self,
+        at: Duration,
+        latency: Duration,
+        outcome: Outcome,
+        in_flight: u64,
+    ) {
         self.roll_to(at);
+        let window = &mut self.current.stats;
+        window.in_flight_max = window.in_flight_max.max(in_flight);
         let us = micros(latency);
         self.latency.saturating_record(us);
         match outcome {
@@ -316,9 +372,15 @@ impl ScenarioRecorder {
 
     /// Closes the last window and summarises; `duration` is the scenario's
     /// planned length (the achieved rate is measured against it).
-    pub fn finish(mut self, end: Duration, duration: Duration) -> (ScenarioSummary, Vec<NodeId>) {
+    pub fn finish(
+        mut self,
+        end: Duration,
+        duration: Duration,
+        planned: u64,
+    ) -> (ScenarioSummary, Vec<NodeId>) {
         self.roll_to(end);
-        if self.current.stats != WindowStats::default() {
+        let last = &self.current.stats;
+        if last.started + last.ok + last.errors + last.dropped > 0 {
             self.close_window();
         }
         let errors: u64 = self.errors.values().sum();
@@ -341,6 +403,7 @@ impl ScenarioRecorder {
             },
             dropped: self.dropped,
             achieved_rate: completed as f64 / duration.as_secs_f64().max(1e-9),
+            target_rate: planned as f64 / duration.as_secs_f64().max(1e-9),
             latency: LatencySummary::of(&self.latency),
             latency_ok: LatencySummary::of(&self.latency_ok),
             latency_failed: LatencySummary::of(&self.latency_failed),
@@ -463,16 +526,44 @@ pub fn recovery_after_s(
 mod tests {
     use super::*;
 
+    /// Each window keeps its peak of iterations in flight, counted at
+    /// starts and at completions, and the pool's size, which carries over
+    /// windows without arrivals: the over-time chart of k6's VUs.
+    #[test]
+    fn windows_track_in_flight_and_the_pool() {
+        let mut r = ScenarioRecorder::new("user", Duration::from_secs(1), false);
+        let at = Duration::from_millis;
+        for (i, start_ms) in [100, 200, 300].into_iter().enumerate() {
+            r.record_start(at(start_ms), Duration::ZERO, i as u64 + 1, 10);
+        }
+        for (in_flight, done_ms) in [(3, 1100), (2, 1200)] {
+            r.record_done(at(done_ms), at(900), Outcome::Ok { node: None }, in_flight);
+        }
+        r.record_dropped(at(3500), 11);
+        r.record_done(at(3600), at(3300), Outcome::Ok { node: None }, 1);
+        let (s, _) = r.finish(at(4000), Duration::from_secs(4), 5);
+        let in_flight: Vec<u64> = s.windows.iter().map(|w| w.in_flight_max).collect();
+        assert_eq!(in_flight, [3, 3, 0, 1]);
+        let vus: Vec<u64> = s.windows.iter().map(|w| w.vus_allocated).collect();
+        assert_eq!(vus, [10, 10, 10, 11]);
+        assert!((s.target_rate - 1.25).abs() < 1e-9);
+    }
+
     #[test]
     fn windows_and_totals_add_up() {
         let mut r = ScenarioRecorder::new("user", Duration::from_secs(1), true);
         let ms = Duration::from_millis;
         r.record_start(ms(0), ms(0), 1, 10);
-        r.record_done(ms(10), ms(10), Outcome::Ok { node: Some(7) });
+        r.record_done(ms(10), ms(10), Outcome::Ok { node: Some(7) }, 1);
         r.record_start(ms(1500), ms(30), 1, 10);
-        r.record_done(ms(2500), ms(1000), Outcome::Failed(ErrorKind::Overloaded));
+        r.record_done(
+            ms(2500),
+            ms(1000),
+            Outcome::Failed(ErrorKind::Overloaded),
+            1,
+        );
         r.record_dropped(ms(2600), 10);
-        let (s, acked) = r.finish(ms(3000), Duration::from_secs(3));
+        let (s, acked) = r.finish(ms(3000), Duration::from_secs(3), 3);
         assert_eq!(acked, vec![7]);
         assert_eq!((s.iterations, s.ok, s.errors, s.dropped), (2, 1, 1, 1));
         assert_eq!(s.errors_by_kind.get("overloaded"), Some(&1));

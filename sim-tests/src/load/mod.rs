@@ -18,3 +18,4 @@ pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod target;
+pub mod threshold;

@@ -1,11 +1,12 @@
 //! Real mode: wall clock, real redb files in a temporary directory, a tokio
 //! multi-thread runtime, nodes in this process (one, or a cluster talking
-//! over loopback TCP).
+//! over loopback TCP), reached by the generator over loopback TCP or, for
+//! comparison, by direct calls.
 
 use super::driver::{self, RunSpec};
 use super::report::{RunReport, ServiceCounters, Verification};
 use super::scenario::{Scenario, Workload, LOAD_CID};
-use super::target::{NoPeers, ServiceTarget, Target, TransportTarget};
+use super::target::{GatewayTransport, NoPeers, ServiceTarget, Target, TransportTarget};
 use arbor::config::{Config, PeerConfig};
 use arbor::forest::Forest;
 use arbor::net::Transport;
@@ -42,20 +43,13 @@ pub fn reference_config(
     config
 }
 
-/// Which nodes real mode runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Topology {
-    /// One node, no peers.
-    Single,
-    /// `replicas` in-process nodes replicating over loopback TCP. The
-    /// gateway calls them round-robin, directly or (`via_tcp`) over TCP.
-    Cluster { replicas: usize, via_tcp: bool },
-}
-
 /// Real-mode settings besides the load itself.
 #[derive(Clone, Debug)]
 pub struct RealOptions {
-    pub topology: Topology,
+    /// 1: a single node; more: a cluster replicating over loopback TCP.
+    pub replicas: usize,
+    /// How the generator reaches the nodes (round-robin over replicas).
+    pub gateway: GatewayTransport,
     /// The nodes' configuration; identity, peers, listen address and
     /// `pilorama.path` are filled in per node.
     pub config: Config,
@@ -95,7 +89,6 @@ pub fn run(spec: &RunSpec, options: &RealOptions) -> Result<RunReport, String> {
 struct Nodes {
     services: Vec<Arc<Service>>,
     target: Arc<dyn Target>,
-    mode: String,
 }
 
 async fn run_nodes(
@@ -104,16 +97,22 @@ async fn run_nodes(
     dir: &Path,
     env: Env,
 ) -> Result<RunReport, String> {
-    let nodes = match options.topology {
-        Topology::Single => start_single(&options.config, dir)?,
-        Topology::Cluster { replicas, via_tcp } => {
-            start_cluster(&options.config, dir, replicas, via_tcp).await?
-        }
+    assert!(options.replicas >= 1, "a run needs a node");
+    let nodes = if options.replicas == 1 && !options.gateway.is_wire() {
+        start_single(&options.config, dir)?
+    } else {
+        start_served(&options.config, dir, options.replicas, options.gateway).await?
     };
     let out = driver::run(spec, &env, nodes.target.clone()).await;
     let acked = out.acked.clone();
     let title = "Arbor tree service under gateway load".to_string();
-    let mut report = RunReport::new(title, nodes.mode, out);
+    let mode = match options.replicas {
+        1 => "real/single".to_string(),
+        n => format!("real/cluster{n}-tcp"),
+    };
+    let mut report = RunReport::new(title, mode, out);
+    report.gateway = options.gateway.name().to_string();
+    report.replicas = options.replicas;
     report.params = params(spec, &options.config);
     report
         .params
@@ -153,17 +152,16 @@ fn start_single(base: &Config, dir: &Path) -> Result<Nodes, String> {
     Ok(Nodes {
         services: vec![service.clone()],
         target: Arc::new(ServiceTarget::new(vec![service])),
-        mode: "real/single".into(),
     })
 }
 
 /// Binds every listener first (ephemeral ports), then starts each node
 /// with the others as peers and serves it over TCP.
-async fn start_cluster(
+async fn start_served(
     base: &Config,
     dir: &Path,
     replicas: usize,
-    via_tcp: bool,
+    gateway: GatewayTransport,
 ) -> Result<Nodes, String> {
     let mut listeners = Vec::new();
     for _ in 0..replicas {
@@ -200,24 +198,20 @@ async fn start_cluster(
         ));
         services.push(service);
     }
-    let target: Arc<dyn Target> = if via_tcp {
-        let mut gateway = base.clone();
-        gateway.node.peers = peers_of(0);
-        let transport = Arc::new(TcpTransport::new(&gateway));
-        Arc::new(TransportTarget::new(
-            transport,
-            ids.clone(),
-            GATEWAY_CALL_TIMEOUT,
-        ))
-    } else {
-        Arc::new(ServiceTarget::new(services.clone()))
+    let target: Arc<dyn Target> = match gateway {
+        GatewayTransport::Tcp => {
+            let mut gateway = base.clone();
+            gateway.node.peers = peers_of(0);
+            let transport = Arc::new(TcpTransport::new(&gateway));
+            Arc::new(TransportTarget::new(
+                transport,
+                ids.clone(),
+                GATEWAY_CALL_TIMEOUT,
+            ))
+        }
+        GatewayTransport::InProcess => Arc::new(ServiceTarget::new(services.clone())),
     };
-    let gateway = if via_tcp { "-gateway-tcp" } else { "" };
-    Ok(Nodes {
-        services,
-        target,
-        mode: format!("real/cluster{replicas}-tcp{gateway}"),
-    })
+    Ok(Nodes { services, target })
 }
 
 /// Waits until every node has pushed everything to its peers.

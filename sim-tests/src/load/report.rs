@@ -3,6 +3,7 @@
 
 use super::driver::{RunOutput, Sample};
 use super::metrics::{LatencySummary, ScenarioSummary};
+use super::threshold::{results_text, ThresholdResult};
 use arbor::service::ServiceStats;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -60,7 +61,17 @@ pub struct RunReport {
     pub title: String,
     /// e.g. "real/single", "real/cluster3-tcp", "sim/cluster3".
     pub mode: String,
+    /// The path the generator's requests took to the nodes: "tcp",
+    /// "in-process" (`target::GatewayTransport`), or in sim mode
+    /// "in-process (simulated)".
+    pub gateway: String,
+    pub replicas: usize,
     pub seed: Option<u64>,
+    /// Verdicts of the run's `--threshold`s, in the order given.
+    pub thresholds: Vec<ThresholdResult>,
+    /// The same load over other paths, measured in the same invocation
+    /// (in process, beside a wire run).
+    pub beside: Vec<PathSummary>,
     /// The knobs of this run, for the record.
     pub params: BTreeMap<String, String>,
     pub scenarios: Vec<ScenarioSummary>,
@@ -92,6 +103,26 @@ impl RunReport {
         }
     }
 
+    /// Whether this run or one beside it lost acknowledged writes or left
+    /// iterations stuck.
+    pub fn failed(&self) -> bool {
+        PathSummary::of(self).failed() || self.beside.iter().any(PathSummary::failed)
+    }
+
+    /// Whether every threshold held (true without thresholds).
+    pub fn thresholds_passed(&self) -> bool {
+        self.thresholds.iter().all(|t| t.passed)
+    }
+
+    /// "real/single, gateway over tcp".
+    pub fn path_text(&self) -> String {
+        let gateway = match self.gateway.as_str() {
+            "" => "gateway path unknown".to_string(),
+            g => format!("gateway {g}"),
+        };
+        format!("{}, {gateway}", self.mode)
+    }
+
     pub fn scenario(&self, name: &str) -> Option<&ScenarioSummary> {
         self.scenarios.iter().find(|s| s.name == name)
     }
@@ -104,12 +135,19 @@ impl RunReport {
     /// The end-of-test summary, k6 style.
     pub fn summary_text(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "\n  {}  [{}]", self.title, self.mode);
+        let _ = writeln!(out, "\n  {}  [{}]", self.title, self.path_text());
+        if !self.thresholds.is_empty() {
+            out.push_str(&results_text(&self.thresholds));
+            out.push('\n');
+        }
         for (k, v) in &self.params {
             let _ = writeln!(out, "    {k}: {v}");
         }
         for s in &self.scenarios {
             out.push_str(&scenario_text(s));
+        }
+        if !self.beside.is_empty() {
+            out.push_str(&paths_text(self));
         }
         if let Some(c) = &self.service {
             let _ = writeln!(
@@ -160,7 +198,12 @@ fn scenario_text(s: &ScenarioSummary) -> String {
     line(
         &mut out,
         "iterations",
-        format!("{completed:<10} {:.1}/s", s.achieved_rate),
+        format!(
+            "{completed:<10} {:.1}/s of {:.1}/s target ({:.1}%)",
+            s.achieved_rate,
+            s.target_rate,
+            achieved_share(s) * 100.0
+        ),
     );
     line(&mut out, "ok", format!("{}", s.ok));
     let kinds: Vec<String> = s
@@ -203,6 +246,115 @@ fn scenario_text(s: &ScenarioSummary) -> String {
     out
 }
 
+/// Achieved rate / target rate (1 when nothing was asked for).
+pub fn achieved_share(s: &ScenarioSummary) -> f64 {
+    if s.target_rate > 0.0 {
+        s.achieved_rate / s.target_rate
+    } else {
+        1.0
+    }
+}
+
+/// One scenario's headline numbers over one path.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PathScenario {
+    pub name: String,
+    pub target_rate: f64,
+    pub achieved_rate: f64,
+    pub avg_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub errors: u64,
+    pub dropped: u64,
+}
+
+/// A run's headline numbers, to set beside another path's run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PathSummary {
+    pub gateway: String,
+    pub mode: String,
+    pub wall_time_s: f64,
+    pub scenarios: Vec<PathScenario>,
+    pub stuck: u64,
+    pub verification: Option<Verification>,
+}
+
+impl PathSummary {
+    pub fn of(report: &RunReport) -> Self {
+        let scenarios = report
+            .scenarios
+            .iter()
+            .map(|s| PathScenario {
+                name: s.name.clone(),
+                target_rate: s.target_rate,
+                achieved_rate: s.achieved_rate,
+                avg_ms: s.latency.avg_ms,
+                p99_ms: s.latency.p99_ms,
+                max_ms: s.latency.max_ms,
+                errors: s.errors,
+                dropped: s.dropped,
+            })
+            .collect();
+        Self {
+            gateway: report.gateway.clone(),
+            mode: report.mode.clone(),
+            wall_time_s: report.wall_time_s,
+            scenarios,
+            stuck: report.stuck,
+            verification: report.verification.clone(),
+        }
+    }
+
+    /// Acknowledged writes missing afterwards, or iterations stuck.
+    pub fn failed(&self) -> bool {
+        self.stuck > 0 || self.verification.as_ref().is_some_and(|v| v.missing > 0)
+    }
+}
+
+/// The run's own path, then the paths beside it, scenario by scenario.
+fn paths_text(report: &RunReport) -> String {
+    let own = PathSummary::of(report);
+    let mut out =
+        String::from("\n  paths (the same load, one run after the other in this invocation)\n");
+    let _ = writeln!(
+        out,
+        "    {:<8} {:<12} {:>19} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "scenario", "gateway", "achieved/target", "avg", "p99", "max", "errors", "dropped"
+    );
+    for s in &own.scenarios {
+        for path in std::iter::once(&own).chain(&report.beside) {
+            let Some(p) = path.scenarios.iter().find(|p| p.name == s.name) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "    {:<8} {:<12} {:>19} {:>9} {:>9} {:>9} {:>7} {:>7}",
+                p.name,
+                path.gateway,
+                format!("{:.1}/{:.0}/s", p.achieved_rate, p.target_rate),
+                fmt_ms(p.avg_ms),
+                fmt_ms(p.p99_ms),
+                fmt_ms(p.max_ms),
+                p.errors,
+                p.dropped
+            );
+        }
+    }
+    for path in &report.beside {
+        if let Some(v) = &path.verification {
+            let _ = writeln!(
+                out,
+                "    verify over {}: {}/{} acknowledged nodes readable on {} replica(s), {} missing",
+                path.gateway, v.found, v.acked, v.replicas_checked, v.missing
+            );
+        }
+        if path.stuck > 0 {
+            let _ = writeln!(out, "    stuck over {}: {}", path.gateway, path.stuck);
+        }
+    }
+    out
+}
+
 fn bracket(items: &[String]) -> String {
     if items.is_empty() {
         String::new()
@@ -240,4 +392,79 @@ pub fn write_creating_dirs(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(path, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::threshold::{evaluate_all, Threshold};
+
+    fn user(achieved_rate: f64, p99_ms: f64) -> ScenarioSummary {
+        ScenarioSummary {
+            name: "user".into(),
+            target_rate: 1000.0,
+            achieved_rate,
+            latency: LatencySummary {
+                count: 10,
+                p99_ms,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// k6 prints the threshold verdicts before everything else, and the
+    /// achieved rate beside the target.
+    #[test]
+    fn summary_opens_with_thresholds_and_shows_the_target_rate() {
+        let mut report = RunReport {
+            mode: "real/single".into(),
+            gateway: "tcp".into(),
+            scenarios: vec![user(950.0, 30.0)],
+            ..Default::default()
+        };
+        report.params.insert("deadline".into(), "5s".into());
+        let threshold = Threshold::parse("user: p(99)<25ms").unwrap();
+        report.thresholds = evaluate_all(&[threshold], &report.scenarios);
+        assert!(!report.thresholds_passed());
+        let text = report.summary_text();
+        assert!(text.contains("[real/single, gateway tcp]"), "{text}");
+        let verdict = text.find("✗ 'p(99)<25ms' p(99)=30.00ms").expect("verdict");
+        assert!(verdict < text.find("deadline").unwrap(), "{text}");
+        assert!(
+            text.contains("950.0/s of 1000.0/s target (95.0%)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn other_paths_are_listed_beside_the_run() {
+        let mut report = RunReport {
+            gateway: "tcp".into(),
+            scenarios: vec![user(900.0, 40.0)],
+            ..Default::default()
+        };
+        let mut in_process = report.clone();
+        in_process.gateway = "in-process".into();
+        in_process.scenarios = vec![user(1000.0, 4.0)];
+        report.beside.push(PathSummary::of(&in_process));
+        let text = report.summary_text();
+        let tcp = text.find("user     tcp").expect("own path");
+        let beside = text.find("user     in-process").expect("beside");
+        assert!(tcp < beside, "{text}");
+        assert!(text.contains("1000.0/1000/s"), "{text}");
+        assert!(!report.failed());
+        // Writes lost on the path beside fail the whole run.
+        in_process.verification = Some(Verification {
+            acked: 10,
+            found: 9,
+            missing: 1,
+            ..Default::default()
+        });
+        report.beside = vec![PathSummary::of(&in_process)];
+        assert!(report.failed());
+        assert!(report
+            .summary_text()
+            .contains("verify over in-process: 9/10"));
+    }
 }

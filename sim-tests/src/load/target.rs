@@ -7,9 +7,49 @@ use arbor::proto::{Request, Response};
 use arbor::runtime::BoxFuture;
 use arbor::service::Service;
 use arbor::types::ReplicaId;
+use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How the load generator, standing in for the object gateway, reaches
+/// the nodes under test. Users reach Arbor over the wire, so a wire path is
+/// what a report measures; in-process runs are reported beside one only.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GatewayTransport {
+    /// The wire protocol over loopback TCP: framing, encoding, connection
+    /// pool and the server's limits, as a gateway on another host has them.
+    Tcp,
+    /// Direct calls to the service in this process: no wire, no encoding;
+    /// the service's own cost only.
+    InProcess,
+}
+
+impl GatewayTransport {
+    pub fn name(self) -> &'static str {
+        match self {
+            GatewayTransport::Tcp => "tcp",
+            GatewayTransport::InProcess => "in-process",
+        }
+    }
+
+    /// Whether requests cross the wire as users' requests do.
+    pub fn is_wire(self) -> bool {
+        match self {
+            GatewayTransport::Tcp => true,
+            GatewayTransport::InProcess => false,
+        }
+    }
+
+    /// For report headers: "gateway over tcp", "gateway in process".
+    pub fn describe(self) -> &'static str {
+        match self {
+            GatewayTransport::Tcp => "gateway over tcp",
+            GatewayTransport::InProcess => "gateway in process (no wire)",
+        }
+    }
+}
 
 /// A service endpoint under load.
 pub trait Target: Send + Sync + 'static {
