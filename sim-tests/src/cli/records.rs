@@ -4,8 +4,9 @@
 //! replay command in its message).
 
 use super::SeedRun;
+use crate::failure::Failure;
 use crate::scenario::swarm::Size;
-use crate::scenario::{Failure, Options};
+use crate::scenario::Options;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::io::Write as _;
