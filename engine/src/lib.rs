@@ -6,6 +6,7 @@ pub mod canary;
 pub mod config;
 pub mod error;
 pub mod forest;
+pub mod identity;
 pub mod model;
 pub mod net;
 pub mod proto;
@@ -17,4 +18,5 @@ pub mod types;
 pub mod validate;
 
 pub use error::{Error, Result};
+pub use identity::Caller;
 pub use types::*;

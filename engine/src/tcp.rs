@@ -10,6 +10,7 @@
 
 use crate::config::{Config, Limits};
 use crate::error::{Error, Result};
+use crate::identity::Caller;
 use crate::net::Transport;
 use crate::proto::{self, Request, Response};
 use crate::runtime::BoxFuture;
@@ -25,12 +26,13 @@ use tokio::sync::Semaphore;
 
 /// Answers requests; the service in production, anything in tests.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, request: Request) -> BoxFuture<'_, Response>;
+    /// Answers `request` from `caller`, as the connection authenticated it.
+    fn handle<'a>(&'a self, caller: &'a Caller, request: Request) -> BoxFuture<'a, Response>;
 }
 
 impl Handler for Service {
-    fn handle(&self, request: Request) -> BoxFuture<'_, Response> {
-        Box::pin(Service::handle(self, request))
+    fn handle<'a>(&'a self, caller: &'a Caller, request: Request) -> BoxFuture<'a, Response> {
+        Box::pin(Service::handle(self, caller, request))
     }
 }
 
@@ -168,6 +170,8 @@ async fn serve_connection(
 ) -> Result<()> {
     stream.set_nodelay(true).map_err(io_error)?;
     let (mut reader, mut writer) = stream.into_split();
+    // Plain TCP authenticates nobody.
+    let caller = Caller::Anonymous;
     loop {
         let request = match next_request(&mut reader, options).await {
             Ok(Some(request)) => request,
@@ -180,7 +184,7 @@ async fn serve_connection(
                 return Err(error);
             }
         };
-        let response = handler.handle(request.body).await;
+        let response = handler.handle(&caller, request.body).await;
         let mut body = proto::encode(request.id, &response);
         if body.len() > options.max_message_bytes {
             let error = Error::TooLarge {

@@ -7,6 +7,7 @@ use arbor::config::{Config, ContainerConfig};
 use arbor::forest::{CursorKind, Forest};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
+use arbor::Caller;
 use arbor::{Error, KeyValue, Move, TreeKey, ATTR_FILE_NAME, ROOT, TRASH};
 use service_support::*;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ async fn add(service: &Service, tree: &TreeKey, parent: u64, name: &str) -> u64 
         parent,
         items: vec![kv(ATTR_FILE_NAME, name), kv("k", name)],
     };
-    match service.handle(request).await {
+    match service.handle(&Caller::Anonymous, request).await {
         Response::Added { node } => node,
         other => panic!("add failed: {other:?}"),
     }
@@ -37,7 +38,7 @@ async fn add_by_path(service: &Service, tree: &TreeKey, path: &str) -> u64 {
         path: path.split('/').map(str::to_string).collect(),
         items: vec![kv(ATTR_FILE_NAME, "leaf"), kv("size", "1")],
     };
-    match service.handle(request).await {
+    match service.handle(&Caller::Anonymous, request).await {
         Response::AddedByPath { leaf, .. } => leaf,
         other => panic!("add by path failed: {other:?}"),
     }
@@ -387,7 +388,7 @@ async fn restart_pushes_what_was_not_acknowledged() {
 }
 
 async fn expect_error(service: &Service, request: Request) -> Error {
-    match service.handle(request.clone()).await {
+    match service.handle(&Caller::Anonymous, request.clone()).await {
         Response::Error(error) => error,
         other => panic!("{request:?} answered {other:?}"),
     }
@@ -541,7 +542,7 @@ async fn bad_requests_get_typed_errors() {
     // Nothing of the above changed the tree.
     assert_eq!(dump(&node, &t).unwrap().log.len(), 1);
     assert_eq!(
-        node.handle(Request::Healthcheck).await,
+        node.handle(&Caller::Anonymous, Request::Healthcheck).await,
         Response::Health { replica_id: 1 }
     );
 }
@@ -563,7 +564,7 @@ async fn reads_are_bounded_and_filtered() {
         from_height: 2,
         limit: 1000,
     };
-    match node.handle(oplog).await {
+    match node.handle(&Caller::Anonymous, oplog).await {
         Response::OpLog {
             entries,
             next_height,
@@ -590,7 +591,9 @@ async fn reads_are_bounded_and_filtered() {
         root: ROOT,
         depth: 1,
     };
-    assert!(matches!(node.handle(shallow).await, Response::Nodes(n) if n.len() == 1));
+    assert!(
+        matches!(node.handle(&Caller::Anonymous, shallow).await, Response::Nodes(n) if n.len() == 1)
+    );
 
     let get = |attributes: Vec<String>, all_attributes: bool| Request::GetNodeByPath {
         tree: t.clone(),
@@ -600,21 +603,25 @@ async fn reads_are_bounded_and_filtered() {
         latest_only: true,
         all_attributes,
     };
-    let Response::Nodes(filtered) = node.handle(get(vec!["k".into()], false)).await else {
+    let Response::Nodes(filtered) = node
+        .handle(&Caller::Anonymous, get(vec!["k".into()], false))
+        .await
+    else {
         panic!()
     };
     assert_eq!(filtered.len(), 1);
     assert_eq!(filtered[0].meta.items, vec![kv("k", "n3")]);
-    let Response::Nodes(none) = node.handle(get(vec![], false)).await else {
+    let Response::Nodes(none) = node.handle(&Caller::Anonymous, get(vec![], false)).await else {
         panic!()
     };
     assert!(none[0].meta.items.is_empty());
-    let Response::Nodes(all) = node.handle(get(vec![], true)).await else {
+    let Response::Nodes(all) = node.handle(&Caller::Anonymous, get(vec![], true)).await else {
         panic!()
     };
     assert_eq!(all[0].meta.items.len(), 2);
     assert_eq!(
-        node.handle(Request::TreeList { cid: cid() }).await,
+        node.handle(&Caller::Anonymous, Request::TreeList { cid: cid() })
+            .await,
         Response::Trees(vec!["t".into()])
     );
 }
@@ -637,19 +644,23 @@ async fn apply_is_idempotent_and_drop_removes_trees() {
         ops: ops.clone(),
     };
     assert_eq!(
-        n2.handle(apply.clone()).await,
+        n2.handle(&Caller::Anonymous, apply.clone()).await,
         Response::Applied { fresh: 5 }
     );
-    assert_eq!(n2.handle(apply).await, Response::Applied { fresh: 0 });
+    assert_eq!(
+        n2.handle(&Caller::Anonymous, apply).await,
+        Response::Applied { fresh: 0 }
+    );
     assert_eq!(dump(&n1, &t), dump(&n2, &t));
     let drop = Request::Drop {
         cid: cid(),
         tree: Some("t".into()),
     };
-    assert_eq!(n2.handle(drop).await, Response::Done);
+    assert_eq!(n2.handle(&Caller::Anonymous, drop).await, Response::Done);
     assert!(dump(&n2, &t).is_none());
     assert_eq!(
-        n2.handle(Request::TreeList { cid: cid() }).await,
+        n2.handle(&Caller::Anonymous, Request::TreeList { cid: cid() })
+            .await,
         Response::Trees(vec![])
     );
 }

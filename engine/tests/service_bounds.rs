@@ -9,6 +9,7 @@ mod service_support;
 use arbor::config::{Config, ContainerConfig};
 use arbor::proto::{Request, Response};
 use arbor::service::{Service, ServiceStats};
+use arbor::Caller;
 use arbor::{KeyValue, TreeKey, ATTR_FILE_NAME, ROOT};
 use service_support::*;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ async fn add(service: &Service, tree: &TreeKey, name: &str) {
         parent: ROOT,
         items: vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())],
     };
-    match service.handle(request).await {
+    match service.handle(&Caller::Anonymous, request).await {
         Response::Added { .. } => {}
         other => panic!("add failed: {other:?}"),
     }
@@ -34,7 +35,10 @@ async fn drop_tree(service: &Service, tree: &TreeKey) {
         cid: tree.cid,
         tree: Some(tree.tree.clone()),
     };
-    assert_eq!(service.handle(request).await, Response::Done);
+    assert_eq!(
+        service.handle(&Caller::Anonymous, request).await,
+        Response::Done
+    );
 }
 
 fn bounded_configs(count: u16) -> Vec<Config> {

@@ -14,6 +14,7 @@ use arbor::config::ContainerConfig;
 use arbor::forest::{WriteOp, WriteRequest};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
+use arbor::Caller;
 use arbor::{Error, KeyValue, TreeKey, ROOT};
 use service_support::*;
 use std::sync::Arc;
@@ -28,7 +29,7 @@ async fn add(service: &Service, tree: &TreeKey, name: &str) {
         items: vec![KeyValue::new("FileName", name.as_bytes())],
     };
     assert!(matches!(
-        service.handle(request).await,
+        service.handle(&Caller::Anonymous, request).await,
         Response::Added { .. }
     ));
 }

@@ -11,6 +11,7 @@ mod service_support;
 
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
+use arbor::Caller;
 use arbor::{KeyValue, TreeKey, ATTR_FILE_NAME, ROOT};
 use service_support::*;
 use std::sync::Arc;
@@ -39,7 +40,7 @@ async fn known_nodes(service: &Service, tree: &TreeKey) -> Vec<u64> {
         root: ROOT,
         depth: 0,
     };
-    match service.handle(request).await {
+    match service.handle(&Caller::Anonymous, request).await {
         Response::Nodes(nodes) => nodes.into_iter().map(|n| n.id).collect(),
         _ => vec![ROOT],
     }
@@ -74,7 +75,7 @@ async fn random_write(rng: &mut Rng, service: &Service, tree: &TreeKey) {
         },
     };
     // Refusals (moving ROOT, unknown nodes) are part of the workload.
-    let _ = service.handle(request).await;
+    let _ = service.handle(&Caller::Anonymous, request).await;
 }
 
 async fn run(seed: u64) {

@@ -8,6 +8,7 @@ mod service_support;
 use arbor::forest::{Forest, ForestOptions, WriteOutcome};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
+use arbor::Caller;
 use arbor::{Error, KeyValue, ROOT};
 use redb::StorageBackend;
 use service_support::{add_to_root as add, cluster_configs, eventually, test_env, tree, LocalNet};
@@ -148,11 +149,14 @@ fn a_forest_without_a_factory_refuses_to_reopen() {
 
 async fn add_via(service: &Service, name: &str) -> Response {
     service
-        .handle(Request::Add {
-            tree: tree("t"),
-            parent: ROOT,
-            items: vec![KeyValue::new("FileName", name.as_bytes())],
-        })
+        .handle(
+            &Caller::Anonymous,
+            Request::Add {
+                tree: tree("t"),
+                parent: ROOT,
+                items: vec![KeyValue::new("FileName", name.as_bytes())],
+            },
+        )
         .await
 }
 

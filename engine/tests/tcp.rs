@@ -7,7 +7,7 @@ use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
 use arbor::runtime::BoxFuture;
 use arbor::tcp::{self, Connection, Handler, ServerOptions, TcpTransport};
-use arbor::{ContainerId, Error};
+use arbor::{Caller, ContainerId, Error};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 struct Fake;
 
 impl Handler for Fake {
-    fn handle(&self, request: Request) -> BoxFuture<'_, Response> {
+    fn handle<'a>(&'a self, _caller: &'a Caller, request: Request) -> BoxFuture<'a, Response> {
         Box::pin(async move {
             match request {
                 Request::Healthcheck => Response::Health { replica_id: 9 },
@@ -307,7 +307,7 @@ struct Gate {
 }
 
 impl Handler for Gate {
-    fn handle(&self, _request: Request) -> BoxFuture<'_, Response> {
+    fn handle<'a>(&'a self, _caller: &'a Caller, _request: Request) -> BoxFuture<'a, Response> {
         Box::pin(async move {
             self.arrived
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -4,7 +4,9 @@
 use arbor::net::Transport;
 use arbor::proto::{Request, Response};
 use arbor::runtime::BoxFuture;
+use arbor::Caller;
 use arbor::{ContainerId, Error, TreeKey};
+use arbor_sim::world::caller_at;
 use arbor_sim::world::clock::{ClockSkew, SimClock};
 use arbor_sim::world::replica_addr;
 use arbor_sim::world::transport::{
@@ -21,7 +23,7 @@ struct Echo {
 }
 
 impl Handler for Echo {
-    fn serve(self: Arc<Self>, request: Request) -> BoxFuture<'static, Response> {
+    fn serve(self: Arc<Self>, _caller: Caller, request: Request) -> BoxFuture<'static, Response> {
         Box::pin(async move {
             match request {
                 Request::Healthcheck => Response::Health {
@@ -57,7 +59,15 @@ fn start_echo_servers() -> Vec<madsim::runtime::NodeHandle> {
                 .create_node()
                 .name(format!("replica-{id}"))
                 .ip(addr.ip())
-                .init(move || serve(addr, Arc::new(Echo { replica_id: id }), 1 << 20, 8))
+                .init(move || {
+                    serve(
+                        addr,
+                        Arc::new(Echo { replica_id: id }),
+                        caller_at,
+                        1 << 20,
+                        8,
+                    )
+                })
                 .build()
         })
         .collect()
@@ -169,7 +179,7 @@ struct SlowFirst {
 }
 
 impl Handler for SlowFirst {
-    fn serve(self: Arc<Self>, request: Request) -> BoxFuture<'static, Response> {
+    fn serve(self: Arc<Self>, _caller: Caller, request: Request) -> BoxFuture<'static, Response> {
         let first = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0;
         let delay = if first {
             self.first_delay
@@ -201,7 +211,7 @@ async fn start_slow_first_and_client(
         .create_node()
         .name("replica-1")
         .ip(addr.ip())
-        .init(move || serve(addr, handler.clone(), 1 << 20, 8))
+        .init(move || serve(addr, handler.clone(), caller_at, 1 << 20, 8))
         .build();
     let client = start_client();
     madsim::time::sleep(Duration::from_millis(50)).await;

@@ -6,6 +6,7 @@ use super::push::ITEM_OVERHEAD_BYTES;
 use super::Service;
 use crate::error::{Error, Result};
 use crate::forest::{WriteOp, WriteOutcome, WriteRequest};
+use crate::identity::Caller;
 use crate::proto::{Request, Response};
 use crate::runtime::blocking;
 use crate::types::*;
@@ -16,8 +17,11 @@ use std::collections::BTreeSet;
 const LOG_STAMP_BYTES_MAX: usize = 20;
 
 impl Service {
-    /// Answers one request; errors are `Response::Error`.
-    pub async fn handle(&self, request: Request) -> Response {
+    /// Answers one request from `caller`, whose identity the transport
+    /// established; errors are `Response::Error`.
+    pub async fn handle(&self, caller: &Caller, request: Request) -> Response {
+        // Authorization is not decided yet: every identity may call everything.
+        let _ = caller;
         if self.core.stopped() {
             return Response::Error(Error::ShuttingDown);
         }

@@ -8,6 +8,7 @@ use arbor::proto::{self, Request, Response};
 use arbor::runtime::{BoxFuture, Clock, Env};
 use arbor::service::Service;
 use arbor::system::TokioRuntime;
+use arbor::Caller;
 use arbor::{Error, ReplicaId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -193,9 +194,10 @@ impl Transport for LocalTransport {
             let service = routed?;
             // Through the wire format, as TCP would.
             let request = proto::decode::<Request>(&proto::encode(7, &request), WIRE_MAX)?.body;
-            let response = tokio::time::timeout(timeout, service.handle(request))
-                .await
-                .map_err(|_| Error::Timeout)?;
+            let response =
+                tokio::time::timeout(timeout, service.handle(&Caller::Anonymous, request))
+                    .await
+                    .map_err(|_| Error::Timeout)?;
             let response = match filter {
                 Some(filter) => filter(response),
                 None => response,

@@ -27,6 +27,7 @@ use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{BoxFuture, Env};
 use arbor::service::Service;
+use arbor::Caller;
 use arbor::{Error, NodeId};
 use madsim::runtime::NodeHandle;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -91,7 +92,7 @@ impl Target for SimServiceTarget {
         let (node, service) = self.nodes[i].clone();
         Box::pin(async move {
             match node
-                .spawn(async move { service.handle(request).await })
+                .spawn(async move { service.handle(&Caller::Anonymous, request).await })
                 .await
             {
                 Ok(response) => response,

@@ -7,6 +7,7 @@ use arbor::proto::{Request, Response};
 use arbor::runtime::BoxFuture;
 use arbor::service::Service;
 use arbor::types::ReplicaId;
+use arbor::Caller;
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -78,7 +79,7 @@ impl Target for ServiceTarget {
     fn call(&self, request: Request) -> BoxFuture<'static, Response> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
         let node = self.nodes[i].clone();
-        Box::pin(async move { node.handle(request).await })
+        Box::pin(async move { node.handle(&Caller::Anonymous, request).await })
     }
 }
 

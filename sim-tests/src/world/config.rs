@@ -2,7 +2,7 @@
 //! world's addresses and membership, and the knobs a run draws.
 
 use arbor::config::{Config, ContainerConfig, PeerConfig};
-use arbor::ReplicaId;
+use arbor::{Caller, ReplicaId};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -21,6 +21,33 @@ pub fn replica_addr(index: usize) -> SocketAddr {
         IpAddr::V4(Ipv4Addr::new(10, 0, 0, index as u8 + 1)),
         SERVICE_PORT,
     )
+}
+
+/// The address of the `index`-th client (1-based) a world creates.
+pub fn client_ip(index: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(
+        10,
+        0,
+        1 + (index / 250) as u8,
+        (index % 250) as u8 + 1,
+    ))
+}
+
+/// Who sent a request, by the address plan above: the simulated network
+/// delivers only from the address a node has, so the source address is
+/// as good as a certificate here.
+pub fn caller_at(from: SocketAddr) -> Caller {
+    match from.ip() {
+        IpAddr::V4(ip) => match ip.octets() {
+            [10, 0, 0, last] if last > 0 => Caller::Peer(ReplicaId::from(last)),
+            [10, 0, high, last] if high > 0 && last > 0 => {
+                let index = usize::from(high - 1) * 250 + usize::from(last - 1);
+                Caller::Client(format!("client-{index}"))
+            }
+            _ => Caller::Anonymous,
+        },
+        IpAddr::V6(_) => Caller::Anonymous,
+    }
 }
 
 /// The tunable knobs of a simulated node's config.
@@ -132,5 +159,21 @@ mod tests {
             assert_eq!(config.tree.sync_interval, None);
         }
         assert_eq!(configs[1].node.listen, "10.0.0.2:7000");
+    }
+
+    /// Every address of the plan names the node it belongs to, and nothing
+    /// else is named.
+    #[test]
+    fn callers_are_named_by_the_address_plan() {
+        for index in 0..4 {
+            let expected = Caller::Peer(index as ReplicaId + 1);
+            assert_eq!(caller_at(replica_addr(index)), expected);
+        }
+        for index in [1, 2, 249, 250, 251, 999] {
+            let addr = SocketAddr::new(client_ip(index), 40_000);
+            assert_eq!(caller_at(addr), Caller::Client(format!("client-{index}")));
+        }
+        let stranger = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 0, 1)), 1);
+        assert_eq!(caller_at(stranger), Caller::Anonymous);
     }
 }

@@ -24,12 +24,14 @@ use arbor::{Error, ReplicaId, TreeKey};
 use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use transport::{CallIds, MessageFilter, SimTransport};
 
-pub use config::{cluster_configs, cluster_configs_with, replica_addr, Knobs, SERVICE_PORT};
+pub use config::{
+    caller_at, cluster_configs, cluster_configs_with, replica_addr, Knobs, SERVICE_PORT,
+};
 
 /// How often a (re)starting node retries opening its disk, and how long it
 /// waits between tries, before it gives up and stays down.
@@ -183,12 +185,7 @@ impl World {
         self.clients += 1;
         let index = self.clients;
         let name = format!("client-{index}");
-        let ip = IpAddr::V4(Ipv4Addr::new(
-            10,
-            0,
-            1 + (index / 250) as u8,
-            (index % 250) as u8 + 1,
-        ));
+        let ip = config::client_ip(index);
         let node = Handle::current().create_node().name(&name).ip(ip).build();
         let peers = self.nodes.iter().map(|n| (n.replica_id, n.addr)).collect();
         let clock: Arc<dyn Clock> = Arc::new(SimClock::new(ClockSkew::default()));
@@ -557,6 +554,7 @@ impl Boot {
         transport::serve(
             addr,
             service,
+            caller_at,
             limits.max_message_bytes,
             limits.max_connections,
         )

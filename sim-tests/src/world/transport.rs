@@ -5,7 +5,7 @@
 use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
 use arbor::runtime::{with_timeout, BoxFuture, Clock};
-use arbor::{Error, ReplicaId};
+use arbor::{Caller, Error, ReplicaId};
 use madsim::net::Endpoint;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,12 +22,13 @@ const SPARE_ENDPOINTS_MAX: usize = 64;
 
 /// Something that answers requests: a node's service, or a test double.
 pub trait Handler: Send + Sync + 'static {
-    fn serve(self: Arc<Self>, request: Request) -> BoxFuture<'static, Response>;
+    /// Answers `request` from `caller`, as the network identified it.
+    fn serve(self: Arc<Self>, caller: Caller, request: Request) -> BoxFuture<'static, Response>;
 }
 
 impl Handler for arbor::service::Service {
-    fn serve(self: Arc<Self>, request: Request) -> BoxFuture<'static, Response> {
-        Box::pin(async move { arbor::service::Service::handle(&self, request).await })
+    fn serve(self: Arc<Self>, caller: Caller, request: Request) -> BoxFuture<'static, Response> {
+        Box::pin(async move { arbor::service::Service::handle(&self, &caller, request).await })
     }
 }
 
@@ -214,12 +215,14 @@ impl Transport for SimTransport {
     }
 }
 
-/// Serves requests arriving at `addr` until the node is killed. At most
-/// `max_inflight` requests run at once; beyond that callers get
-/// `Overloaded` at once, so a flood cannot grow the task set without bound.
+/// Serves requests arriving at `addr` until the node is killed; `identify`
+/// names the caller by its source address. At most `max_inflight` requests
+/// run at once; beyond that callers get `Overloaded` at once, so a flood
+/// cannot grow the task set without bound.
 pub async fn serve(
     addr: SocketAddr,
     handler: Arc<dyn Handler>,
+    identify: fn(SocketAddr) -> Caller,
     max_message_bytes: usize,
     max_inflight: usize,
 ) {
@@ -259,7 +262,7 @@ pub async fn serve(
         };
         let handler = handler.clone();
         drop(madsim::task::spawn(async move {
-            let response = handler.serve(envelope.body).await;
+            let response = handler.serve(identify(from), envelope.body).await;
             let frame = proto::encode(envelope.id, &response);
             let _ = endpoint
                 .send_to_raw(from, TAG_RESPONSE, Box::new(frame))

@@ -11,6 +11,7 @@ use crate::world::World;
 use arbor::forest::TreeDump;
 use arbor::proto::Response;
 use arbor::runtime::BoxFuture;
+use arbor::Caller;
 use arbor::{ReplicaId, TreeKey};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -290,10 +291,9 @@ async fn read_everywhere(
     for replica in world.replicas_of(&tree.cid) {
         let request = read_request(tree.clone(), path.to_vec(), latest_only);
         let answer = world
-            .on_node(
-                replica,
-                |service| async move { service.handle(request).await },
-            )
+            .on_node(replica, |service| async move {
+                service.handle(&Caller::Anonymous, request).await
+            })
             .await
             .ok_or_else(|| {
                 Failure::new(
