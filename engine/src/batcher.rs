@@ -482,8 +482,15 @@ impl Worker {
                     .writes
                     .fetch_add(requests.len() as u64, Ordering::Relaxed);
                 let mut results = committed.results.into_iter();
-                for (count, reply) in replies {
-                    reply.send(Ok(results.by_ref().take(count).collect()));
+                let mut answers: Vec<Vec<Result<WriteOutcome>>> = replies
+                    .iter()
+                    .map(|(count, _)| results.by_ref().take(*count).collect())
+                    .collect();
+                if canary::active(Canary::ResultsToWrongCallers) {
+                    swap_two_alike(&mut answers);
+                }
+                for ((_, reply), answer) in replies.into_iter().zip(answers) {
+                    reply.send(Ok(answer));
                 }
             }
             Err(error) => {
@@ -498,6 +505,25 @@ impl Worker {
                     reply.send(Err(error.clone()));
                 }
             }
+        }
+    }
+}
+
+/// Planted bug `ResultsToWrongCallers`: the first two single-write answers
+/// of the same kind (two Adds, two AddByPaths) change callers.
+fn swap_two_alike(answers: &mut [Vec<Result<WriteOutcome>>]) {
+    let kind = |answer: &Vec<Result<WriteOutcome>>| match answer.as_slice() {
+        [Ok(WriteOutcome::Moved { .. })] => Some(1),
+        [Ok(WriteOutcome::AddedByPath { .. })] => Some(2),
+        _ => None,
+    };
+    for i in 0..answers.len() {
+        let Some(first) = kind(&answers[i]) else {
+            continue;
+        };
+        if let Some(j) = (i + 1..answers.len()).find(|&j| kind(&answers[j]) == Some(first)) {
+            answers.swap(i, j);
+            return;
         }
     }
 }

@@ -21,10 +21,22 @@ pub enum Canary {
     SyncDropsTreeOnPeerError = 6,
     /// Path resolution picks a duplicate directory by arrival order.
     PathByArrivalOrder = 7,
+    /// A pull pass whose page failed to apply moves its cursor past it.
+    PullCursorPastFailedPage = 8,
+    /// The pull cursor is made durable before the page it covers.
+    PullCursorPersistedEarly = 9,
+    /// GetSubTree descends one level deeper than asked.
+    SubtreeDepthOffByOne = 10,
+    /// Two callers of one commit get each other's results (same kind).
+    ResultsToWrongCallers = 11,
+    /// A move of an existing node is logged but does not move it.
+    MovesNoOp = 12,
+    /// A write refused with a definite error is applied anyway.
+    DefiniteFailureApplied = 13,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 7] = [
+    pub const ALL: [Canary; 13] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -32,6 +44,12 @@ impl Canary {
         Canary::FailedBatchHangs,
         Canary::SyncDropsTreeOnPeerError,
         Canary::PathByArrivalOrder,
+        Canary::PullCursorPastFailedPage,
+        Canary::PullCursorPersistedEarly,
+        Canary::SubtreeDepthOffByOne,
+        Canary::ResultsToWrongCallers,
+        Canary::MovesNoOp,
+        Canary::DefiniteFailureApplied,
     ];
 }
 

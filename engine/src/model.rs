@@ -123,6 +123,12 @@ impl TreeModel {
         self.log.get(&ts).map(|e| &e.op)
     }
 
+    /// Whether the logged op at `ts` moved its node (false: it would have
+    /// made a cycle); `None` when no op has that timestamp.
+    pub fn effective(&self, ts: Timestamp) -> Option<bool> {
+        self.log.get(&ts).map(|e| e.effective)
+    }
+
     /// The largest Lamport counter in the log.
     pub fn max_counter(&self) -> u64 {
         self.log

@@ -138,6 +138,8 @@ pub struct SweepSummary {
     /// Each run's trace hash by seed: two builds that ran the same
     /// simulations agree on all of them.
     pub trace_hashes: std::collections::BTreeMap<u64, u64>,
+    /// The coverage counts of every run added up.
+    pub coverage: crate::scenario::coverage::CoverageCounts,
 }
 
 impl SweepSummary {
@@ -258,6 +260,7 @@ impl SweepSummary {
         self.ops_sent += report.ops_sent;
         self.faults_injected += report.faults_injected;
         self.trace_hashes.insert(report.seed, report.trace_hash);
+        self.coverage.merge(&report.coverage);
         if !report.passed() {
             self.failures.push(report);
         }
@@ -466,6 +469,15 @@ fn print_summary(summary: &SweepSummary, seeds: &SeedSet, jobs: usize, options: 
         summary.faults_injected,
         summary.wall_seconds
     );
+    println!("\ncoverage (over all runs):");
+    for what in crate::scenario::coverage::Coverage::ALL {
+        println!("  {:<32} {}", what.name(), summary.coverage.get(what));
+    }
+    let missing = summary.coverage.missing();
+    if !missing.is_empty() {
+        let names: Vec<&str> = missing.iter().map(|c| c.name()).collect();
+        println!("  never reached: {}", names.join(", "));
+    }
     if !summary.failures.is_empty() {
         println!("\nfailing seeds:");
         for report in &summary.failures {

@@ -26,6 +26,17 @@ pub enum FailureKind {
     Panic,
     /// Something of the simulated world outlived its run.
     Leak,
+    /// A replica answered a read otherwise than the reference model of its
+    /// own log says (or its stored state is not the model's).
+    WrongAnswer,
+    /// An acknowledged write does not carry what its caller sent or did
+    /// not take effect, or a definitely refused write was applied.
+    BrokenPromise,
+    /// A client's read missed its own acknowledged write or something an
+    /// earlier read of the same replica showed it.
+    SessionGuarantee,
+    /// A pull cursor passed an op of the peer that the puller lacks.
+    SyncCursor,
 }
 
 impl FailureKind {
@@ -41,6 +52,10 @@ impl FailureKind {
             FailureKind::Storage => "storage",
             FailureKind::Panic => "panic",
             FailureKind::Leak => "leak",
+            FailureKind::WrongAnswer => "wrong answer",
+            FailureKind::BrokenPromise => "broken promise",
+            FailureKind::SessionGuarantee => "session guarantee",
+            FailureKind::SyncCursor => "sync cursor",
         }
     }
 }

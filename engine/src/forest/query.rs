@@ -4,6 +4,7 @@
 
 use super::records::*;
 use super::{check, read, stamps, Forest, OpLogPage, TreeDump, TreeRead};
+use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::types::*;
 use crate::validate;
@@ -102,7 +103,9 @@ impl Forest {
                     limit: limit as u64,
                 });
             }
-            if depth == 0 || level < depth {
+            // Planted bug `SubtreeDepthOffByOne`: one level too deep.
+            let deeper = u32::from(canary::active(Canary::SubtreeDepthOffByOne));
+            if depth == 0 || level < depth + deeper {
                 let mut ids: Vec<NodeId> = read::children_of(&rows, rec.number, info.id)?
                     .into_iter()
                     .map(|c| c.0)

@@ -4,6 +4,7 @@
 
 use super::push::ITEM_OVERHEAD_BYTES;
 use super::Service;
+use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::forest::{WriteOp, WriteOutcome, WriteRequest};
 use crate::identity::Caller;
@@ -59,7 +60,15 @@ impl Service {
                 path,
                 items,
             } => {
-                validate::path(&attr, &path, limits)?;
+                if let Err(error) = validate::path(&attr, &path, limits) {
+                    if canary::active(Canary::DefiniteFailureApplied) {
+                        // Planted bug: the refused write is queued anyway.
+                        let attr = ATTR_FILE_NAME.to_string();
+                        let op = WriteOp::AddByPath { attr, path, items };
+                        let _ = self.write(tree, op).await;
+                    }
+                    return Err(error);
+                }
                 validate::items(&items, limits)?;
                 let op = WriteOp::AddByPath { attr, path, items };
                 match self.write(tree, op).await? {

@@ -26,7 +26,7 @@ mod push;
 mod recovery;
 
 pub use crate::validate::MAX_TREE_ID_BYTES;
-pub use pull::MAX_PULL_PAGES_PER_ROUND;
+pub use pull::{PullObserver, PullPass, MAX_PULL_PAGES_PER_ROUND};
 
 use crate::batcher::{Batcher, BatcherOptions, CommitObserver};
 use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
@@ -211,6 +211,11 @@ impl Service {
     /// whether or not periodic sync is enabled.
     pub async fn sync_now(&self) {
         sync_round(&self.puller, &self.pusher).await;
+    }
+
+    /// Tells `observer` about every pull pass from now on.
+    pub fn observe_pulls(&self, observer: Arc<dyn PullObserver>) {
+        self.puller.set_observer(observer);
     }
 
     /// True when every locally stored op that originated here has been

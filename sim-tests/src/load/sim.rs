@@ -266,6 +266,7 @@ fn ledger_of(scenarios: &[Scenario], acked: &[Vec<NodeId>]) -> Ledger {
             tree: tree.clone(),
             node,
             acker: 0,
+            sent: None,
         }));
     }
     ledger

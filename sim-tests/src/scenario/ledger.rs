@@ -3,7 +3,7 @@
 //! target and the load evaluator's sim mode all record into one.
 
 use arbor::proto::{Request, Response};
-use arbor::{NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME};
+use arbor::{Error, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The meta key whose unique value tags a move, so the checkers can tell
@@ -18,6 +18,8 @@ pub enum Acked {
         tree: TreeKey,
         node: NodeId,
         acker: ReplicaId,
+        /// `None` where the recorder does not keep what was sent.
+        sent: Option<Sent>,
     },
     /// A move tagged with a unique `MOVE_TAG_KEY` meta value.
     Moved {
@@ -35,6 +37,47 @@ pub enum Acked {
     },
 }
 
+/// What the caller of a creation sent: the node's meta, and its parent
+/// (`Add`) or the name of its directory (an `AddByPath` leaf).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sent {
+    pub items: Vec<KeyValue>,
+    pub parent: Option<NodeId>,
+    pub directory: Option<String>,
+}
+
+/// A write that failed, told apart from every other op by one meta item
+/// only it carries (an object's OID, a record's name, a move's tag).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failed {
+    pub tree: TreeKey,
+    pub mark: KeyValue,
+    pub error: Error,
+}
+
+/// True for an error that says the write was not applied and never will
+/// be: the request was refused before it was queued (bad input, unknown
+/// tree or node, overload). The other errors (timeouts, network and
+/// storage errors, shutdown) leave the outcome unknown.
+pub fn definite(error: &Error) -> bool {
+    !matches!(
+        error,
+        Error::Timeout | Error::Storage(_) | Error::Network(_) | Error::ShuttingDown
+    )
+}
+
+/// The meta item that marks a write's op as this write's, if it has one.
+pub fn mark_of(request: &Request) -> Option<(TreeKey, KeyValue)> {
+    let (tree, items, key) = match request {
+        Request::Add { tree, items, .. } => (tree, items, ATTR_FILE_NAME),
+        Request::AddByPath { tree, items, .. } => (tree, items, "OID"),
+        Request::Move { tree, items, .. } => (tree, items, MOVE_TAG_KEY),
+        _ => return None,
+    };
+    let mark = items.iter().find(|kv| kv.key == key)?;
+    Some((tree.clone(), mark.clone()))
+}
+
 /// What the clients did, shared between them and the checkers.
 #[derive(Clone, Default)]
 pub struct Ledger {
@@ -43,6 +86,10 @@ pub struct Ledger {
     pub known: BTreeMap<TreeKey, Vec<NodeId>>,
     /// Full paths of acked leaves made by AddByPath.
     pub leaf_paths: BTreeSet<(TreeKey, Vec<String>)>,
+    /// Writes refused with a definite error: none may ever be applied.
+    pub refused: Vec<Failed>,
+    /// Writes whose outcome is unknown (their call timed out, say).
+    pub unknown: Vec<Failed>,
     pub ops_sent: u64,
     pub ops_acked: u64,
     pub ops_failed: u64,
@@ -65,17 +112,43 @@ impl Ledger {
                 Response::AddedByPath { leaf, created },
             ) => {
                 let touched: Vec<NodeId> = created.iter().copied().chain([*leaf]).collect();
-                for &node in &touched {
-                    self.created(tree, node, acker);
+                let mut parent = (created.len() == path.len()).then_some(ROOT);
+                for (&node, name) in created.iter().zip(&path[path.len() - created.len()..]) {
+                    let items = vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())];
+                    let sent = Sent {
+                        items,
+                        parent,
+                        directory: None,
+                    };
+                    self.created(tree, node, acker, sent);
+                    parent = Some(node);
                 }
+                let sent = Sent {
+                    items: items.clone(),
+                    parent,
+                    directory: path.last().cloned(),
+                };
+                self.created(tree, *leaf, acker, sent);
                 if let Some(name) = value_of(items, ATTR_FILE_NAME) {
                     let leaf_path = path.iter().cloned().chain([name]).collect();
                     self.leaf_paths.insert((tree.clone(), leaf_path));
                 }
                 touched
             }
-            (Request::Add { tree, .. }, Response::Added { node }) => {
-                self.created(tree, *node, acker);
+            (
+                Request::Add {
+                    tree,
+                    parent,
+                    items,
+                },
+                Response::Added { node },
+            ) => {
+                let sent = Sent {
+                    items: items.clone(),
+                    parent: Some(*parent),
+                    directory: None,
+                };
+                self.created(tree, *node, acker, sent);
                 vec![*node]
             }
             (
@@ -109,11 +182,30 @@ impl Ledger {
         }
     }
 
-    fn created(&mut self, tree: &TreeKey, node: NodeId, acker: ReplicaId) {
+    /// Records a write that failed with `error`, definite or not, by its
+    /// `mark_of` (a write without one is not recorded).
+    pub fn failed(&mut self, mark: Option<(TreeKey, KeyValue)>, error: &Error) {
+        let Some((tree, mark)) = mark else {
+            return;
+        };
+        let failed = Failed {
+            tree,
+            mark,
+            error: error.clone(),
+        };
+        if definite(error) {
+            self.refused.push(failed);
+        } else {
+            self.unknown.push(failed);
+        }
+    }
+
+    fn created(&mut self, tree: &TreeKey, node: NodeId, acker: ReplicaId, sent: Sent) {
         self.acked.push(Acked::Created {
             tree: tree.clone(),
             node,
             acker,
+            sent: Some(sent),
         });
         self.known.entry(tree.clone()).or_default().push(node);
     }

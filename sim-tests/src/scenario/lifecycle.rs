@@ -118,6 +118,7 @@ async fn check(world: &World, ledger: &Ledger) -> Result {
         madsim::time::sleep(SETTLE).await;
     }
     convergence::push_converges(world, ledger, &checkers).await?;
+    checkers::answers::count_situations(world)?;
     liveness::nobody_waits(world)
 }
 

@@ -2,9 +2,11 @@
 //! the object-gateway workload under the seed's faults, heals, and checks.
 
 pub mod checkers;
+pub mod coverage;
 pub mod ledger;
 pub mod lifecycle;
 pub mod nemesis;
+pub mod oracle;
 pub mod swarm;
 pub mod workload;
 
@@ -72,6 +74,8 @@ pub struct Report {
     pub ops_acked: u64,
     pub faults_injected: u64,
     pub simulated: Duration,
+    /// How often the run reached each situation of `coverage::Coverage`.
+    pub coverage: coverage::CoverageCounts,
 }
 
 impl Report {
@@ -141,6 +145,7 @@ impl fmt::Display for Report {
             self.trace_hash,
             self.events.len()
         )?;
+        writeln!(f, "coverage: {}", self.coverage)?;
         if self.failure.is_some() {
             writeln!(f, "last events:")?;
             let start = self.events.len().saturating_sub(15);
@@ -164,6 +169,12 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::FailedBatchHangs => "failed_batch_hangs",
         Canary::SyncDropsTreeOnPeerError => "sync_drops_tree_on_peer_error",
         Canary::PathByArrivalOrder => "path_by_arrival_order",
+        Canary::PullCursorPastFailedPage => "pull_cursor_past_failed_page",
+        Canary::PullCursorPersistedEarly => "pull_cursor_persisted_early",
+        Canary::SubtreeDepthOffByOne => "subtree_depth_off_by_one",
+        Canary::ResultsToWrongCallers => "results_to_wrong_callers",
+        Canary::MovesNoOp => "moves_no_op",
+        Canary::DefiniteFailureApplied => "definite_failure_applied",
     }
 }
 
@@ -192,6 +203,7 @@ struct Counts {
     ops_acked: u64,
     faults_injected: u64,
     simulated: Duration,
+    coverage: coverage::CoverageCounts,
 }
 
 /// Runs one seed in its own madsim runtime and reports the verdict. A
@@ -225,6 +237,7 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
         ops_acked: counts.ops_acked,
         faults_injected: counts.faults_injected,
         simulated: counts.simulated,
+        coverage: counts.coverage,
     }
 }
 
@@ -264,6 +277,7 @@ async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Re
     let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
     let world = Arc::new(world);
     let verdict = Verdict::new(trace.clone());
+    watch(&world, &verdict, swarm);
     let supervisor = Supervisor::new(world.clone(), verdict.clone());
     let workload = Arc::new(Workload::new(world.clone(), verdict.clone(), CALL_TIMEOUT));
     let nemesis = Nemesis::new(supervisor.clone(), workload.clone(), swarm.clone());
@@ -274,6 +288,9 @@ async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Re
         lifecycle::heal_and_check(&supervisor, ledger).await
     }
     .await;
+    count_disk_situations(&world);
+    let coverage = world.hooks.coverage.counts();
+    world.hooks.clear();
     let ended = lifecycle::end(&supervisor).await;
     let ledger = workload.ledger.lock().unwrap();
     let counts = Counts {
@@ -281,8 +298,44 @@ async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Re
         ops_acked: ledger.ops_acked,
         faults_injected: nemesis.faults_injected(),
         simulated: crate::world::clock::global_now(),
+        coverage,
     };
     (counts, result.and(ended))
+}
+
+/// Sets the oracles that watch the run (`oracle::watch`) and drops the
+/// pushes the seed cuts for the whole run.
+fn watch(world: &Arc<World>, verdict: &Verdict, swarm: &Swarm) {
+    let coverage = world.hooks.coverage.clone();
+    let answers = oracle::watch::AnswerOracle::new(verdict.clone(), coverage.clone());
+    world.hooks.watch_answers(Arc::new(answers));
+    let pulls = oracle::watch::SyncWatch::new(world, verdict.clone(), coverage.clone());
+    world.hooks.watch_pulls(Arc::new(pulls));
+    let blocked = swarm.pushes_blocked();
+    if !blocked.is_empty() {
+        world
+            .trace
+            .record("world", format!("pushes dropped all run: {blocked:?}"));
+        coverage.hit(coverage::Coverage::PushBlackout);
+    }
+    for (from, to) in blocked {
+        world
+            .filter
+            .block(from, to, crate::world::transport::RequestKind::Push);
+    }
+}
+
+/// Torn writes and disk errors (each followed by a reopen: the supervisor
+/// restarts a replica after its disk errors) from the disks' own counts.
+fn count_disk_situations(world: &World) {
+    let coverage = &world.hooks.coverage;
+    for node in &world.nodes {
+        let stats = node.disk.stats();
+        coverage.add(coverage::Coverage::TornWrite, stats.writes_torn);
+        if stats.write_errors_injected + stats.sync_errors_injected > 0 {
+            coverage.hit(coverage::Coverage::DiskErrorReopen);
+        }
+    }
 }
 
 async fn run_workload(

@@ -198,6 +198,8 @@ impl Nemesis {
             "drop pushes replica-{from} -> replica-{to} for {window:?}"
         ));
         self.world().filter.block(from, to, RequestKind::Push);
+        let coverage = &self.world().hooks.coverage;
+        coverage.hit(crate::scenario::coverage::Coverage::PushBlackout);
         self.later(window, move |n| {
             n.note(format!("pushes replica-{from} -> replica-{to} flow again"));
             n.world().filter.unblock(from, to, RequestKind::Push);

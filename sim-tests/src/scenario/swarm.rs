@@ -5,6 +5,7 @@ use crate::disk::{DiskFaults, DiskLatency, SplitMix64};
 use crate::world::clock::{ClockSkew, DRIFT_PPM_MAX};
 use crate::world::Knobs;
 use arbor::canary::Canary;
+use arbor::ReplicaId;
 use std::fmt;
 use std::time::Duration;
 
@@ -49,6 +50,9 @@ pub enum Profile {
     SyncHeavy,
     /// The disk fails writes and syncs often.
     StorageErrors,
+    /// Sync is the only route between replicas: every push is dropped for
+    /// the whole run, sync runs every 500 ms, and disks fail.
+    SyncOnly,
 }
 
 impl Profile {
@@ -58,9 +62,16 @@ impl Profile {
             Canary::ReplicationDropsOnFullQueue => Profile::PushOnly,
             Canary::SharedSyncCursor | Canary::SyncDropsTreeOnPeerError => Profile::SyncHeavy,
             Canary::FailedBatchHangs => Profile::StorageErrors,
-            Canary::StaleUndoOnRedo | Canary::OldOpWrongPosition | Canary::PathByArrivalOrder => {
-                Profile::Standard
+            Canary::PullCursorPastFailedPage | Canary::PullCursorPersistedEarly => {
+                Profile::SyncOnly
             }
+            Canary::StaleUndoOnRedo
+            | Canary::OldOpWrongPosition
+            | Canary::PathByArrivalOrder
+            | Canary::SubtreeDepthOffByOne
+            | Canary::ResultsToWrongCallers
+            | Canary::MovesNoOp
+            | Canary::DefiniteFailureApplied => Profile::Standard,
         }
     }
 
@@ -70,6 +81,7 @@ impl Profile {
             Profile::PushOnly => "push-only",
             Profile::SyncHeavy => "sync-heavy",
             Profile::StorageErrors => "storage-errors",
+            Profile::SyncOnly => "sync-only",
         }
     }
 
@@ -79,6 +91,7 @@ impl Profile {
             Profile::PushOnly,
             Profile::SyncHeavy,
             Profile::StorageErrors,
+            Profile::SyncOnly,
         ]
         .into_iter()
         .find(|p| p.name() == name)
@@ -124,7 +137,16 @@ pub struct Swarm {
     /// push its own commit. Drawn last, so adding it left the other draws
     /// of a seed as they were.
     pub replicated_batch_delay: Duration,
+    /// Pairs of replicas (both directions) between which every push is
+    /// dropped for the whole run: sync is their only route. Drawn after
+    /// everything else.
+    pushes_blocked: Vec<(ReplicaId, ReplicaId)>,
 }
+
+/// Chance that a standard seed with sync cuts pushes between one pair.
+const SYNC_ONLY_PAIR_PROBABILITY: f64 = 0.25;
+/// The sync interval of the sync-only profile.
+const SYNC_ONLY_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Choices of `replicated_batch_delay`, in ms, before the cap of a quarter
 /// of the replication timeout.
@@ -214,9 +236,24 @@ impl Swarm {
                 &REPLICATED_BATCH_DELAYS_MS,
             ))
             .min(replication_timeout / 4),
+            pushes_blocked: Vec::new(),
         };
+        let pair_roll = rng.next_u64();
+        if swarm.knobs.sync_interval.is_some() && rng.chance(SYNC_ONLY_PAIR_PROBABILITY) {
+            let a = (pair_roll % replicas as u64) as ReplicaId + 1;
+            let b = a % replicas as ReplicaId + 1;
+            swarm.pushes_blocked = vec![(a, b)];
+        }
         swarm.apply_profile(faults_on);
         swarm
+    }
+
+    /// Ordered pairs `(from, to)` whose pushes are dropped all run long.
+    pub fn pushes_blocked(&self) -> Vec<(ReplicaId, ReplicaId)> {
+        self.pushes_blocked
+            .iter()
+            .flat_map(|&(a, b)| [(a, b), (b, a)])
+            .collect()
     }
 
     fn apply_profile(&mut self, faults_on: bool) {
@@ -241,6 +278,20 @@ impl Swarm {
                     self.faults.push_blackout = 1.0;
                     self.faults.packet_loss = self.faults.packet_loss.max(0.5);
                     self.fault_gap_mean = Duration::from_millis(500);
+                }
+            }
+            Profile::SyncOnly => {
+                self.knobs.sync_interval = Some(SYNC_ONLY_INTERVAL);
+                let ids = 1..=self.replicas as ReplicaId;
+                self.pushes_blocked = ids
+                    .clone()
+                    .flat_map(|a| ids.clone().filter(move |&b| a < b).map(move |b| (a, b)))
+                    .collect();
+                self.faults.push_blackout = 0.0;
+                if faults_on {
+                    self.faults.disk_errors = self.faults.disk_errors.max(0.5);
+                    self.disk_faults.write_error_probability = 0.05;
+                    self.disk_faults.sync_error_probability = 0.05;
                 }
             }
             Profile::StorageErrors => {
@@ -284,10 +335,11 @@ impl fmt::Display for Swarm {
             .collect();
         write!(
             f,
-            "  clocks: {}; disk latency {:?}; replicated_batch_delay {:?}",
+            "  clocks: {}; disk latency {:?}; replicated_batch_delay {:?}; pushes blocked all run {:?}",
             skews.join(", "),
             self.disk_latency,
-            self.replicated_batch_delay
+            self.replicated_batch_delay,
+            self.pushes_blocked
         )
     }
 }

@@ -5,7 +5,7 @@
 //! acknowledged write goes into the ledger the checkers hold the cluster to.
 
 use super::checkers::invariants;
-use super::ledger::{Ledger, MOVE_TAG_KEY};
+use super::ledger::{self, Ledger, MOVE_TAG_KEY};
 use crate::failure::Verdict;
 use crate::trace::Trace;
 use crate::world::{Client, World};
@@ -195,6 +195,7 @@ async fn random_op(workload: &Workload, client: &Client) {
         }
         70..=74 => cycle_race(workload, client, pick_tree(cid), op).await,
         75..=81 => remove_random(workload, client, replica, pick_tree(cid), op).await,
+        82..=83 => refused_add(workload, client, replica, version_tree(cid), op).await,
         _ => read_random(workload, client, replica, op).await,
     }
 }
@@ -222,6 +223,7 @@ async fn call(
         format!("op#{op} {summary} -> replica-{replica}"),
     );
     workload.ledger.lock().unwrap().ops_sent += 1;
+    let mark = ledger::mark_of(&request);
     let result = client.call(replica, request, workload.call_timeout).await;
     let outcome = match &result {
         Ok(Response::Error(e)) => Err(e.clone()),
@@ -243,8 +245,9 @@ async fn call(
             ledger.ops_acked += 1;
             Some(response)
         }
-        Err(_) => {
+        Err(error) => {
             ledger.ops_failed += 1;
+            ledger.failed(mark, &error);
             None
         }
     }
@@ -438,32 +441,87 @@ async fn remove_random(
     write(workload, client, replica, op, request).await;
 }
 
-async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, op: u64) {
-    let path = {
-        let ledger = workload.ledger.lock().unwrap();
-        let count = ledger.leaf_paths.len();
-        if count == 0 {
-            None
-        } else {
-            ledger
-                .leaf_paths
-                .iter()
-                .nth(thread_rng().gen_range(0..count))
-                .cloned()
-        }
+/// An AddByPath by another path attribute than FileName: the replica
+/// must refuse it (`UnsupportedAttribute`, a definite error) and never
+/// apply it.
+async fn refused_add(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    tree: TreeKey,
+    op: u64,
+) {
+    let request = Request::AddByPath {
+        tree,
+        attr: "Name".into(),
+        path: vec![format!("dir-{}", op % DIRECTORIES)],
+        items: object_meta(&format!("obj-{op}"), op),
     };
-    let request = match path {
-        Some((tree, path)) if workload.replicas_of(&tree.cid).contains(&replica) => {
-            read_request(tree, path, thread_rng().gen_bool(0.5))
+    if let Some(response) = call(workload, client, replica, op, request).await {
+        workload.verdict.fail(crate::failure::Failure::new(
+            crate::failure::FailureKind::BrokenPromise,
+            format!("replica-{replica} accepted an AddByPath by attribute Name: {response:?}"),
+        ));
+    }
+}
+
+/// One read RPC of every kind in turn, picked at random: the answer
+/// oracle (`oracle::watch`) holds each answer to the model.
+async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, op: u64) {
+    let cids: Vec<ContainerId> = containers()
+        .into_iter()
+        .filter(|cid| workload.replicas_of(cid).contains(&replica))
+        .collect();
+    let cid = cids[thread_rng().gen_range(0..cids.len())];
+    let tree = pick_tree(cid);
+    let request = match thread_rng().gen_range(0..6) {
+        0 => match random_leaf_path(workload, &cid) {
+            Some((tree, path)) => read_request(tree, path, thread_rng().gen_bool(0.5)),
+            None => return,
+        },
+        1 => {
+            let root = match workload.random_known(&tree) {
+                Some(node) if thread_rng().gen_bool(0.5) => node,
+                _ => ROOT,
+            };
+            let depth = thread_rng().gen_range(0..=3);
+            Request::GetSubTree { tree, root, depth }
         }
-        Some(_) => return,
-        None => Request::GetSubTree {
-            tree: version_tree(containers()[0]),
-            root: ROOT,
-            depth: 2,
+        2 => match workload.random_known(&tree) {
+            Some(node) => Request::GetMeta { tree, node },
+            None => return,
+        },
+        3 => Request::TreeList { cid },
+        4 => Request::GetOpLog {
+            tree,
+            from_height: thread_rng().gen_range(0..200),
+            limit: thread_rng().gen_range(1..=64),
+        },
+        _ => Request::GetOpLogStamps {
+            tree,
+            from_height: thread_rng().gen_range(0..200),
+            limit: thread_rng().gen_range(1..=64),
         },
     };
     let _ = call(workload, client, replica, op, request).await;
+}
+
+/// The path of an acknowledged object (or its directory) of `cid`.
+fn random_leaf_path(workload: &Workload, cid: &ContainerId) -> Option<(TreeKey, Vec<String>)> {
+    let ledger = workload.ledger.lock().unwrap();
+    let paths: Vec<&(TreeKey, Vec<String>)> = ledger
+        .leaf_paths
+        .iter()
+        .filter(|(t, _)| t.cid == *cid)
+        .collect();
+    if paths.is_empty() {
+        return None;
+    }
+    let (tree, path) = paths[thread_rng().gen_range(0..paths.len())].clone();
+    if thread_rng().gen_bool(0.25) {
+        return Some((tree, path[..1].to_vec()));
+    }
+    Some((tree, path))
 }
 
 /// The read the checkers compare across replicas.

@@ -8,6 +8,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod hooks;
 pub mod runtime;
 pub mod storage;
 pub mod supervisor;
@@ -87,6 +88,8 @@ pub struct World {
     pub nodes: Vec<SimNode>,
     pub filter: Arc<MessageFilter>,
     pub trace: Trace,
+    /// The scenario's observers of answers and pull passes.
+    pub hooks: Arc<hooks::Hooks>,
     call_ids: CallIds,
     clients: usize,
     /// The network's config when the world was built: what healing
@@ -99,14 +102,19 @@ impl World {
     pub fn build(specs: Vec<NodeSpec>, trace: Trace) -> World {
         let filter = Arc::new(MessageFilter::default());
         let call_ids = CallIds::default();
+        let hooks = Arc::new(hooks::Hooks::default());
         let nodes = specs
             .into_iter()
-            .map(|spec| build_node(spec, filter.clone(), call_ids.clone(), trace.clone()))
+            .map(|spec| {
+                let shared = (filter.clone(), call_ids.clone(), hooks.clone());
+                build_node(spec, shared, trace.clone())
+            })
             .collect();
         World {
             nodes,
             filter,
             trace,
+            hooks,
             call_ids,
             clients: 0,
             base_net: net_config(),
@@ -444,8 +452,7 @@ fn net_config() -> madsim::net::Config {
 
 fn build_node(
     spec: NodeSpec,
-    filter: Arc<MessageFilter>,
-    call_ids: CallIds,
+    (filter, call_ids, hooks): (Arc<MessageFilter>, CallIds, Arc<hooks::Hooks>),
     trace: Trace,
 ) -> SimNode {
     let config = spec.config;
@@ -469,6 +476,7 @@ fn build_node(
         filter,
         call_ids,
         trace,
+        hooks,
         slot: service.clone(),
     };
     let boot = Arc::new(boot);
@@ -501,6 +509,7 @@ struct Boot {
     filter: Arc<MessageFilter>,
     call_ids: CallIds,
     trace: Trace,
+    hooks: Arc<hooks::Hooks>,
     slot: Arc<Mutex<Option<Arc<Service>>>>,
 }
 
@@ -548,12 +557,22 @@ impl Boot {
             Ok(service) => service,
             Err(e) => panic!("{}: service does not start: {e}", self.name),
         };
+        self.hooks
+            .attach_pulls(self.config.node.replica_id, &service);
         *self.slot.lock().unwrap() = Some(service.clone());
         self.trace.record(&self.name, "up");
         let addr = self.config.node.listen.parse().expect("listen is ip:port");
+        let handler: Arc<dyn transport::Handler> = match self.hooks.answers() {
+            Some(watch) => Arc::new(transport::Watched {
+                replica: self.config.node.replica_id,
+                service,
+                watch,
+            }),
+            None => service,
+        };
         transport::serve(
             addr,
-            service,
+            handler,
             caller_at,
             limits.max_message_bytes,
             limits.max_connections,

@@ -32,6 +32,27 @@ impl Handler for arbor::service::Service {
     }
 }
 
+/// A service whose answers an `AnswerWatch` sees before they leave.
+pub struct Watched {
+    pub replica: ReplicaId,
+    pub service: Arc<arbor::service::Service>,
+    pub watch: Arc<dyn super::hooks::AnswerWatch>,
+}
+
+impl Handler for Watched {
+    fn serve(self: Arc<Self>, caller: Caller, request: Request) -> BoxFuture<'static, Response> {
+        Box::pin(async move {
+            let seen = self.watch.wants(&caller, &request).then(|| request.clone());
+            let response = self.service.handle(&caller, request).await;
+            if let Some(request) = seen {
+                let watch = &self.watch;
+                watch.answered(self.replica, &self.service, &caller, &request, &response);
+            }
+            response
+        })
+    }
+}
+
 /// The kind of a request, for selective message faults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RequestKind {

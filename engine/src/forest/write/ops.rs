@@ -4,6 +4,7 @@
 use super::super::read;
 use super::super::records::*;
 use super::{strict, HeightRun, Writer};
+use crate::canary::{self, Canary};
 use crate::error::Result;
 use crate::types::*;
 use redb::ReadableTable;
@@ -103,7 +104,10 @@ impl Writer<'_, '_> {
         // `parent`: skip the ancestor walk.
         let may_be_above =
             old.is_some() || (child <= rec.max_parent && self.may_have_children(tree, child)?);
-        if may_be_above && self.is_ancestor_or_self(rec, child, parent)? {
+        // Planted bug `MovesNoOp`: a move of a stored node (not a remove)
+        // is logged but leaves the node where it was.
+        let planted = old.is_some() && parent != TRASH && canary::active(Canary::MovesNoOp);
+        if planted || (may_be_above && self.is_ancestor_or_self(rec, child, parent)?) {
             self.restore_node(tree, child, old.as_ref())?;
             return Ok(Undo::NoEffect);
         }

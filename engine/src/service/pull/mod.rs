@@ -89,6 +89,24 @@ impl PullCursors {
     }
 }
 
+/// One ended pull pass (also a failed one), as a `PullObserver` sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct PullPass<'a> {
+    pub tree: &'a TreeKey,
+    pub peer: ReplicaId,
+    /// The position of the pull cursor of `(tree, peer)` after the pass.
+    pub cursor: u64,
+    /// Ops the pass applied that were new here.
+    pub fresh: u64,
+}
+
+/// Told about every pull pass once it ended. Tests and the simulator check
+/// through it, with their own reads of both logs, that every op of the
+/// peer below the cursor is held here.
+pub trait PullObserver: Send + Sync {
+    fn pass_ended(&self, pass: &PullPass);
+}
+
 /// What a pull of one stamp page did.
 struct Pulled {
     /// Every height of the page below this is held or applied here.
@@ -119,6 +137,7 @@ pub(super) struct Puller {
     core: Arc<Core>,
     cursors: Mutex<PullCursors>,
     pub counters: PullCounters,
+    observer: Mutex<Option<Arc<dyn PullObserver>>>,
 }
 
 impl Puller {
@@ -127,7 +146,12 @@ impl Puller {
             core,
             cursors: Mutex::default(),
             counters: PullCounters::default(),
+            observer: Mutex::default(),
         }
+    }
+
+    pub fn set_observer(&self, observer: Arc<dyn PullObserver>) {
+        *self.observer.lock().expect("pull observer") = Some(observer);
     }
 
     /// Pulls every tree this node replicates from every peer. A peer that
@@ -284,6 +308,7 @@ impl Puller {
             )?),
         };
         let start = cursor.position();
+        let pulled_before = self.counters.ops_pulled.load(Ordering::Relaxed);
         let result = self.pull_pages(tree, peer, cursor_peer, &mut cursor).await;
         assert!(cursor.position() >= start, "pull cursor moved back");
         let now = self.core.env.clock.now();
@@ -298,6 +323,16 @@ impl Puller {
             .lock()
             .expect("pull cursors")
             .put(key, cursor, max);
+        let observer = self.observer.lock().expect("pull observer").clone();
+        if let Some(observer) = observer {
+            let pulled = self.counters.ops_pulled.load(Ordering::Relaxed);
+            observer.pass_ended(&PullPass {
+                tree,
+                peer,
+                cursor: cursor.position(),
+                fresh: pulled.saturating_sub(pulled_before),
+            });
+        }
         persisted.and(result)
     }
 
@@ -329,15 +364,33 @@ impl Puller {
                 Some(stamps) if !stamps.is_empty() => stamps,
                 _ => return Ok(()),
             };
-            let pulled = self.pull_missing(tree, peer, from, &stamps).await?;
+            let end = stamps.last().expect("a page is not empty").height + 1;
+            if canary::active(Canary::PullCursorPersistedEarly) {
+                // Planted bug: the cursor is made durable before the page.
+                self.core
+                    .forest
+                    .set_cursor(tree, CursorKind::Pull, cursor_peer, end)?;
+            }
+            let pulled = match self.pull_missing(tree, peer, from, &stamps).await {
+                Ok(pulled) => pulled,
+                Err(error) => {
+                    if canary::active(Canary::PullCursorPastFailedPage) {
+                        cursor.advance(end); // Planted bug, as below.
+                    }
+                    return Err(error);
+                }
+            };
             if pulled.complete && pulled.stop.is_none() {
-                let end = stamps.last().expect("a page is not empty").height + 1;
                 assert_eq!(
                     pulled.applied_to, end,
                     "a whole page moves the pull past it"
                 );
             }
-            cursor.advance(pulled.applied_to);
+            if pulled.stop.is_some() && canary::active(Canary::PullCursorPastFailedPage) {
+                // Planted bug: a page that failed to apply is passed over.
+                cursor.advance(end);
+            }
+            cursor.advance(pulled.applied_to.max(cursor.position()));
             if cursor.lag_exceeded() {
                 cursor::persist(&self.core, tree, CursorKind::Pull, cursor_peer, cursor).await?;
             }

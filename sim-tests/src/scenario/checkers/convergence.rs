@@ -340,6 +340,14 @@ mod tests {
                 tree: tree.clone(),
                 node,
                 acker: 1,
+                sent: Some(crate::scenario::ledger::Sent {
+                    items: vec![
+                        KeyValue::new("FileName", b"x".to_vec()),
+                        KeyValue::new("op", b"tag".to_vec()),
+                    ],
+                    parent: Some(ROOT),
+                    directory: None,
+                }),
             },
             moved("tag"),
         ]);

@@ -6,9 +6,11 @@
 //!
 //! `invariants` holds the tree invariant (after every write, in periodic
 //! sweeps and at every checkpoint), `convergence` equal replicas and equal
-//! reads, `durability` acknowledged and stored writes kept, `liveness`
-//! deadlines and callers answered.
+//! reads, `durability` acknowledged and stored writes kept, `answers` state
+//! and answers equal to the reference model's and what callers were
+//! promised, `liveness` deadlines and callers answered.
 
+pub mod answers;
 pub mod convergence;
 pub mod durability;
 pub mod invariants;
@@ -66,8 +68,11 @@ pub trait Checker: Send + Sync {
 pub fn standard() -> Vec<Box<dyn Checker>> {
     vec![
         Box::new(convergence::SameState),
+        Box::new(answers::ModelState),
         Box::new(durability::AckedWrites),
+        Box::new(answers::Promises),
         Box::new(convergence::SameReads),
+        Box::new(answers::ConvergedReads),
     ]
 }
 

@@ -1,0 +1,177 @@
+//! Coverage: how often a run reached the situations its checkers exist
+//! for. A sweep adds the counts of its runs and prints them; a test fails
+//! when a standard sweep never reaches one, so the scenario cannot quietly
+//! stop exercising something. A new situation is a new `Coverage` variant
+//! (and its place in `ALL`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// A situation worth reaching.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Coverage {
+    /// An op arrived at a replica older than some op it held: undo/redo.
+    UndoRedo,
+    /// An undo/redo pass over at least `DEEP_UNDO_OPS` newer ops.
+    UndoRedoDeep,
+    /// An op arrived at a replica older than every op it held.
+    OlderThanLog,
+    /// A logged op left its node where it was: it would have made a cycle.
+    CycleRefused,
+    /// Two directories with one name under one parent.
+    SameNameDirectories,
+    /// Ops a replica got from a pull pass (not by push).
+    DeliveredBySync,
+    /// Pushes between two replicas dropped for a window (or the whole run).
+    PushBlackout,
+    /// A replica's disk failed writes, then the replica reopened it.
+    DiskErrorReopen,
+    /// A write torn at a power failure.
+    TornWrite,
+    /// A write whose call timed out, found applied at a checkpoint.
+    TimeoutLaterApplied,
+    /// A write refused with a definite error.
+    DefiniteFailure,
+    /// Answers checked against the reference model, per read RPC.
+    GetNodeByPathLatest,
+    GetNodeByPathAll,
+    GetSubTree,
+    GetMeta,
+    TreeList,
+    GetOpLog,
+    GetOpLogStamps,
+    /// Pull passes whose cursor was checked against the peer's log.
+    PullPassChecked,
+}
+
+/// Undo/redo passes at least this deep count as deep.
+pub const DEEP_UNDO_OPS: usize = 4;
+
+impl Coverage {
+    pub const ALL: [Coverage; 19] = [
+        Coverage::UndoRedo,
+        Coverage::UndoRedoDeep,
+        Coverage::OlderThanLog,
+        Coverage::CycleRefused,
+        Coverage::SameNameDirectories,
+        Coverage::DeliveredBySync,
+        Coverage::PushBlackout,
+        Coverage::DiskErrorReopen,
+        Coverage::TornWrite,
+        Coverage::TimeoutLaterApplied,
+        Coverage::DefiniteFailure,
+        Coverage::GetNodeByPathLatest,
+        Coverage::GetNodeByPathAll,
+        Coverage::GetSubTree,
+        Coverage::GetMeta,
+        Coverage::TreeList,
+        Coverage::GetOpLog,
+        Coverage::GetOpLogStamps,
+        Coverage::PullPassChecked,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Coverage::UndoRedo => "undo/redo passes",
+            Coverage::UndoRedoDeep => "deep undo/redo passes",
+            Coverage::OlderThanLog => "ops older than the whole log",
+            Coverage::CycleRefused => "cycles refused",
+            Coverage::SameNameDirectories => "same-name directories",
+            Coverage::DeliveredBySync => "ops delivered by sync",
+            Coverage::PushBlackout => "push blackouts",
+            Coverage::DiskErrorReopen => "disk errors then reopen",
+            Coverage::TornWrite => "torn writes",
+            Coverage::TimeoutLaterApplied => "timed-out writes applied",
+            Coverage::DefiniteFailure => "definite failures",
+            Coverage::GetNodeByPathLatest => "GetNodeByPath latest answers",
+            Coverage::GetNodeByPathAll => "GetNodeByPath all answers",
+            Coverage::GetSubTree => "GetSubTree answers",
+            Coverage::GetMeta => "GetMeta answers",
+            Coverage::TreeList => "TreeList answers",
+            Coverage::GetOpLog => "GetOpLog answers",
+            Coverage::GetOpLogStamps => "GetOpLogStamps answers",
+            Coverage::PullPassChecked => "pull passes checked",
+        }
+    }
+}
+
+/// Counts per situation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CoverageCounts(pub BTreeMap<Coverage, u64>);
+
+impl CoverageCounts {
+    pub fn get(&self, what: Coverage) -> u64 {
+        self.0.get(&what).copied().unwrap_or(0)
+    }
+
+    pub fn add(&mut self, what: Coverage, count: u64) {
+        if count > 0 {
+            *self.0.entry(what).or_default() += count;
+        }
+    }
+
+    pub fn merge(&mut self, other: &CoverageCounts) {
+        for (&what, &count) in &other.0 {
+            self.add(what, count);
+        }
+    }
+
+    /// The situations never reached.
+    pub fn missing(&self) -> Vec<Coverage> {
+        Coverage::ALL
+            .into_iter()
+            .filter(|&c| self.get(c) == 0)
+            .collect()
+    }
+}
+
+impl fmt::Display for CoverageCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, what) in Coverage::ALL.into_iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{} {}", what.name(), self.get(what))?;
+        }
+        Ok(())
+    }
+}
+
+/// The counters of one run, shared by everything that sees a situation.
+#[derive(Clone, Default)]
+pub struct CoverageCounter(Arc<Mutex<CoverageCounts>>);
+
+impl CoverageCounter {
+    pub fn hit(&self, what: Coverage) {
+        self.add(what, 1);
+    }
+
+    pub fn add(&self, what: Coverage, count: u64) {
+        self.0.lock().unwrap().add(what, count);
+    }
+
+    pub fn counts(&self) -> CoverageCounts {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_and_name_what_is_missing() {
+        let counter = CoverageCounter::default();
+        counter.hit(Coverage::UndoRedo);
+        counter.add(Coverage::UndoRedo, 2);
+        counter.add(Coverage::TornWrite, 0);
+        let mut total = counter.counts();
+        assert_eq!(total.get(Coverage::UndoRedo), 3);
+        total.merge(&counter.counts());
+        assert_eq!(total.get(Coverage::UndoRedo), 6);
+        assert!(total.missing().contains(&Coverage::TornWrite));
+        assert!(!total.missing().contains(&Coverage::UndoRedo));
+        assert_eq!(total.missing().len(), Coverage::ALL.len() - 1);
+    }
+}

@@ -1,0 +1,85 @@
+//! The answer oracle: what a replica should answer to a read, worked out
+//! by the reference model (`arbor::model`) from that replica's own log at
+//! the moment it answered. The engine's answer and the model's must agree
+//! exactly; a bug that makes every replica wrong the same way is caught
+//! here, where comparing replicas with each other sees nothing.
+//!
+//! `watch` applies it to every answer a replica gives during the run (and
+//! checks each pull pass, and the sessions of the clients); the checkpoint
+//! checker `checkers::answers` applies it to reads it issues itself once
+//! the cluster has converged.
+
+pub mod expect;
+pub mod watch;
+
+use arbor::forest::Forest;
+use arbor::model::TreeModel;
+use arbor::{Move, NodeInfo, Timestamp, TreeKey};
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+/// One tree of one replica as it is now: its log by timestamp, its stored
+/// nodes, and the model's state for that log (built on first need).
+pub struct TreeView {
+    pub log: Vec<Move>,
+    pub nodes: Vec<NodeInfo>,
+    model: OnceLock<TreeModel>,
+}
+
+impl TreeView {
+    /// The tree on `forest`; `Ok(None)` when the replica has no such tree.
+    pub fn read(forest: &Forest, tree: &TreeKey) -> Result<Option<TreeView>, arbor::Error> {
+        match forest.dump(tree) {
+            Ok(dump) => Ok(Some(TreeView {
+                log: dump.log,
+                nodes: dump.nodes,
+                model: OnceLock::new(),
+            })),
+            Err(arbor::Error::TreeNotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The model of this log: every op applied in timestamp order.
+    pub fn model(&self) -> &TreeModel {
+        self.model.get_or_init(|| {
+            let mut model = TreeModel::new();
+            for op in &self.log {
+                assert!(
+                    model.apply(op),
+                    "a dumped log holds timestamp {} twice",
+                    op.ts()
+                );
+            }
+            model
+        })
+    }
+
+    /// The op logged at `ts`.
+    pub fn op_at(&self, ts: Timestamp) -> Option<&Move> {
+        let at = self.log.binary_search_by_key(&ts, |op| op.ts()).ok()?;
+        Some(&self.log[at])
+    }
+
+    pub fn timestamps(&self) -> BTreeSet<Timestamp> {
+        self.log.iter().map(|op| op.ts()).collect()
+    }
+
+    /// The stored nodes differ from the model's state for the stored log:
+    /// the first difference.
+    pub fn state_difference(&self) -> Option<String> {
+        let expected = self.model().dump().nodes;
+        if expected == self.nodes {
+            return None;
+        }
+        let first = expected.iter().zip(&self.nodes).find(|(m, s)| m != s);
+        Some(match first {
+            Some((model, stored)) => format!("stored {stored:?} where the model has {model:?}"),
+            None => format!(
+                "{} stored nodes, {} in the model",
+                self.nodes.len(),
+                expected.len()
+            ),
+        })
+    }
+}

@@ -1,0 +1,255 @@
+//! The oracles that run during the run: `AnswerOracle` holds every answer
+//! a client gets (and a sample of the sync reads peers get) to the model
+//! of the answering replica's log, and keeps the clients' sessions;
+//! `SyncWatch` checks each pull pass against the peer's log.
+
+use super::expect::{check_read, is_read, tree_of, wrong_detail, Checked};
+use super::TreeView;
+use crate::failure::{Failure, FailureKind, Verdict};
+use crate::scenario::coverage::{Coverage, CoverageCounter};
+use crate::world::hooks::{AnswerWatch, PullWatch};
+use crate::world::World;
+use arbor::forest::{CursorKind, Forest};
+use arbor::proto::{Request, Response};
+use arbor::service::{PullPass, Service};
+use arbor::{Caller, ReplicaId, Timestamp, TreeKey};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// One in this many sync reads (peers' GetOpLog, GetOpLogStamps,
+/// TreeList) is held to the model: they are many, and each check reads
+/// the whole tree. Client reads are all checked.
+const PEER_READ_SAMPLE: u64 = 8;
+/// Ops read per page of a peer's log when a pull pass is checked.
+const PEER_LOG_PAGE: usize = 1024;
+
+/// A client's session with one replica and tree: the ops the replica must
+/// still hold at the client's next read there (its acknowledged
+/// creations, and everything an earlier read was answered from).
+type Sessions = BTreeMap<(String, ReplicaId, TreeKey), BTreeSet<Timestamp>>;
+
+pub struct AnswerOracle {
+    verdict: Verdict,
+    coverage: CoverageCounter,
+    peer_reads: AtomicU64,
+    sessions: Mutex<Sessions>,
+}
+
+impl AnswerOracle {
+    pub fn new(verdict: Verdict, coverage: CoverageCounter) -> Self {
+        Self {
+            verdict,
+            coverage,
+            peer_reads: AtomicU64::new(0),
+            sessions: Mutex::default(),
+        }
+    }
+
+    /// A client's write answer: the node it names carries what this caller
+    /// sent (unless a newer op changed it already), and its creations join
+    /// the session.
+    fn acked(&self, client: &str, service: &Service, request: &Request, response: &Response) {
+        let replica = service.config().node.replica_id;
+        let (tree, items, created): (&TreeKey, _, Vec<Timestamp>) = match (request, response) {
+            (Request::Add { tree, items, .. }, Response::Added { node }) => {
+                (tree, items, vec![*node])
+            }
+            (Request::AddByPath { tree, items, .. }, Response::AddedByPath { leaf, created }) => (
+                tree,
+                items,
+                created.iter().copied().chain([*leaf]).collect(),
+            ),
+            _ => return,
+        };
+        let leaf = *created.last().expect("a creation names its node");
+        if let Ok(Some(node)) = service.forest().get_node(tree, leaf) {
+            if node.meta.time == leaf && node.meta.items != *items {
+                self.verdict.fail(Failure::new(
+                    FailureKind::BrokenPromise,
+                    format!(
+                        "replica-{replica} answered {client} with node {leaf}, which carries {:?}; the caller sent {items:?}",
+                        node.meta.items
+                    ),
+                ));
+            }
+        }
+        let key = (client.to_string(), replica, tree.clone());
+        let mut sessions = self.sessions.lock().unwrap();
+        sessions.entry(key).or_default().extend(created);
+    }
+
+    /// Read-your-writes and monotonic reads: the log this read was
+    /// answered from holds everything the session holds; it becomes the
+    /// session. (Its answer was checked against the model of that log.)
+    fn session_read(&self, client: &str, replica: ReplicaId, tree: &TreeKey, view: &TreeView) {
+        let now = view.timestamps();
+        let key = (client.to_string(), replica, tree.clone());
+        let mut sessions = self.sessions.lock().unwrap();
+        let session = sessions.entry(key).or_default();
+        if let Some(lost) = session.difference(&now).next() {
+            self.verdict.fail(Failure::new(
+                FailureKind::SessionGuarantee,
+                format!(
+                    "{client} read {:?}/{} on replica-{replica}, whose log lacks op {lost} \
+                     that the client wrote or read there before",
+                    tree.cid, tree.tree
+                ),
+            ));
+        }
+        *session = now;
+    }
+}
+
+impl AnswerWatch for AnswerOracle {
+    fn wants(&self, caller: &Caller, request: &Request) -> bool {
+        match caller {
+            Caller::Client(_) => {
+                is_read(request)
+                    || matches!(request, Request::Add { .. } | Request::AddByPath { .. })
+            }
+            _ => {
+                is_read(request)
+                    && self
+                        .peer_reads
+                        .fetch_add(1, Ordering::Relaxed)
+                        .is_multiple_of(PEER_READ_SAMPLE)
+            }
+        }
+    }
+
+    fn answered(
+        &self,
+        replica: ReplicaId,
+        service: &Service,
+        caller: &Caller,
+        request: &Request,
+        response: &Response,
+    ) {
+        let client = match caller {
+            Caller::Client(name) => Some(name.as_str()),
+            _ => None,
+        };
+        if !is_read(request) {
+            if let Some(client) = client {
+                self.acked(client, service, request, response);
+            }
+            return;
+        }
+        let forest = service.forest();
+        let view = match tree_of(request).map(|tree| TreeView::read(forest, tree)) {
+            None => None,
+            Some(Ok(view)) => view,
+            // A poisoned database (disk errors): nothing to compare with.
+            Some(Err(_)) => return,
+        };
+        match check_read(request, response, view.as_ref(), forest) {
+            Checked::Agreed(kind) => self.coverage.hit(kind),
+            Checked::Skipped => {}
+            Checked::Wrong(wrong) => {
+                let detail = wrong_detail(replica, request, &wrong);
+                self.verdict
+                    .fail(Failure::new(FailureKind::WrongAnswer, detail));
+            }
+        }
+        if let (Some(client), Some(tree), Some(view)) = (client, tree_of(request), &view) {
+            self.session_read(client, replica, tree, view);
+        }
+    }
+}
+
+/// After each pull pass, every op of the peer below the puller's cursor,
+/// in memory and durable, is in the puller's log: read from both forests
+/// by the simulator, not taken from the service.
+pub struct SyncWatch {
+    world: Weak<World>,
+    verdict: Verdict,
+    coverage: CoverageCounter,
+    /// Per (puller, tree, peer): heights of the peer's log below this
+    /// were found in the puller's log already.
+    checked: Mutex<BTreeMap<(ReplicaId, TreeKey, ReplicaId), u64>>,
+}
+
+impl SyncWatch {
+    pub fn new(world: &Arc<World>, verdict: Verdict, coverage: CoverageCounter) -> Self {
+        Self {
+            world: Arc::downgrade(world),
+            verdict,
+            coverage,
+            checked: Mutex::default(),
+        }
+    }
+
+    /// The peer's ops at heights `from..to`; `None` when they cannot be
+    /// read (the peer is down or its database poisoned).
+    fn peer_stamps(
+        &self,
+        peer: ReplicaId,
+        tree: &TreeKey,
+        from: u64,
+        to: u64,
+    ) -> Option<Vec<Timestamp>> {
+        let world = self.world.upgrade()?;
+        let service = world.node(peer).service()?;
+        let mut stamps = Vec::new();
+        let mut at = from;
+        while at < to {
+            let limit = PEER_LOG_PAGE.min((to - at) as usize);
+            let page = service.forest().get_op_log(tree, at, limit).ok()?;
+            if page.is_empty() {
+                break;
+            }
+            at = page.last().expect("not empty").height + 1;
+            stamps.extend(page.iter().map(|e| e.op.ts()));
+        }
+        Some(stamps)
+    }
+
+    fn check(&self, puller: ReplicaId, forest: &Forest, pass: &PullPass) -> Result<(), String> {
+        let Ok(durable) = forest.cursor(pass.tree, CursorKind::Pull, pass.peer) else {
+            return Ok(());
+        };
+        let upto = pass.cursor.max(durable);
+        let key = (puller, pass.tree.clone(), pass.peer);
+        let from = self.checked.lock().unwrap().get(&key).copied().unwrap_or(0);
+        if upto <= from {
+            return Ok(());
+        }
+        let Some(stamps) = self.peer_stamps(pass.peer, pass.tree, from, upto) else {
+            return Ok(());
+        };
+        if (stamps.len() as u64) < upto - from {
+            let held = from + stamps.len() as u64;
+            return Err(format!("cursor {upto} beyond the peer's {held} ops"));
+        }
+        let Ok(held) = forest.stored_stamps(pass.tree, &stamps) else {
+            return Ok(());
+        };
+        if let Some(at) = held.iter().position(|h| !h) {
+            return Err(format!(
+                "the peer's op {} at height {} is not here",
+                stamps[at],
+                from + at as u64
+            ));
+        }
+        self.checked.lock().unwrap().insert(key, upto);
+        self.coverage.hit(Coverage::PullPassChecked);
+        Ok(())
+    }
+}
+
+impl PullWatch for SyncWatch {
+    fn pass_ended(&self, puller: ReplicaId, forest: &Arc<Forest>, pass: &PullPass) {
+        self.coverage.add(Coverage::DeliveredBySync, pass.fresh);
+        if let Err(wrong) = self.check(puller, forest, pass) {
+            let tree = pass.tree;
+            self.verdict.fail(Failure::new(
+                FailureKind::SyncCursor,
+                format!(
+                    "replica-{puller} pulling {:?}/{} from replica-{} (cursor {}): {wrong}",
+                    tree.cid, tree.tree, pass.peer, pass.cursor
+                ),
+            ));
+        }
+    }
+}

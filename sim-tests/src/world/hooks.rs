@@ -1,0 +1,86 @@
+//! Observers a scenario sets on every incarnation of every replica: one
+//! sees each answer the moment the service gives it (before it leaves the
+//! node), the other each pull pass once it ended. The world only carries
+//! them; what they check is the scenario's business.
+
+use crate::scenario::coverage::CoverageCounter;
+use arbor::forest::Forest;
+use arbor::proto::{Request, Response};
+use arbor::service::{PullObserver, PullPass, Service};
+use arbor::{Caller, ReplicaId};
+use std::sync::{Arc, Mutex};
+
+/// Sees an answer right after `Service::handle` gave it, in the same step
+/// of the simulation: a read's answer was computed from the replica's
+/// state as it still is.
+pub trait AnswerWatch: Send + Sync {
+    /// Whether `answered` wants to see this request (saves a clone).
+    fn wants(&self, caller: &Caller, request: &Request) -> bool;
+    fn answered(
+        &self,
+        replica: ReplicaId,
+        service: &Service,
+        caller: &Caller,
+        request: &Request,
+        response: &Response,
+    );
+}
+
+/// Sees every pull pass of a replica once it ended.
+pub trait PullWatch: Send + Sync {
+    fn pass_ended(&self, puller: ReplicaId, forest: &Arc<Forest>, pass: &PullPass);
+}
+
+/// The observers of a world, set before it boots, and the run's coverage
+/// counters, which they and the checkers add to.
+#[derive(Default)]
+pub struct Hooks {
+    answers: Mutex<Option<Arc<dyn AnswerWatch>>>,
+    pulls: Mutex<Option<Arc<dyn PullWatch>>>,
+    pub coverage: CoverageCounter,
+}
+
+impl Hooks {
+    pub fn watch_answers(&self, watch: Arc<dyn AnswerWatch>) {
+        *self.answers.lock().unwrap() = Some(watch);
+    }
+
+    pub fn watch_pulls(&self, watch: Arc<dyn PullWatch>) {
+        *self.pulls.lock().unwrap() = Some(watch);
+    }
+
+    /// Drops both observers (they may hold the world's parts).
+    pub fn clear(&self) {
+        self.answers.lock().unwrap().take();
+        self.pulls.lock().unwrap().take();
+    }
+
+    pub fn answers(&self) -> Option<Arc<dyn AnswerWatch>> {
+        self.answers.lock().unwrap().clone()
+    }
+
+    /// Hands a freshly started service its pull observer, if any.
+    pub fn attach_pulls(&self, replica: ReplicaId, service: &Service) {
+        let Some(watch) = self.pulls.lock().unwrap().clone() else {
+            return;
+        };
+        service.observe_pulls(Arc::new(NodePulls {
+            replica,
+            forest: service.forest().clone(),
+            watch,
+        }));
+    }
+}
+
+/// The engine's pull observer of one incarnation.
+struct NodePulls {
+    replica: ReplicaId,
+    forest: Arc<Forest>,
+    watch: Arc<dyn PullWatch>,
+}
+
+impl PullObserver for NodePulls {
+    fn pass_ended(&self, pass: &PullPass) {
+        self.watch.pass_ended(self.replica, &self.forest, pass);
+    }
+}
