@@ -91,8 +91,14 @@ readonly CANARIES=(
     "FailedBatchHangs|storage-errors|a failed batch leaves its callers waiting"
     "SyncDropsTreeOnPeerError|sync-heavy|sync drops a tree on a transient peer error"
     "PathByArrivalOrder|standard|path resolution picks a duplicate directory by arrival order"
+    "PullCursorPastFailedPage|sync-only|a pull pass moves its cursor past a page that failed to apply"
+    "PullCursorPersistedEarly|sync-only|the pull cursor is made durable before its page"
+    "SubtreeDepthOffByOne|standard|GetSubTree descends one level too deep"
+    "ResultsToWrongCallers|standard|two callers of one commit get each other's results"
+    "MovesNoOp|standard|a move is logged but leaves its node where it was"
+    "DefiniteFailureApplied|standard|a write refused for its input is applied anyway"
 )
-readonly PROFILES=(standard push-only sync-heavy storage-errors)
+readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only)
 
 sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
 canary_cmd() {
@@ -352,9 +358,9 @@ section_canaries() {
             echo "Written by \`scripts/results.sh\` at commit $commit;"
         fi
         if [ "$off_unread" = 0 ]; then
-            echo "with every canary off the same seeds gave $off_total failures over the four profiles."
+            echo "with every canary off the same seeds gave $off_total failures over the ${#PROFILES[@]} profiles."
         else
-            echo "with every canary off, $off_unread of the four profiles' sweeps printed no summary (see \`docs/results.md\`)."
+            echo "with every canary off, $off_unread of the ${#PROFILES[@]} profiles' sweeps printed no summary (see \`docs/results.md\`)."
         fi
         echo "Commands and details: \`docs/results.md\`, \"Canaries\"."
     } >"$work/readme-canaries.md"

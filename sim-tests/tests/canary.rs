@@ -111,3 +111,33 @@ fn sync_drops_tree_on_peer_error() {
 fn path_by_arrival_order() {
     caught(Canary::PathByArrivalOrder);
 }
+
+#[test]
+fn pull_cursor_past_failed_page() {
+    caught(Canary::PullCursorPastFailedPage);
+}
+
+#[test]
+fn pull_cursor_persisted_early() {
+    caught(Canary::PullCursorPersistedEarly);
+}
+
+#[test]
+fn subtree_depth_off_by_one() {
+    caught(Canary::SubtreeDepthOffByOne);
+}
+
+#[test]
+fn results_to_wrong_callers() {
+    caught(Canary::ResultsToWrongCallers);
+}
+
+#[test]
+fn moves_no_op() {
+    caught(Canary::MovesNoOp);
+}
+
+#[test]
+fn definite_failure_applied() {
+    caught(Canary::DefiniteFailureApplied);
+}

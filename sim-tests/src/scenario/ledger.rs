@@ -182,9 +182,11 @@ impl Ledger {
         }
     }
 
-    /// Records a write that failed with `error`, definite or not, by its
-    /// `mark_of` (a write without one is not recorded).
-    pub fn failed(&mut self, mark: Option<(TreeKey, KeyValue)>, error: &Error) {
+    /// Records a write that failed with `error` by its `mark_of` (a write
+    /// without one is not recorded): refused when the replica answered
+    /// with a `definite` error, else unknown (an error of the caller's own
+    /// transport says nothing of what the replica did).
+    pub fn failed(&mut self, mark: Option<(TreeKey, KeyValue)>, error: &Error, answered: bool) {
         let Some((tree, mark)) = mark else {
             return;
         };
@@ -193,7 +195,7 @@ impl Ledger {
             mark,
             error: error.clone(),
         };
-        if definite(error) {
+        if answered && definite(error) {
             self.refused.push(failed);
         } else {
             self.unknown.push(failed);

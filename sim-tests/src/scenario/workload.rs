@@ -225,6 +225,7 @@ async fn call(
     workload.ledger.lock().unwrap().ops_sent += 1;
     let mark = ledger::mark_of(&request);
     let result = client.call(replica, request, workload.call_timeout).await;
+    let answered = result.is_ok();
     let outcome = match &result {
         Ok(Response::Error(e)) => Err(e.clone()),
         Ok(response) => Ok(response.clone()),
@@ -247,7 +248,7 @@ async fn call(
         }
         Err(error) => {
             ledger.ops_failed += 1;
-            ledger.failed(mark, &error);
+            ledger.failed(mark, &error, answered);
             None
         }
     }

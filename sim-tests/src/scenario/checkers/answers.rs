@@ -2,8 +2,9 @@
 //! to what each caller was promised:
 //!
 //! - `ModelState`: every tree's stored nodes are the model's state for its
-//!   stored log (a bug that makes every replica wrong alike shows here);
-//! - `ConvergedReads`: every read RPC, issued on each replica (GetSubTree
+//!   stored log, on its first replica (`SameState` holds the others to it;
+//!   a bug that makes every replica wrong alike shows here);
+//! - `ConvergedReads`: every read RPC, issued on each tree's first replica (GetSubTree
 //!   at depths 0-3 from the root and from directories, GetNodeByPath both
 //!   ways, GetMeta, TreeList, GetOpLog and GetOpLogStamps paged through the
 //!   whole log), answers what the model of that replica's log says;
@@ -33,11 +34,15 @@ use std::collections::{BTreeMap, BTreeSet};
 type Result<T = ()> = std::result::Result<T, Failure>;
 
 /// Directories GetSubTree starts from, per tree, at most.
-const SUBTREE_DIRECTORIES_MAX: usize = 8;
+const SUBTREE_DIRECTORIES_MAX: usize = 4;
 /// Nodes GetMeta asks for, per tree, at most.
-const META_NODES_MAX: usize = 24;
+const META_NODES_MAX: usize = 12;
 /// Page size of the paged log reads (small, so a log takes many pages).
-const LOG_PAGE: u32 = 7;
+const LOG_PAGE: u32 = 16;
+/// Trees with more ops are not read at checkpoints (the load evaluator's
+/// sim mode writes far larger trees than the scenario; `ModelState` still
+/// holds them to the model).
+const CONVERGED_READS_OPS_MAX: usize = 5_000;
 
 /// The trees of every replica's content, each with its holders.
 fn trees(at: &Checkpoint) -> BTreeSet<TreeKey> {
@@ -70,8 +75,9 @@ pub struct ModelState;
 impl Checker for ModelState {
     fn check<'a>(&'a self, at: &'a Checkpoint<'a>) -> BoxFuture<'a, Result> {
         Box::pin(async move {
+            // `SameState` ran first: the other replicas hold the same bytes.
             for tree in trees(at) {
-                for replica in at.world.replicas_of(&tree.cid) {
+                if let Some(replica) = first_holder(at.world, &tree) {
                     let Some(view) = view(at.world, replica, &tree)? else {
                         continue;
                     };
@@ -124,14 +130,14 @@ fn count_tree(world: &World, tree: &TreeKey) -> Result {
         let mut seen = BTreeSet::new();
         for entry in entries {
             let ts = entry.op.ts();
-            let newer = seen.range(ts..).count();
+            let newer = seen.range(ts..).take(DEEP_UNDO_OPS).count();
             if newer > 0 {
                 coverage.hit(Coverage::UndoRedo);
             }
             if newer >= DEEP_UNDO_OPS {
                 coverage.hit(Coverage::UndoRedoDeep);
             }
-            if !seen.is_empty() && newer == seen.len() {
+            if seen.first().is_some_and(|&oldest| ts < oldest) {
                 coverage.hit(Coverage::OlderThanLog);
             }
             seen.insert(ts);
@@ -164,8 +170,11 @@ pub struct ConvergedReads;
 impl Checker for ConvergedReads {
     fn check<'a>(&'a self, at: &'a Checkpoint<'a>) -> BoxFuture<'a, Result> {
         Box::pin(async move {
+            // One replica per tree: `SameState` ran first, and
+            // `SameReads` compares path reads (which per-replica caches
+            // serve) across all of them.
             for tree in trees(at) {
-                for replica in at.world.replicas_of(&tree.cid) {
+                if let Some(replica) = first_holder(at.world, &tree) {
                     reads_on(at, replica, &tree).await?;
                 }
             }
@@ -217,6 +226,9 @@ async fn reads_on(at: &Checkpoint<'_>, replica: ReplicaId, tree: &TreeKey) -> Re
     let Some(planned) = view(at.world, replica, tree)? else {
         return Ok(());
     };
+    if planned.log.len() > CONVERGED_READS_OPS_MAX {
+        return Ok(());
+    }
     let reads = reads_of(at, tree, &planned);
     let key = tree.clone();
     let answered = at
@@ -324,7 +336,7 @@ fn every_op_once(
             }
         }
     }
-    if seen != view.timestamps() {
+    if seen != *view.timestamps() {
         let detail = format!("{} ops paged, {} logged", seen.len(), view.log.len());
         return Err(wrong_log(at, replica, tree, detail));
     }

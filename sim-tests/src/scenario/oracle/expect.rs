@@ -60,7 +60,7 @@ pub fn check_read(
         Request::GetNodeByPath { .. } => check_by_path(request, response, view.model()),
         Request::GetSubTree { root, depth, .. } => {
             let kind = Coverage::GetSubTree;
-            match subtree(view.model(), *root, *depth) {
+            match subtree(view, *root, *depth) {
                 Some(nodes) => same_nodes(kind, response, nodes),
                 None => Checked::Wrong(format!("answered {response:?} for a missing root")),
             }
@@ -157,22 +157,21 @@ fn brief(response: &Response) -> String {
 /// children, children by ascending id; depth 0 = unlimited, 1 = the root
 /// alone; ROOT and TRASH as themselves with an empty meta. `None` when the
 /// root is no node.
-pub fn subtree(model: &TreeModel, root: NodeId, depth: u32) -> Option<Vec<NodeInfo>> {
+pub fn subtree(view: &TreeView, root: NodeId, depth: u32) -> Option<Vec<NodeInfo>> {
     let first = match root {
         ROOT | TRASH => NodeInfo {
             id: root,
             parent: root,
             meta: Meta::default(),
         },
-        _ => model.node(root)?,
+        _ => view.model().node(root)?,
     };
     let mut out = Vec::new();
     let mut stack = vec![(first, 1u32)];
     while let Some((info, level)) = stack.pop() {
         if depth == 0 || level < depth {
-            for id in model.children(info.id).into_iter().rev() {
-                let child = model.node(id).expect("a child is a node");
-                stack.push((child, level + 1));
+            for child in view.children(info.id).iter().rev() {
+                stack.push((child.clone(), level + 1));
             }
         }
         out.push(info);

@@ -14,16 +14,19 @@ pub mod watch;
 
 use arbor::forest::Forest;
 use arbor::model::TreeModel;
-use arbor::{Move, NodeInfo, Timestamp, TreeKey};
-use std::collections::BTreeSet;
+use arbor::{Move, NodeId, NodeInfo, Timestamp, TreeKey};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
 /// One tree of one replica as it is now: its log by timestamp, its stored
-/// nodes, and the model's state for that log (built on first need).
+/// nodes, and what the model makes of that log (each built on first need).
 pub struct TreeView {
     pub log: Vec<Move>,
     pub nodes: Vec<NodeInfo>,
     model: OnceLock<TreeModel>,
+    /// The model's nodes by parent, ascending ids.
+    children: OnceLock<BTreeMap<NodeId, Vec<NodeInfo>>>,
+    timestamps: OnceLock<BTreeSet<Timestamp>>,
 }
 
 impl TreeView {
@@ -34,6 +37,8 @@ impl TreeView {
                 log: dump.log,
                 nodes: dump.nodes,
                 model: OnceLock::new(),
+                children: OnceLock::new(),
+                timestamps: OnceLock::new(),
             })),
             Err(arbor::Error::TreeNotFound) => Ok(None),
             Err(e) => Err(e),
@@ -61,8 +66,21 @@ impl TreeView {
         Some(&self.log[at])
     }
 
-    pub fn timestamps(&self) -> BTreeSet<Timestamp> {
-        self.log.iter().map(|op| op.ts()).collect()
+    pub fn timestamps(&self) -> &BTreeSet<Timestamp> {
+        self.timestamps
+            .get_or_init(|| self.log.iter().map(|op| op.ts()).collect())
+    }
+
+    /// The model's children of `parent`, ascending.
+    pub fn children(&self, parent: NodeId) -> &[NodeInfo] {
+        let all = self.children.get_or_init(|| {
+            let mut all: BTreeMap<NodeId, Vec<NodeInfo>> = BTreeMap::new();
+            for node in self.model().dump().nodes {
+                all.entry(node.parent).or_default().push(node);
+            }
+            all
+        });
+        all.get(&parent).map_or(&[][..], Vec::as_slice)
     }
 
     /// The stored nodes differ from the model's state for the stored log:

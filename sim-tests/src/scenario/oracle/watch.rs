@@ -18,9 +18,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// One in this many sync reads (peers' GetOpLog, GetOpLogStamps,
-/// TreeList) is held to the model: they are many, and each check reads
-/// the whole tree. Client reads are all checked.
-const PEER_READ_SAMPLE: u64 = 8;
+/// TreeList) is held to the model: they outnumber client reads ten to one,
+/// and each check reads the whole tree. Client reads are all checked.
+const PEER_READ_SAMPLE: u64 = 128;
+/// One in this many of the clients' log and tree-list reads is checked
+/// (every checkpoint pages through each whole log); their reads of the
+/// tree itself are all checked.
+const CLIENT_LOG_READ_SAMPLE: u64 = 4;
+
+/// The reads of a log or of the tree list, not of a tree's state.
+fn is_log_read(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::GetOpLog { .. } | Request::GetOpLogStamps { .. } | Request::TreeList { .. }
+    )
+}
 /// Ops read per page of a peer's log when a pull pass is checked.
 const PEER_LOG_PAGE: usize = 1024;
 
@@ -29,11 +41,17 @@ const PEER_LOG_PAGE: usize = 1024;
 /// creations, and everything an earlier read was answered from).
 type Sessions = BTreeMap<(String, ReplicaId, TreeKey), BTreeSet<Timestamp>>;
 
+/// The last view read of each (replica, tree), with the log height it
+/// was read at: a log of the same height is the same log (a replica's log
+/// only grows), so the view, and the model built for it, serve again.
+type Views = BTreeMap<(ReplicaId, TreeKey), (u64, Arc<TreeView>)>;
+
 pub struct AnswerOracle {
     verdict: Verdict,
     coverage: CoverageCounter,
     peer_reads: AtomicU64,
     sessions: Mutex<Sessions>,
+    views: Mutex<Views>,
 }
 
 impl AnswerOracle {
@@ -43,7 +61,34 @@ impl AnswerOracle {
             coverage,
             peer_reads: AtomicU64::new(0),
             sessions: Mutex::default(),
+            views: Mutex::default(),
         }
+    }
+
+    /// The replica's tree as it is now; `Err` when it cannot be read.
+    fn view(
+        &self,
+        replica: ReplicaId,
+        forest: &Forest,
+        tree: &TreeKey,
+    ) -> Result<Option<Arc<TreeView>>, arbor::Error> {
+        let height = forest.next_height(tree)?;
+        let key = (replica, tree.clone());
+        if let Some((at, view)) = self.views.lock().unwrap().get(&key) {
+            if *at == height {
+                return Ok(Some(view.clone()));
+            }
+        }
+        let Some(view) = TreeView::read(forest, tree)? else {
+            return Ok(None);
+        };
+        assert_eq!(view.log.len() as u64, height, "one read, one log");
+        let view = Arc::new(view);
+        self.views
+            .lock()
+            .unwrap()
+            .insert(key, (height, view.clone()));
+        Ok(Some(view))
     }
 
     /// A client's write answer: the node it names carries what this caller
@@ -87,7 +132,7 @@ impl AnswerOracle {
         let key = (client.to_string(), replica, tree.clone());
         let mut sessions = self.sessions.lock().unwrap();
         let session = sessions.entry(key).or_default();
-        if let Some(lost) = session.difference(&now).next() {
+        if let Some(lost) = session.difference(now).next() {
             self.verdict.fail(Failure::new(
                 FailureKind::SessionGuarantee,
                 format!(
@@ -97,24 +142,23 @@ impl AnswerOracle {
                 ),
             ));
         }
-        *session = now;
+        session.clone_from(now);
     }
 }
 
 impl AnswerWatch for AnswerOracle {
     fn wants(&self, caller: &Caller, request: &Request) -> bool {
+        let sampled = |every: u64| {
+            let count = self.peer_reads.fetch_add(1, Ordering::Relaxed);
+            count.is_multiple_of(every)
+        };
         match caller {
+            Caller::Client(_) if is_log_read(request) => sampled(CLIENT_LOG_READ_SAMPLE),
             Caller::Client(_) => {
                 is_read(request)
                     || matches!(request, Request::Add { .. } | Request::AddByPath { .. })
             }
-            _ => {
-                is_read(request)
-                    && self
-                        .peer_reads
-                        .fetch_add(1, Ordering::Relaxed)
-                        .is_multiple_of(PEER_READ_SAMPLE)
-            }
+            _ => is_read(request) && sampled(PEER_READ_SAMPLE),
         }
     }
 
@@ -137,13 +181,13 @@ impl AnswerWatch for AnswerOracle {
             return;
         }
         let forest = service.forest();
-        let view = match tree_of(request).map(|tree| TreeView::read(forest, tree)) {
+        let view = match tree_of(request).map(|tree| self.view(replica, forest, tree)) {
             None => None,
             Some(Ok(view)) => view,
             // A poisoned database (disk errors): nothing to compare with.
             Some(Err(_)) => return,
         };
-        match check_read(request, response, view.as_ref(), forest) {
+        match check_read(request, response, view.as_deref(), forest) {
             Checked::Agreed(kind) => self.coverage.hit(kind),
             Checked::Skipped => {}
             Checked::Wrong(wrong) => {
