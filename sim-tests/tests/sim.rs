@@ -62,13 +62,17 @@ fn standard_seeds() {
         summary.faults_injected
     );
     // Every situation the checkers exist for came up at least once (a
-    // 200-seed full-size sweep prints the same counts; these 50 small
-    // seeds already reach each one).
+    // 200-seed full-size sweep prints the same counts). Torn writes are
+    // the exception, counted but not required: a simulated crash lands
+    // between commits, which the engine makes durable in one step, so a
+    // power failure finds no unsynced write to tear (the crash_recovery
+    // fuzz target tears commits in the middle).
     println!("coverage: {}", summary.coverage);
     let missing: Vec<&str> = summary
         .coverage
         .missing()
-        .iter()
+        .into_iter()
+        .filter(|&c| c != arbor_sim::scenario::coverage::Coverage::TornWrite)
         .map(|c| c.name())
         .collect();
     assert!(missing.is_empty(), "never reached: {missing:?}");

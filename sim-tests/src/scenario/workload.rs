@@ -282,7 +282,8 @@ fn summarize(request: &Request) -> String {
     }
 }
 
-fn summarize_response(response: &Response) -> String {
+/// An answer in brief: node ids and parents, not their metas.
+pub fn summarize_response(response: &Response) -> String {
     match response {
         Response::Nodes(nodes) => {
             let ids: Vec<String> = nodes

@@ -4,6 +4,7 @@
 
 use super::TreeView;
 use crate::scenario::coverage::Coverage;
+use crate::scenario::workload::summarize_response as brief;
 use arbor::forest::Forest;
 use arbor::model::TreeModel;
 use arbor::proto::{Request, Response};
@@ -136,20 +137,6 @@ fn same_nodes(kind: Coverage, response: &Response, expected: Vec<NodeInfo>) -> C
             brief(other),
             brief(&Response::Nodes(expected))
         )),
-    }
-}
-
-/// Node ids and parents of an answer (metas are long).
-fn brief(response: &Response) -> String {
-    match response {
-        Response::Nodes(nodes) => {
-            let ids: Vec<String> = nodes
-                .iter()
-                .map(|n| format!("{}@{}", n.id, n.parent))
-                .collect();
-            format!("Nodes[{}]", ids.join(","))
-        }
-        other => format!("{other:?}"),
     }
 }
 
