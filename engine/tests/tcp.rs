@@ -6,7 +6,7 @@ use arbor::config::Config;
 use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
 use arbor::runtime::BoxFuture;
-use arbor::tcp::{self, Connection, Handler, ServerOptions, TcpTransport};
+use arbor::tcp::{self, Connection, Dialer, Handler, ServerOptions, TcpTransport};
 use arbor::{Caller, ContainerId, Error};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,13 +36,21 @@ impl Handler for Fake {
 async fn start(max_connections: usize) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let options = ServerOptions {
+    tokio::spawn(tcp::serve(
+        listener,
+        Arc::new(Fake),
+        options(max_connections),
+    ));
+    address
+}
+
+fn options(max_connections: usize) -> ServerOptions {
+    ServerOptions {
         max_message_bytes: MAX,
         max_connections,
         frame_timeout: Duration::from_secs(5),
-    };
-    tokio::spawn(tcp::serve(listener, Arc::new(Fake), options));
-    address
+        ..ServerOptions::from_config(&Config::default_for_test(9))
+    }
 }
 
 async fn connect(address: SocketAddr) -> Connection {
@@ -198,40 +206,65 @@ async fn oversized_responses_become_errors() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_limit_are_refused() {
-    let address = start(2).await;
-    let mut first = connect(address).await;
-    let mut second = connect(address).await;
-    for c in [&mut first, &mut second] {
-        assert!(matches!(
-            c.call(&Request::Healthcheck).await,
-            Ok(Response::Health { .. })
-        ));
-    }
-    let responses = raw_exchange(address, &[], false).await;
-    assert!(
-        matches!(
-            responses.as_slice(),
-            [Response::Error(Error::Overloaded(_))]
-        ),
-        "{responses:?}"
-    );
-    drop(first);
-    // The freed slot is taken back once the server sees the close.
+/// A connection in the middle of a frame: busy, not idle.
+async fn mid_frame(address: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(&100u32.to_be_bytes()).await.unwrap();
+    stream
+        .write_all(&[proto::PROTOCOL_VERSION, 0])
+        .await
+        .unwrap();
+    stream
+}
+
+/// Waits until `connection` is served, retrying on new connections while
+/// the server still refuses.
+async fn served_eventually(address: SocketAddr) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let mut c = connect(address).await;
         if let Ok(Response::Health { .. }) = c.call(&Request::Healthcheck).await {
-            break;
+            return;
         }
         assert!(tokio::time::Instant::now() < deadline, "slot never freed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(matches!(
-        second.call(&Request::Healthcheck).await,
-        Ok(Response::Health { .. })
-    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_refused_when_none_is_idle() {
+    let address = start(2).await;
+    let first = mid_frame(address).await;
+    let second = mid_frame(address).await;
+    // Both slots are busy receiving a frame: nobody can be closed for room.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let responses = raw_exchange(address, &[], false).await;
+        if let [Response::Error(Error::Overloaded(_))] = responses.as_slice() {
+            break;
+        }
+        // The server may not have taken both slots yet.
+        assert!(tokio::time::Instant::now() < deadline, "{responses:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(first);
+    // The freed slot is taken back once the server sees the close.
+    served_eventually(address).await;
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_closes_the_one_idle_longest() {
+    let address = start(2).await;
+    let mut first = connect(address).await;
+    let mut second = connect(address).await;
+    for c in [&mut first, &mut second] {
+        let answer = c.call(&Request::Healthcheck).await;
+        assert!(matches!(answer, Ok(Response::Health { .. })));
+    }
+    // Both are idle: a third is served, in the slot of the first.
+    served_eventually(address).await;
+    assert!(first.call(&Request::Healthcheck).await.is_err());
 }
 
 fn transport_to(address: SocketAddr) -> TcpTransport {
@@ -242,7 +275,16 @@ fn transport_to(address: SocketAddr) -> TcpTransport {
     });
     config.limits.max_message_bytes = MAX;
     config.limits.max_meta_bytes = 1024;
-    TcpTransport::new(&config)
+    plaintext_transport(&config)
+}
+
+/// A transport that skips `Hello`: these servers answer nothing else.
+fn plaintext_transport(config: &Config) -> TcpTransport {
+    let dialer = Dialer::plaintext(
+        config.limits.connect_timeout,
+        config.limits.max_message_bytes,
+    );
+    TcpTransport::with_dialer(config, dialer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,19 +368,14 @@ async fn gated_transport(adjust: impl FnOnce(&mut Config)) -> (Arc<Gate>, Arc<Tc
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let options = ServerOptions {
-        max_message_bytes: MAX,
-        max_connections: 64,
-        frame_timeout: Duration::from_secs(5),
-    };
-    tokio::spawn(tcp::serve(listener, gate.clone(), options));
+    tokio::spawn(tcp::serve(listener, gate.clone(), options(64)));
     let mut config = Config::default_for_test(1);
     config.node.peers.push(arbor::config::PeerConfig {
         replica_id: 2,
         address: address.to_string(),
     });
     adjust(&mut config);
-    (gate, Arc::new(TcpTransport::new(&config)))
+    (gate, Arc::new(plaintext_transport(&config)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
