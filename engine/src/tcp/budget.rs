@@ -5,8 +5,13 @@
 //! senders claim. A frame that finds no room waits until its own deadline,
 //! then gets `Overloaded`; the room comes back when a frame is decoded or
 //! its connection ends.
+//!
+//! Frames of at most `SMALL_FRAME_BYTES` (health checks, reads, most
+//! writes) are read without a reservation, so a flood of large partial
+//! frames cannot make them wait: a connection reads one frame at a time,
+//! so they add at most `max_connections` times that size to the bound.
 
-use super::{io_error, truncated};
+use super::io_error;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,11 +22,15 @@ use tokio::time::Instant;
 /// Bytes reserved (and read) at a time.
 const CHUNK_BYTES: usize = 64 << 10;
 
+/// Frames this small never wait for the budget.
+pub const SMALL_FRAME_BYTES: usize = 4 << 10;
+
 /// The shared bound and its counters.
 pub struct FrameBudget {
     room: Arc<Semaphore>,
     max_bytes: usize,
     peak_bytes: AtomicUsize,
+    refused: AtomicUsize,
 }
 
 /// Bytes a frame holds; given back when dropped.
@@ -37,6 +46,7 @@ impl FrameBudget {
             room: Arc::new(Semaphore::new(max_bytes)),
             max_bytes,
             peak_bytes: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
         }
     }
 
@@ -50,6 +60,11 @@ impl FrameBudget {
         self.peak_bytes.load(Ordering::Relaxed)
     }
 
+    /// Frames refused because they found no room by their deadline.
+    pub fn refused(&self) -> usize {
+        self.refused.load(Ordering::Relaxed)
+    }
+
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
     }
@@ -60,6 +75,7 @@ impl FrameBudget {
         let permit = tokio::time::timeout_at(deadline, acquire)
             .await
             .map_err(|_| {
+                self.refused.fetch_add(1, Ordering::Relaxed);
                 Error::Overloaded(format!(
                     "frames in transit hold limits.partial_frames_bytes_max ({} bytes)",
                     self.max_bytes
@@ -82,6 +98,11 @@ impl FrameBudget {
     ) -> Result<(Vec<u8>, Reserved)> {
         let mut body = Vec::new();
         let mut reserved = Reserved(None);
+        if length <= SMALL_FRAME_BYTES {
+            body.resize(length, 0);
+            read_within(reader, &mut body, deadline, length).await?;
+            return Ok((body, reserved));
+        }
         while body.len() < length {
             let want = (length - body.len()).min(CHUNK_BYTES);
             let permit = self.reserve(want, deadline).await?;
@@ -93,16 +114,25 @@ impl FrameBudget {
             let before = body.len();
             body.reserve_exact(want);
             body.resize(before + want, 0);
-            let read = reader.read_exact(&mut body[before..]);
-            match tokio::time::timeout_at(deadline, read).await {
-                Err(_) => return Err(Error::Timeout),
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Err(truncated(before, length))
-                }
-                Ok(Err(e)) => return Err(io_error(e)),
-                Ok(Ok(_)) => {}
-            }
+            read_within(reader, &mut body[before..], deadline, length).await?;
         }
         Ok((body, reserved))
+    }
+}
+
+/// Fills `buffer` by `deadline`; `length` is the whole frame's, for errors.
+async fn read_within<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buffer: &mut [u8],
+    deadline: Instant,
+    length: usize,
+) -> Result<()> {
+    match tokio::time::timeout_at(deadline, reader.read_exact(buffer)).await {
+        Err(_) => Err(Error::Timeout),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Malformed(
+            format!("truncated frame of {length} bytes"),
+        )),
+        Ok(Err(e)) => Err(io_error(e)),
+        Ok(Ok(_)) => Ok(()),
     }
 }

@@ -103,6 +103,8 @@ pub struct ServerStats {
     /// Bytes of frames being received now, and the most at once.
     pub partial_frame_bytes: u64,
     pub partial_frame_bytes_peak: u64,
+    /// Frames refused (`Overloaded`) for finding no room in the budget.
+    pub partial_frames_refused: u64,
 }
 
 #[derive(Default)]
@@ -218,6 +220,7 @@ impl ServerHandle {
             identities_refused: load(&c.identities_refused),
             partial_frame_bytes: shared.budget.in_use_bytes() as u64,
             partial_frame_bytes_peak: shared.budget.peak_bytes() as u64,
+            partial_frames_refused: shared.budget.refused() as u64,
         }
     }
 
