@@ -206,10 +206,11 @@ async fn oversized_responses_become_errors() {
     );
 }
 
-/// A connection in the middle of a frame: busy, not idle.
+/// A connection in the middle of a largest frame: busy, not idle, and
+/// holding room in the frame budget.
 async fn mid_frame(address: SocketAddr) -> TcpStream {
     let mut stream = TcpStream::connect(address).await.unwrap();
-    stream.write_all(&100u32.to_be_bytes()).await.unwrap();
+    stream.write_all(&(MAX as u32).to_be_bytes()).await.unwrap();
     stream
         .write_all(&[proto::PROTOCOL_VERSION, 0])
         .await
@@ -233,20 +234,19 @@ async fn served_eventually(address: SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_refused_when_none_is_idle() {
-    let address = start(2).await;
+    let (address, handle) = start_with(options(2)).await;
     let first = mid_frame(address).await;
     let second = mid_frame(address).await;
     // Both slots are busy receiving a frame: nobody can be closed for room.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let responses = raw_exchange(address, &[], false).await;
-        if let [Response::Error(Error::Overloaded(_))] = responses.as_slice() {
-            break;
-        }
-        // The server may not have taken both slots yet.
-        assert!(tokio::time::Instant::now() < deadline, "{responses:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    settled(&handle, |stats| stats.partial_frame_bytes >= 2 * MAX as u64).await;
+    let responses = raw_exchange(address, &[], false).await;
+    assert!(
+        matches!(
+            responses.as_slice(),
+            [Response::Error(Error::Overloaded(_))]
+        ),
+        "{responses:?}"
+    );
     drop(first);
     // The freed slot is taken back once the server sees the close.
     served_eventually(address).await;
@@ -448,4 +448,141 @@ async fn transport_keeps_at_most_cache_size_idle_connections() {
     assert_eq!(idle_after_concurrent_calls(2, 5).await, 2);
     assert_eq!(idle_after_concurrent_calls(15, 5).await, 5);
     assert_eq!(idle_after_concurrent_calls(0, 3).await, 0);
+}
+
+/// Waits until the server's stats satisfy `done`.
+async fn settled(handle: &tcp::ServerHandle, done: impl Fn(&tcp::ServerStats) -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !done(&handle.stats()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            handle.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A server with `options`, and its handle for stats.
+async fn start_with(options: ServerOptions) -> (SocketAddr, tcp::ServerHandle) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tcp::Server::new(listener, Arc::new(Fake), options, None);
+    let handle = server.handle();
+    tokio::spawn(server.run());
+    (address, handle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_beyond_the_limit_do_not_lock_a_client_out() {
+    let idle_timeout = Duration::from_secs(30);
+    let mut options = options(4);
+    options.idle_timeout = idle_timeout;
+    let (address, handle) = start_with(options).await;
+    // Three times the limit of sockets that never send a byte, all taken
+    // in (in a slot, or closed at once) before the client comes.
+    let mut idle = Vec::new();
+    for _ in 0..12 {
+        idle.push(TcpStream::connect(address).await.unwrap());
+    }
+    settled(&handle, |s| {
+        s.connections_accepted + s.connections_refused == 12
+    })
+    .await;
+    let call = async {
+        let mut connection = connect(address).await;
+        connection.call(&Request::Healthcheck).await
+    };
+    let answer = tokio::time::timeout(idle_timeout, call)
+        .await
+        .expect("a client is served within the idle timeout");
+    assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+    // Served by closing idle sockets, never more open than the limit.
+    let stats = handle.stats();
+    assert!(stats.idle_evicted >= 1, "{stats:?}");
+    assert!(stats.connections_open <= 4, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_nothing_is_closed_after_the_idle_timeout() {
+    let mut options = options(4);
+    options.idle_timeout = Duration::from_millis(200);
+    let (address, handle) = start_with(options).await;
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    let mut received = Vec::new();
+    tokio::time::timeout(PATIENCE, silent.read_to_end(&mut received))
+        .await
+        .expect("the server closes an idle connection")
+        .unwrap();
+    assert!(received.is_empty(), "an idle close says nothing");
+    assert_eq!(handle.stats().idle_closed, 1);
+    // A connection that keeps talking is not closed for idling.
+    let mut busy = connect(address).await;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answer = busy.call(&Request::Healthcheck).await;
+        assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+    }
+}
+
+/// Opens a connection that sends `sent` bytes of a frame claiming
+/// `claimed`, then stalls; the socket stays open while the task runs.
+fn half_frame(address: SocketAddr, claimed: usize, sent: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Ok(mut stream) = TcpStream::connect(address).await else {
+            return;
+        };
+        let mut bytes = (claimed as u32).to_be_bytes().to_vec();
+        bytes.push(proto::PROTOCOL_VERSION);
+        bytes.resize(4 + sent, 0);
+        if stream.write_all(&bytes).await.is_ok() {
+            let mut sink = Vec::new();
+            let _ = stream.read_to_end(&mut sink).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_frame_flood_stays_within_the_frame_budget() {
+    let message_max = 1 << 20;
+    let budget = 2 << 20;
+    let mut options = options(64);
+    options.max_message_bytes = message_max;
+    options.partial_frames_bytes_max = budget;
+    options.frame_timeout = Duration::from_secs(2);
+    let (address, handle) = start_with(options).await;
+    // 40 connections each send half of a largest frame: 20 MiB claimed.
+    let flood: Vec<_> = (0..40)
+        .map(|_| half_frame(address, message_max, message_max / 2))
+        .collect();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while handle.stats().partial_frame_bytes_peak < budget as u64 / 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            handle.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Small requests do not wait for room while the flood holds it.
+    let mut client = connect(address).await;
+    for _ in 0..3 {
+        let answer = client.call(&Request::Healthcheck).await;
+        assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+    }
+    // Frames that found no room are refused once their time is up.
+    while handle.stats().partial_frames_refused == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            handle.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = handle.stats();
+    assert!(stats.partial_frame_bytes_peak <= budget as u64, "{stats:?}");
+    assert!(stats.partial_frame_bytes <= budget as u64, "{stats:?}");
+    for task in flood {
+        task.abort();
+    }
 }
