@@ -14,7 +14,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep canaries bench fuzz load clean-rate grid sim-load)
+readonly SECTIONS=(sweep canaries bench fuzz load tls clean-rate grid sim-load)
 
 usage() {
     sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
@@ -101,6 +101,9 @@ canary_cmd() {
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
 fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
 load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
+tls_cmd() {
+    echo "arbor-sim load --replicas 3 --transport tcp,tls --rate 5000 --duration $load_duration --verify"
+}
 # The gateway paths of the clean-rate search: TCP, the path users take, and
 # with --beside-in-process direct calls beside it.
 clean_rate_transport() { [ "$beside" = 1 ] && echo "tcp,in-process" || echo "tcp"; }
@@ -118,6 +121,7 @@ if [ "$list" = 1 ]; then
     echo "bench:      $(bench_cmd)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
+    echo "tls:        $(tls_cmd)"
     echo "clean-rate: $(clean_rate_cmd 1); $(clean_rate_cmd 3)"
     echo "grid:       $(grid_cmd)"
     echo "sim-load:   $(sim_load_cmd)"
@@ -181,7 +185,7 @@ timed() {
 }
 
 needs_sim=0
-for name in sweep canaries load clean-rate grid sim-load; do
+for name in sweep canaries load tls clean-rate grid sim-load; do
     runs "$name" && needs_sim=1
 done
 binary_note=""
@@ -206,6 +210,7 @@ title() {
         bench) echo "Engine bench" ;;
         fuzz) echo "Fuzzing speed" ;;
         load) echo "Load, real mode over TCP, 5000 requests/s" ;;
+        tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 requests/s" ;;
         clean-rate) echo "Highest clean rate, real mode over TCP, 1 and 3 replicas" ;;
         grid) echo "Reference grid, real mode over TCP" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
@@ -463,6 +468,48 @@ section_load() {
             command_failed load "$(load_cmd)"
         fi
     } >"$work/load.md"
+}
+
+# Each path of a report with paths beside it, scenario by scenario:
+# | scenario | gateway | achieved/target | avg | p99 | max | errors | dropped |.
+path_rows() {
+    echo "| scenario | gateway | achieved / target | avg | p99 | max | errors | dropped |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|"
+    jq -r '
+        ([{gateway, scenarios: [.scenarios[] | {name, target_rate, achieved_rate,
+            avg_ms: .latency.avg_ms, p99_ms: .latency.p99_ms, max_ms: .latency.max_ms,
+            errors, dropped}]}] + .beside) as $paths
+        | [$paths[0].scenarios[].name] as $names
+        | $names[] as $name
+        | $paths[] | .gateway as $gateway | .scenarios[] | select(.name == $name)
+        | "| \(.name) | \($gateway) | \(.achieved_rate * 10 | round / 10) / \(.target_rate) /s | \(.avg_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.max_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) |"
+    ' "$1"
+    echo
+    jq -r '([{gateway, verification}] + .beside)[] | select(.verification != null)
+        | "Over \(.gateway): every acknowledged write read back: \(.verification.found) of \(.verification.acked) on \(.verification.replicas_checked) replica(s), \(.verification.missing) missing."' "$1"
+}
+
+section_tls() {
+    log "plaintext and TLS, 3 replicas, 5000/s for $load_duration each"
+    local status=0
+    capture tls SIM load --replicas 3 --transport tcp,tls --rate 5000 --duration "$load_duration" \
+        --verify --no-progress --json "$work/tls.json" --html "$work/tls.html" || status=$?
+    {
+        echo "## $(title tls)"
+        echo
+        provenance "$binary_note"
+        echo "Command: \`$(tls_cmd)\`: three nodes replicating over loopback, the gateway reaching"
+        echo "them over plaintext TCP, then the same load on a fresh cluster where every connection"
+        echo "(gateway and replication) is mutual TLS 1.3 with certificates made for the run; one"
+        echo "invocation, one after the other. The user scenario (AddByPath) at 5000/s, the system"
+        echo "scenario (Add) at 10/s. Latencies are wall-clock; exit status $status."
+        echo
+        if [ -s "$work/tls.json" ]; then
+            path_rows "$work/tls.json"
+        else
+            command_failed tls "$(tls_cmd)"
+        fi
+    } >"$work/tls.md"
 }
 
 # The highest clean rate of every path of a matrix report, as table rows:

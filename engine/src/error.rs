@@ -36,6 +36,11 @@ pub enum Error {
     NotReplica(String),
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The other end of a connection is not who it must be: a certificate
+    /// or `Hello` naming another cluster, another replica than the one
+    /// dialled, this node's own replica id, or no configured peer.
+    #[error("identity refused: {0}")]
+    IdentityRefused(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

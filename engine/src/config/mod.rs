@@ -70,7 +70,26 @@ pub struct NodeConfig {
     /// Containers with an explicit replica set. A container not listed is
     /// replicated on this node and every peer.
     pub containers: Vec<ContainerConfig>,
+    /// The cluster this node belongs to: named in every certificate and
+    /// exchanged in `Hello`, so that nodes of two clusters never mix.
+    pub cluster_id: String,
+    /// Mutual TLS on every connection; `None`: plaintext.
+    pub tls: Option<TlsFiles>,
+    /// Allows a plaintext listener on an address other than loopback.
+    pub insecure_plaintext: bool,
 }
+
+/// `node.tls`: PEM files of the cluster's CA and this node's certificate
+/// (which must name `node.cluster_id` and `node.replica_id`) and key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// `node.cluster_id` when the file does not name one.
+pub const DEFAULT_CLUSTER_ID: &str = "arbor";
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PeerConfig {
@@ -126,6 +145,13 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connect timeout for outbound calls (TCP).
     pub connect_timeout: Duration,
+    /// An inbound connection that starts no frame for this long is closed.
+    pub idle_connection_timeout: Duration,
+    /// Time an inbound TLS handshake may take.
+    pub handshake_timeout: Duration,
+    /// Bytes of frames being received, over all inbound connections; a
+    /// frame waits for room (then gets `Overloaded`), never allocates past it.
+    pub partial_frames_bytes_max: usize,
 }
 
 /// The sync interval of the reference deployment (docs/design.md §7). An
@@ -176,6 +202,9 @@ impl Default for Limits {
             max_tracked_trees: 10_000,
             max_connections: 256,
             connect_timeout: Duration::from_secs(2),
+            idle_connection_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            partial_frames_bytes_max: 64 << 20,
         }
     }
 }
@@ -198,6 +227,9 @@ impl NodeConfig {
             listen: "127.0.0.1:0".into(),
             peers: Vec::new(),
             containers: Vec::new(),
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            tls: None,
+            insecure_plaintext: false,
         }
     }
 }
@@ -283,7 +315,46 @@ impl Config {
                 "limits.max_message_bytes: must exceed limits.max_meta_bytes by at least {MESSAGE_OVERHEAD_BYTES}"
             )));
         }
+        self.validate_transport()?;
         self.validate_membership()
+    }
+
+    /// The keys of the transport (docs/design.md §9).
+    fn validate_transport(&self) -> Result<()> {
+        if let Err(why) = check_cluster_id(&self.node.cluster_id) {
+            return Err(Error::Config(format!("node.cluster_id: {why}")));
+        }
+        if self.node.tls.is_some() && self.node.insecure_plaintext {
+            return Err(Error::Config(
+                "node.insecure_plaintext: true contradicts node.tls".into(),
+            ));
+        }
+        let timeouts = [
+            (
+                "limits.idle_connection_timeout",
+                self.limits.idle_connection_timeout,
+            ),
+            ("limits.handshake_timeout", self.limits.handshake_timeout),
+        ];
+        for (key, value) in timeouts {
+            if value.is_zero() {
+                return Err(Error::Config(format!("{key}: must not be 0")));
+            }
+        }
+        // A frame of the largest size must be able to arrive at all.
+        let partial = self.limits.partial_frames_bytes_max;
+        if partial > crate::tcp::FrameBudget::MAX_BYTES {
+            return Err(Error::Config(format!(
+                "limits.partial_frames_bytes_max: {partial} is more than the most ({})",
+                crate::tcp::FrameBudget::MAX_BYTES
+            )));
+        }
+        if partial < self.limits.max_message_bytes {
+            return Err(Error::Config(
+                "limits.partial_frames_bytes_max: must be at least limits.max_message_bytes".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_membership(&self) -> Result<()> {
@@ -323,6 +394,21 @@ impl Config {
             durable: !self.pilorama.no_sync,
         }
     }
+}
+
+/// A cluster id is one DNS label: 1-63 of `a-z`, `0-9` and `-`, not
+/// starting or ending with `-`, so it fits certificate names unchanged.
+pub fn check_cluster_id(id: &str) -> std::result::Result<(), String> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if id.is_empty() || id.len() > 63 {
+        return Err(format!("{id:?} must be 1 to 63 characters"));
+    }
+    if !id.chars().all(allowed) || id.starts_with('-') || id.ends_with('-') {
+        return Err(format!(
+            "{id:?} may hold only a-z, 0-9 and '-', not at either end"
+        ));
+    }
+    Ok(())
 }
 
 /// Room in a message for everything but one node's meta (ids, tree key,

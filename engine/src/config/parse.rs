@@ -84,6 +84,15 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
         max_tracked_trees: s.usize("max_tracked_trees")?.unwrap_or(d.max_tracked_trees),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
         connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
+        idle_connection_timeout: s
+            .duration("idle_connection_timeout")?
+            .unwrap_or(d.idle_connection_timeout),
+        handshake_timeout: s
+            .duration("handshake_timeout")?
+            .unwrap_or(d.handshake_timeout),
+        partial_frames_bytes_max: s
+            .usize("partial_frames_bytes_max")?
+            .unwrap_or(d.partial_frames_bytes_max),
     };
     s.finish()?;
     Ok(limits)
@@ -133,13 +142,41 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         c.finish()?;
         containers.push(ContainerConfig { cid, replicas });
     }
+    let cluster_id = s
+        .string("cluster_id")?
+        .unwrap_or_else(|| DEFAULT_CLUSTER_ID.into());
+    let tls = parse_tls(&mut s)?;
+    let insecure_plaintext = s.bool("insecure_plaintext")?.unwrap_or(false);
     s.finish()?;
     Ok(NodeConfig {
         replica_id,
         listen,
         peers,
         containers,
+        cluster_id,
+        tls,
+        insecure_plaintext,
     })
+}
+
+/// `node.tls: { ca, cert, key }`, every file named.
+fn parse_tls(node: &mut Section) -> Result<Option<TlsFiles>> {
+    if !node.has("tls") {
+        return Ok(None);
+    }
+    let mut t = node.section("tls")?;
+    let mut file = |key: &str| {
+        t.string(key)?
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::Config(format!("{}: missing", t.key(key))))
+    };
+    let files = TlsFiles {
+        ca: file("ca")?,
+        cert: file("cert")?,
+        key: file("key")?,
+    };
+    t.finish()?;
+    Ok(Some(files))
 }
 
 fn as_replica_id(key: &str, value: &Value) -> Result<ReplicaId> {
@@ -182,6 +219,11 @@ impl Section {
 
     fn take(&mut self, key: &str) -> Option<Value> {
         self.map.remove(key).filter(|v| !v.is_null())
+    }
+
+    /// Whether `key` is present (it stays for a later read).
+    fn has(&self, key: &str) -> bool {
+        self.map.get(key).is_some_and(|v| !v.is_null())
     }
 
     fn section(&mut self, key: &str) -> Result<Section> {

@@ -25,6 +25,13 @@ impl Service {
         if self.core.stopped() {
             return Response::Error(Error::ShuttingDown);
         }
+        if let Request::Hello {
+            cluster_id,
+            replica_id,
+        } = &request
+        {
+            return self.hello(caller, cluster_id, *replica_id);
+        }
         match self.dispatch(request).await {
             Ok(response) => response,
             Err(error) => {

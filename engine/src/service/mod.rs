@@ -18,6 +18,7 @@
 mod api;
 mod backoff;
 mod cursor;
+pub mod hello;
 mod locks;
 mod membership;
 mod observer;
@@ -31,9 +32,9 @@ pub use pull::MAX_PULL_PAGES_PER_ROUND;
 use crate::batcher::{Batcher, BatcherOptions, CommitObserver};
 use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
 use crate::error::{Error, Result};
-use crate::forest::{Forest, WriteRequest};
+use crate::forest::{CursorKind, Forest, WriteRequest};
 use crate::net::Transport;
-use crate::runtime::Env;
+use crate::runtime::{blocking, Env};
 use locks::TreeLocks;
 use membership::Membership;
 use observer::CommitWatch;
@@ -92,6 +93,20 @@ pub struct ServiceStats {
     pub push_windows: u64,
     /// Pull cursors held in memory now (at most `limits.max_tracked_trees`).
     pub pull_cursors: u64,
+    /// `Hello`s refused: a foreign cluster, this node's own replica id, no
+    /// configured peer, or a claim its certificate contradicts.
+    pub hellos_refused: u64,
+    /// Outbound connections refused because the other end was not the
+    /// replica dialled, or refused this node's `Hello` (from the transport).
+    pub peers_refused: u64,
+}
+
+/// What a graceful stop did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StopReport {
+    /// Push and pull cursors written because they ran ahead of their
+    /// durable copies.
+    pub cursors_persisted: usize,
 }
 
 /// What every part of a running service shares.
@@ -108,6 +123,7 @@ struct Core {
     /// Signalled on every storage error; the recovery reopens the database
     /// (redb refuses all writes after an I/O error until then).
     storage_failed: Arc<Notify>,
+    hellos_refused: std::sync::atomic::AtomicU64,
 }
 
 impl Core {
@@ -193,6 +209,7 @@ impl Service {
             closed: AtomicBool::new(false),
             shutdown: watch::channel(false).0,
             storage_failed,
+            hellos_refused: Default::default(),
         });
         let service = Arc::new(Service {
             pusher: Pusher::start(core.clone(), book, windows.clone()),
@@ -248,6 +265,8 @@ impl Service {
             push_workers: sizes.workers as u64,
             push_windows: self.pusher.windows_held() as u64,
             pull_cursors: self.puller.cursors_held() as u64,
+            hellos_refused: load(&self.core.hellos_refused),
+            peers_refused: self.core.transport.identities_refused(),
         }
     }
 
@@ -257,6 +276,31 @@ impl Service {
 
     pub fn config(&self) -> &Config {
         &self.core.config
+    }
+
+    /// Stops the node gracefully: new requests get `ShuttingDown`, every
+    /// write already queued is committed and answered, background work
+    /// stops, and every push and pull cursor that ran ahead of its durable
+    /// copy is written, so a restart re-sends and re-pulls nothing.
+    pub async fn shutdown_gracefully(&self) -> Result<StopReport> {
+        self.core.closed.store(true, Ordering::SeqCst);
+        self.core.batcher.drain().await;
+        let _ = self.core.shutdown.send(true);
+        let mut cursors = Vec::new();
+        for ((tree, peer), position) in self.pusher.book().lagging_cursors() {
+            cursors.push((tree, CursorKind::Push, peer, position));
+        }
+        for ((tree, peer), position) in self.puller.lagging_cursors() {
+            cursors.push((tree, CursorKind::Pull, peer, position));
+        }
+        let forest = self.core.forest.clone();
+        let persisted = blocking(&*self.core.env.runtime, move || {
+            forest.raise_cursors(&cursors)
+        })
+        .await?;
+        Ok(StopReport {
+            cursors_persisted: persisted,
+        })
     }
 
     /// Stops background work; in-flight callers get `ShuttingDown`.

@@ -311,6 +311,17 @@ impl Puller {
         &self.core
     }
 
+    /// The pull cursors ahead of their durable copies, with positions.
+    pub fn lagging_cursors(&self) -> Vec<((TreeKey, ReplicaId), u64)> {
+        let cursors = self.cursors.lock().expect("pull cursors");
+        cursors
+            .by_pair
+            .iter()
+            .filter(|(_, (cursor, _))| cursor.lagging())
+            .map(|(key, (cursor, _))| (key.clone(), cursor.position()))
+            .collect()
+    }
+
     /// Pull cursors held in memory.
     pub fn cursors_held(&self) -> usize {
         self.cursors.lock().expect("pull cursors").by_pair.len()
