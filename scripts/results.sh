@@ -102,7 +102,7 @@ bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}"
 fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
 load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
 tls_cmd() {
-    echo "arbor-sim load --replicas 3 --transport tcp,tls --rate 5000 --duration $load_duration --verify"
+    echo "arbor-sim load --replicas 3 --transport tcp,tls --rate $1 --duration $load_duration --verify"
 }
 # The gateway paths of the clean-rate search: TCP, the path users take, and
 # with --beside-in-process direct calls beside it.
@@ -121,7 +121,7 @@ if [ "$list" = 1 ]; then
     echo "bench:      $(bench_cmd)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
-    echo "tls:        $(tls_cmd)"
+    echo "tls:        $(tls_cmd 5000); $(tls_cmd 1000)"
     echo "clean-rate: $(clean_rate_cmd 1); $(clean_rate_cmd 3)"
     echo "grid:       $(grid_cmd)"
     echo "sim-load:   $(sim_load_cmd)"
@@ -210,7 +210,7 @@ title() {
         bench) echo "Engine bench" ;;
         fuzz) echo "Fuzzing speed" ;;
         load) echo "Load, real mode over TCP, 5000 requests/s" ;;
-        tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 requests/s" ;;
+        tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 and 1000 requests/s" ;;
         clean-rate) echo "Highest clean rate, real mode over TCP, 1 and 3 replicas" ;;
         grid) echo "Reference grid, real mode over TCP" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
@@ -490,26 +490,34 @@ path_rows() {
 }
 
 section_tls() {
-    log "plaintext and TLS, 3 replicas, 5000/s for $load_duration each"
-    local status=0
-    capture tls SIM load --replicas 3 --transport tcp,tls --rate 5000 --duration "$load_duration" \
-        --verify --no-progress --json "$work/tls.json" --html "$work/tls.html" || status=$?
+    local rate status
     {
         echo "## $(title tls)"
         echo
         provenance "$binary_note"
-        echo "Command: \`$(tls_cmd)\`: three nodes replicating over loopback, the gateway reaching"
-        echo "them over plaintext TCP, then the same load on a fresh cluster where every connection"
-        echo "(gateway and replication) is mutual TLS 1.3 with certificates made for the run; one"
-        echo "invocation, one after the other. The user scenario (AddByPath) at 5000/s, the system"
-        echo "scenario (Add) at 10/s. Latencies are wall-clock; exit status $status."
-        echo
-        if [ -s "$work/tls.json" ]; then
-            path_rows "$work/tls.json"
-        else
-            command_failed tls "$(tls_cmd)"
-        fi
+        echo "Three nodes replicating over loopback, the gateway reaching them over plaintext TCP,"
+        echo "then the same load on a fresh cluster where every connection (gateway and replication)"
+        echo "is mutual TLS 1.3 with certificates made for the run: one invocation per rate, the two"
+        echo "paths one after the other. The user scenario (AddByPath) at the rate, the system scenario"
+        echo "(Add) at 10/s. Latencies are wall-clock."
     } >"$work/tls.md"
+    for rate in 5000 1000; do
+        log "plaintext and TLS, 3 replicas, $rate/s for $load_duration each"
+        status=0
+        capture "tls-$rate" SIM load --replicas 3 --transport tcp,tls --rate "$rate" \
+            --duration "$load_duration" --verify --no-progress \
+            --json "$work/tls-$rate.json" --html "$work/tls-$rate.html" || status=$?
+        {
+            echo
+            echo "Command: \`$(tls_cmd "$rate")\`; exit status $status."
+            echo
+            if [ -s "$work/tls-$rate.json" ]; then
+                path_rows "$work/tls-$rate.json"
+            else
+                command_failed "tls-$rate" "$(tls_cmd "$rate")"
+            fi
+        } >>"$work/tls.md"
+    done
 }
 
 # The highest clean rate of every path of a matrix report, as table rows:
