@@ -8,7 +8,8 @@ use crate::types::*;
 use serde::{Deserialize, Serialize};
 
 /// Wire format version; a frame with another version is refused.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Version 2: `LogStamp` carries the op's digest.
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// A request of the service API (docs/design.md §4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -99,7 +99,8 @@ fn write_configs(dir: &Path, count: u16) -> Vec<Node> {
             let yaml = format!(
                 "tree:\n  replication_timeout: 1s\n  sync_interval: 1s\n\
                  pilorama:\n  path: {db}\n\
-                 node:\n  replica_id: {id}\n  listen: \"{listen}\"\n  peers:\n{peers}",
+                 node:\n  replica_id: {id}\n  listen: \"{listen}\"\n  peers:\n{peers}\
+                 access:\n  anonymous: trusted\n",
                 db = dir.join(format!("node{id}/tree.db")).display(),
                 listen = config.node.listen,
                 peers = config
@@ -116,6 +117,7 @@ fn write_configs(dir: &Path, count: u16) -> Vec<Node> {
             // The file must parse to the config meant here.
             let parsed = Config::from_yaml_str(&yaml).unwrap();
             assert_eq!(parsed.node, config.node);
+            assert_eq!(parsed.access, config.access);
             std::fs::write(&config_path, yaml).unwrap();
             Node {
                 config_path,
