@@ -27,11 +27,15 @@ Options:
   --sim-bin PATH   use this arbor-sim binary instead of building one
   --out FILE       where the results go (default docs/results.md)
   --readme FILE    whose canary table to rewrite (default README.md)
+  --beside-in-process
+                   clean-rate: search again with direct in-process calls
+                   beside the TCP search (doubles the section's time)
   --list           print the sections and their commands, run nothing
 EOF
 }
 
 quick=0
+beside=0
 only=""
 sim_bin=""
 list=0
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
         --sim-bin) sim_bin="${2:?--sim-bin needs a path}"; shift ;;
         --out) out="${2:?--out needs a file}"; shift ;;
         --readme) readme="${2:?--readme needs a file}"; shift ;;
+        --beside-in-process) beside=1 ;;
         --list) list=1 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -96,8 +101,11 @@ canary_cmd() {
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
 fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
 load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
+# The gateway paths of the clean-rate search: TCP, the path users take, and
+# with --beside-in-process direct calls beside it.
+clean_rate_transport() { [ "$beside" = 1 ] && echo "tcp,in-process" || echo "tcp"; }
 clean_rate_cmd() {
-    echo "arbor-sim matrix --no-grid --search-start $search_start --search-duration $search_duration --search-probes $search_probes"
+    echo "arbor-sim matrix --no-grid --replicas $1 --transport $(clean_rate_transport) --search-start $search_start --search-duration $search_duration --search-probes $search_probes"
 }
 grid_cmd() { echo "arbor-sim matrix --no-search --grid-duration $grid_duration"; }
 sim_load_cmd() {
@@ -110,7 +118,7 @@ if [ "$list" = 1 ]; then
     echo "bench:      $(bench_cmd)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
-    echo "clean-rate: $(clean_rate_cmd)"
+    echo "clean-rate: $(clean_rate_cmd 1); $(clean_rate_cmd 3)"
     echo "grid:       $(grid_cmd)"
     echo "sim-load:   $(sim_load_cmd)"
     exit 0
@@ -197,9 +205,9 @@ title() {
         canaries) echo "Canaries" ;;
         bench) echo "Engine bench" ;;
         fuzz) echo "Fuzzing speed" ;;
-        load) echo "Load, real mode, 5000 requests/s" ;;
-        clean-rate) echo "Highest clean rate, real mode" ;;
-        grid) echo "Reference grid, real mode" ;;
+        load) echo "Load, real mode over TCP, 5000 requests/s" ;;
+        clean-rate) echo "Highest clean rate, real mode over TCP, 1 and 3 replicas" ;;
+        grid) echo "Reference grid, real mode over TCP" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
     esac
 }
@@ -419,6 +427,9 @@ scenario_figures() {
 }
 ms() { awk -v v="$1" 'BEGIN { printf "%.2f ms", v }'; }
 
+# The path a load report says it took: "real/single, gateway tcp, 1 replica(s)".
+load_path() { jq -r '"\(.mode), gateway \(.gateway), \(.replicas) replica(s)"' "$1"; }
+
 load_rows() {
     local json="$1" scenario avg med p99 max errors dropped
     echo "| scenario | avg | median | p99 | max | errors | dropped |"
@@ -440,11 +451,13 @@ section_load() {
         echo "## $(title load)"
         echo
         provenance "$binary_note"
-        echo "Command: \`$(load_cmd)\`: one node, a durable redb file, the reference configuration;"
-        echo "the user scenario (AddByPath, 7 meta fields) at 5000/s and the system scenario (Add) at 10/s."
-        echo "Latencies are wall-clock; exit status $status."
+        echo "Command: \`$(load_cmd)\`: one node reached over loopback TCP, a durable redb file,"
+        echo "the reference configuration; the user scenario (AddByPath, 7 meta fields) at 5000/s and"
+        echo "the system scenario (Add) at 10/s. Latencies are wall-clock; exit status $status."
         echo
         if [ -s "$work/load.json" ]; then
+            echo "Path: $(load_path "$work/load.json")."
+            echo
             load_rows "$work/load.json"
         else
             command_failed load "$(load_cmd)"
@@ -452,29 +465,63 @@ section_load() {
     } >"$work/load.md"
 }
 
+# The highest clean rate of every path of a matrix report, as table rows:
+# | replicas | gateway | highest clean rate | probes |.
+clean_rate_rows() {
+    jq -r '.replicas as $r | .paths[] |
+        "| \($r) | \(.gateway) | \(if .highest_clean_rate then "**\(.highest_clean_rate) requests/s**" else "none" end) | \(.search | length) |"' "$1"
+}
+
+# Every probe of every path of a matrix report, one table per path.
+clean_rate_probes() {
+    jq -r '.replicas as $r | .paths[] |
+        "", "Probes with \($r) replica(s), gateway \(.gateway):", "",
+        "| probe rate | achieved | avg | p99 | errors | dropped | clean |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+        (.search[] | "| \(.rate) | \(.achieved_rate | round) | \(.avg_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .clean then "yes" else "no" end) |")' "$1"
+}
+
 section_clean_rate() {
-    log "highest clean rate"
-    capture clean-rate SIM matrix --no-grid --search-start "$search_start" \
-        --search-duration "$search_duration" --search-probes "$search_probes" --no-progress \
-        --json "$work/clean-rate.json" || true
+    local replicas json reports=() bar=""
+    for replicas in 1 3; do
+        log "highest clean rate, $replicas replica(s)"
+        json="$work/clean-rate-$replicas.json"
+        capture "clean-rate-$replicas" SIM matrix --no-grid --replicas "$replicas" \
+            --transport "$(clean_rate_transport)" --search-start "$search_start" \
+            --search-duration "$search_duration" --search-probes "$search_probes" --no-progress \
+            --json "$json" || true
+        if [ -s "$json" ]; then
+            reports+=("$json")
+            bar="$(jq -r '.clean' "$json")"
+        fi
+    done
     {
         echo "## $(title clean-rate)"
         echo
         provenance "$binary_note"
-        echo "Command: \`$(clean_rate_cmd)\`. Clean: user and system scenarios with"
-        echo "p99 <= 100 ms, no errors, no dropped iterations. The search doubles the rate while probes"
-        echo "are clean, then bisects between the best clean and the lowest unclean rate (one probe per rate)."
+        echo "Commands: \`$(clean_rate_cmd 1)\` and \`$(clean_rate_cmd 3)\`, one after the other."
+        echo "The generator reaches the nodes over loopback TCP, as users do; with 3 replicas they"
+        echo "replicate to each other over TCP too. Clean: \`${bar:-p(99)<=100ms, rate==0, dropped==0}\`"
+        echo "in both the user and the system scenario, and no iteration stuck. The search doubles the"
+        echo "rate while probes are clean, then bisects between the best clean and the lowest unclean"
+        echo "rate (one probe per rate)."
         echo
-        if [ ! -s "$work/clean-rate.json" ]; then
-            command_failed clean-rate "$(clean_rate_cmd)"
-            return
+        if [ ${#reports[@]} -gt 0 ]; then
+            echo "| replicas | gateway | highest clean rate | probes |"
+            echo "|---:|---|---:|---:|"
+            for json in "${reports[@]}"; do
+                clean_rate_rows "$json"
+            done
+            for json in "${reports[@]}"; do
+                clean_rate_probes "$json"
+            done
+            echo
         fi
-        jq -r '"Highest clean rate: **\(.highest_clean_rate // "none") requests/s**."' "$work/clean-rate.json"
-        echo
-        echo "| probe rate | achieved | avg | p99 | errors | dropped | clean |"
-        echo "|---:|---:|---:|---:|---:|---:|---|"
-        jq -r '.search[] | "| \(.rate) | \(.achieved_rate | round) | \(.avg_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .clean then "yes" else "no" end) |"' \
-            "$work/clean-rate.json"
+        for replicas in 1 3; do
+            if [ ! -s "$work/clean-rate-$replicas.json" ]; then
+                command_failed "clean-rate-$replicas" "$(clean_rate_cmd "$replicas")"
+            fi
+        done
     } >"$work/clean-rate.md"
 }
 
@@ -486,17 +533,18 @@ section_grid() {
         echo "## $(title grid)"
         echo
         provenance "$binary_note"
-        echo "Command: \`$(grid_cmd)\`: one node, durable, user scenario at each rate with"
-        echo "background sync every 5 minutes and off. The last column is the average the reference"
-        echo "implementation reported for that rate (a constant in \`load/matrix.rs\`, not measured here)."
+        echo "Command: \`$(grid_cmd)\`: one node reached over loopback TCP, durable, user scenario"
+        echo "at each rate with background sync every 5 minutes and off. The last column is the average"
+        echo "the reference implementation reported for that rate (a constant in \`load/matrix.rs\`,"
+        echo "not measured here)."
         echo
         if [ ! -s "$work/grid.json" ]; then
             command_failed grid "$(grid_cmd)"
             return
         fi
-        echo "| rate | sync | avg | p90 | p99 | max | errors | dropped | reference avg |"
-        echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
-        jq -r '.grid[] | "| \(.rate) | \(.sync) | \(.avg_ms * 100 | round / 100) ms | \(.p90_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.max_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .reference_avg_ms then "\(.reference_avg_ms) ms" else "-" end) |"' \
+        echo "| gateway | rate | sync | avg | p90 | p99 | max | errors | dropped | reference avg |"
+        echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+        jq -r '.paths[] | .gateway as $g | .grid[] | "| \($g) | \(.rate) | \(.sync) | \(.avg_ms * 100 | round / 100) ms | \(.p90_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.max_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .reference_avg_ms then "\(.reference_avg_ms) ms" else "-" end) |"' \
             "$work/grid.json"
     } >"$work/grid.md"
 }
@@ -512,7 +560,10 @@ section_sim_load() {
         echo
         provenance "$binary_note"
         echo "Command: \`$(sim_load_cmd)\`: three replicas inside the simulator on the"
-        echo "calibrated disk model, $sim_load_duration of simulated time; exit status $status."
+        echo "calibrated disk model, $sim_load_duration of simulated time, called by the simulated"
+        echo "in-process gateway. \`--verify\` then runs the simulator's heal-and-check (convergence"
+        echo "by sync and by push, acknowledged writes present, the tree invariant, nobody waiting)"
+        echo "and reads every acknowledged write back on every replica; exit status $status."
         echo
         echo "Wall time of the whole command: **$(cat "$work/sim-load.wall") s**."
         echo "Latencies below are simulated time."
@@ -521,6 +572,8 @@ section_sim_load() {
             command_failed sim-load "$(sim_load_cmd)"
             return
         fi
+        echo "Path: $(load_path "$work/sim-load.json")."
+        echo
         load_rows "$work/sim-load.json"
         jq -r '"Ops pushed \(.service.ops_pushed), pulled by sync \(.service.ops_pulled), sync rounds \(.service.sync_rounds)."' \
             "$work/sim-load.json"
@@ -558,6 +611,7 @@ done
 run_args=""
 [ "$quick" = 1 ] && run_args+=" --quick"
 [ -n "$only" ] && run_args+=" --only $only"
+[ "$beside" = 1 ] && run_args+=" --beside-in-process"
 quick_sections=()
 for name in "${SECTIONS[@]}"; do
     grep -q '^<!-- results:mode=quick -->$' "$work/$name.md" && quick_sections+=("$name")

@@ -95,7 +95,7 @@ pub struct CalibrateArgs {
 /// Options every load subcommand shares.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
-    /// Service configuration (YAML, DESIGN §7 keys); the reference
+    /// Service configuration (YAML, docs/design.md §7 keys); the reference
     /// configuration when absent. Flags below override it.
     #[arg(long)]
     config: Option<PathBuf>,

@@ -30,7 +30,7 @@ pub const REPLICATION_DRAIN_MAX: Duration = Duration::from_secs(120);
 /// is usually shorter and wins).
 const GATEWAY_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The service configuration of the reference run (DESIGN §7), for one
+/// The service configuration of the reference run (docs/design.md §7), for one
 /// node storing its forest at `path`.
 pub fn reference_config(
     replica_id: ReplicaId,
