@@ -91,6 +91,7 @@ readonly CANARIES=(
     "FailedBatchHangs|storage-errors|a failed batch leaves its callers waiting"
     "SyncDropsTreeOnPeerError|sync-heavy|sync drops a tree on a transient peer error"
     "PathByArrivalOrder|standard|path resolution picks a duplicate directory by arrival order"
+    "AuthorizationSkipped|standard|the service serves every caller everything"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors)
 

@@ -21,10 +21,13 @@ pub enum Canary {
     SyncDropsTreeOnPeerError = 6,
     /// Path resolution picks a duplicate directory by arrival order.
     PathByArrivalOrder = 7,
+    /// The service serves every caller everything (no rights checked,
+    /// Apply's origin not checked).
+    AuthorizationSkipped = 8,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 7] = [
+    pub const ALL: [Canary; 8] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -32,6 +35,7 @@ impl Canary {
         Canary::FailedBatchHangs,
         Canary::SyncDropsTreeOnPeerError,
         Canary::PathByArrivalOrder,
+        Canary::AuthorizationSkipped,
     ];
 }
 

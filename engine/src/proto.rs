@@ -8,6 +8,8 @@ use crate::types::*;
 use serde::{Deserialize, Serialize};
 
 /// Wire format version; a frame with another version is refused.
+/// Version 2: `Hello` opens a peer connection, and `LogStamp` carries the
+/// op's digest.
 pub const PROTOCOL_VERSION: u8 = 2;
 
 /// A request of the service API (docs/design.md §4).

@@ -159,7 +159,8 @@ fn write_configs(dir: &Path, count: u16, certs: Option<&Path>) -> Vec<Node> {
             let yaml = format!(
                 "tree:\n  replication_timeout: 1s\n  sync_interval: 1s\n\
                  pilorama:\n  path: {db}\n\
-                 node:\n  replica_id: {id}\n  listen: \"{listen}\"\n{tls}  peers:\n{peers}",
+                 node:\n  replica_id: {id}\n  listen: \"{listen}\"\n{tls}  peers:\n{peers}\
+                 access:\n  anonymous: trusted\n  default:\n    owners: [test]\n",
                 db = dir.join(format!("node{id}/tree.db")).display(),
                 tls = tls_yaml(certs, id),
                 listen = config.node.listen,
@@ -178,6 +179,7 @@ fn write_configs(dir: &Path, count: u16, certs: Option<&Path>) -> Vec<Node> {
             let parsed = Config::from_yaml_str(&yaml).unwrap();
             assert_eq!(parsed.node.peers, config.node.peers);
             assert_eq!(parsed.node.tls.is_some(), certs.is_some());
+            assert_eq!(parsed.access.default.owners, ["test"]);
             std::fs::write(&config_path, yaml).unwrap();
             Node {
                 config_path,

@@ -26,6 +26,11 @@ pub enum FailureKind {
     Panic,
     /// Something of the simulated world outlived its run.
     Leak,
+    /// A call without the right was served, or left a trace on a replica.
+    Intrusion,
+    /// Two different ops under one timestamp, or a peer answering as
+    /// another replica.
+    StampConflict,
 }
 
 impl FailureKind {
@@ -41,6 +46,8 @@ impl FailureKind {
             FailureKind::Storage => "storage",
             FailureKind::Panic => "panic",
             FailureKind::Leak => "leak",
+            FailureKind::Intrusion => "intrusion",
+            FailureKind::StampConflict => "stamp conflict",
         }
     }
 }

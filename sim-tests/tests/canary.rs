@@ -111,3 +111,8 @@ fn sync_drops_tree_on_peer_error() {
 fn path_by_arrival_order() {
     caught(Canary::PathByArrivalOrder);
 }
+
+#[test]
+fn authorization_skipped() {
+    caught(Canary::AuthorizationSkipped);
+}

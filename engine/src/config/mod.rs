@@ -7,6 +7,7 @@
 //! (`tree.replication_timeout: ...`), so a typo never silently falls back to
 //! a default.
 
+mod access;
 mod parse;
 #[cfg(test)]
 mod tests;
@@ -15,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::forest::ForestOptions;
 use crate::types::{ContainerId, ReplicaId};
 use crate::validate::InputLimits;
+pub use access::{AccessConfig, ContainerAccess, Grants, Role};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,6 +27,8 @@ pub struct Config {
     pub pilorama: PiloramaConfig,
     pub node: NodeConfig,
     pub limits: Limits,
+    /// Who may call what (docs/design.md §9).
+    pub access: AccessConfig,
 }
 
 /// `tree:` section.
@@ -152,6 +156,12 @@ pub struct Limits {
     /// Bytes of frames being received, over all inbound connections; a
     /// frame waits for room (then gets `Overloaded`), never allocates past it.
     pub partial_frames_bytes_max: usize,
+    /// How far the counter of a replicated op may be ahead of the largest
+    /// counter its tree holds here (or of the ops before it in the same
+    /// batch): ops beyond are refused with `CounterTooFar` until the tree
+    /// has caught up, so that no peer can push a tree's counter to its
+    /// end (docs/design.md §9).
+    pub counter_jump_max: u64,
 }
 
 /// The sync interval of the reference deployment (docs/design.md §7). An
@@ -205,6 +215,7 @@ impl Default for Limits {
             idle_connection_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(10),
             partial_frames_bytes_max: 64 << 20,
+            counter_jump_max: 1 << 20,
         }
     }
 }
@@ -235,14 +246,18 @@ impl NodeConfig {
 }
 
 impl Config {
-    /// Defaults everywhere, no peers, sync off: a starting point for tests
-    /// and the simulator, which then fill in peers and limits.
+    /// Defaults everywhere, no peers, sync off, and every caller trusted
+    /// with everything (`access.anonymous: trusted`): a starting point for
+    /// tests and the simulator, which then fill in peers, limits and, when
+    /// they check rights, the rights their callers hold.
     pub fn default_for_test(replica_id: ReplicaId) -> Self {
+        let access = AccessConfig::trusting_everyone();
         Self {
             tree: TreeConfig::default(),
             pilorama: PiloramaConfig::default(),
             node: NodeConfig::solo(replica_id),
             limits: Limits::default(),
+            access,
         }
     }
 
@@ -284,6 +299,10 @@ impl Config {
             ("limits.max_tracked_trees", self.limits.max_tracked_trees),
             ("limits.max_connections", self.limits.max_connections),
             ("limits.max_path_len", self.limits.max_path_len),
+            (
+                "limits.counter_jump_max",
+                usize::from(self.limits.counter_jump_max != 0),
+            ),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -316,7 +335,8 @@ impl Config {
             )));
         }
         self.validate_transport()?;
-        self.validate_membership()
+        self.validate_membership()?;
+        self.access.validate()
     }
 
     /// The keys of the transport (docs/design.md §9).
@@ -392,6 +412,7 @@ impl Config {
             max_meta_bytes: self.limits.max_meta_bytes,
             max_path_len: self.limits.max_path_len,
             durable: !self.pilorama.no_sync,
+            counter_jump_max: self.limits.counter_jump_max,
         }
     }
 }

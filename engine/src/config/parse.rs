@@ -13,12 +13,14 @@ pub(super) fn document(text: &str) -> Result<Config> {
     let pilorama = parse_pilorama(root.section("pilorama")?)?;
     let node = parse_node(root.section("node")?)?;
     let limits = parse_limits(root.section("limits")?)?;
+    let access = access::parse_access(root.section("access")?)?;
     root.finish()?;
     Ok(Config {
         tree,
         pilorama,
         node,
         limits,
+        access,
     })
 }
 
@@ -93,6 +95,7 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
         partial_frames_bytes_max: s
             .usize("partial_frames_bytes_max")?
             .unwrap_or(d.partial_frames_bytes_max),
+        counter_jump_max: s.u64("counter_jump_max")?.unwrap_or(d.counter_jump_max),
     };
     s.finish()?;
     Ok(limits)
@@ -188,13 +191,13 @@ fn as_replica_id(key: &str, value: &Value) -> Result<ReplicaId> {
 
 /// One mapping of the file being taken apart: every read removes its key, so
 /// whatever is left at `finish` is unknown.
-struct Section {
+pub(super) struct Section {
     name: String,
     map: Mapping,
 }
 
 impl Section {
-    fn new(name: &str, value: Value) -> Result<Self> {
+    pub(super) fn new(name: &str, value: Value) -> Result<Self> {
         let map = match value {
             Value::Null => Mapping::new(),
             Value::Mapping(map) => map,
@@ -209,7 +212,7 @@ impl Section {
         })
     }
 
-    fn key(&self, key: &str) -> String {
+    pub(super) fn key(&self, key: &str) -> String {
         if self.name.is_empty() {
             key.to_string()
         } else {
@@ -226,12 +229,12 @@ impl Section {
         self.map.get(key).is_some_and(|v| !v.is_null())
     }
 
-    fn section(&mut self, key: &str) -> Result<Section> {
+    pub(super) fn section(&mut self, key: &str) -> Result<Section> {
         let value = self.take(key).unwrap_or(Value::Null);
         Section::new(&self.key(key), value)
     }
 
-    fn list(&mut self, key: &str) -> Result<Vec<Value>> {
+    pub(super) fn list(&mut self, key: &str) -> Result<Vec<Value>> {
         match self.take(key) {
             None => Ok(Vec::new()),
             Some(Value::Sequence(items)) => Ok(items),
@@ -258,12 +261,34 @@ impl Section {
             .transpose()
     }
 
+    fn u64(&mut self, key: &str) -> Result<Option<u64>> {
+        self.take(key)
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| self.bad(key, "expected a non-negative integer"))
+            })
+            .transpose()
+    }
+
+    /// A list of strings; absent is empty.
+    pub(super) fn strings(&mut self, key: &str) -> Result<Vec<String>> {
+        let full = self.key(key);
+        self.list(key)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(Error::Config(format!("{full}[{i}]: expected a string"))),
+            })
+            .collect()
+    }
+
     fn replica_id(&mut self, key: &str) -> Result<Option<ReplicaId>> {
         let full = self.key(key);
         self.take(key).map(|v| as_replica_id(&full, &v)).transpose()
     }
 
-    fn string(&mut self, key: &str) -> Result<Option<String>> {
+    pub(super) fn string(&mut self, key: &str) -> Result<Option<String>> {
         self.take(key)
             .map(|v| match v {
                 Value::String(s) => Ok(s),
@@ -288,7 +313,7 @@ impl Section {
         Error::Config(format!("{}: {why}", self.key(key)))
     }
 
-    fn finish(self) -> Result<()> {
+    pub(super) fn finish(self) -> Result<()> {
         match self.map.keys().next() {
             None => Ok(()),
             Some(k) => {

@@ -15,6 +15,7 @@
 //! ops applied here; everything kept in memory per tree is bounded
 //! (`limits.max_tracked_trees`) and can be rebuilt from them.
 
+mod access;
 mod api;
 mod backoff;
 mod cursor;
@@ -35,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::forest::{CursorKind, Forest, WriteRequest};
 use crate::net::Transport;
 use crate::runtime::{blocking, Env};
+use access::Access;
 use locks::TreeLocks;
 use membership::Membership;
 use observer::CommitWatch;
@@ -43,7 +45,7 @@ use push::book::{BookLimits, PushBook};
 use push::window::PushWindows;
 use push::Pusher;
 use recovery::Recovery;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -99,6 +101,43 @@ pub struct ServiceStats {
     /// Outbound connections refused because the other end was not the
     /// replica dialled, or refused this node's `Hello` (from the transport).
     pub peers_refused: u64,
+    /// Requests refused with `PermissionDenied` (docs/design.md §9),
+    /// Apply pages carrying another replica's ops included.
+    pub requests_refused: u64,
+    /// Replicated ops refused as `CounterTooFar` (pushed or pulled).
+    pub ops_refused_too_far: u64,
+    /// Pulled ops stamped by a replica that does not hold their container.
+    pub ops_refused_foreign: u64,
+    /// Timestamps found stored with different ops here and on a peer
+    /// (pushed or seen in a peer's stamps). Never 0 but by a fault: two
+    /// replicas with one id, or a forged op.
+    pub stamp_conflicts: u64,
+    /// Sync passes skipped because the peer answered as another replica.
+    pub peer_identity_mismatches: u64,
+}
+
+/// Counters of refusals and conflicts (see `ServiceStats`).
+#[derive(Default)]
+struct TrustCounters {
+    requests_refused: AtomicU64,
+    ops_refused_too_far: AtomicU64,
+    ops_refused_foreign: AtomicU64,
+    stamp_conflicts: AtomicU64,
+    peer_identity_mismatches: AtomicU64,
+}
+
+impl TrustCounters {
+    /// Counts what an error says about trust.
+    fn note(&self, error: &Error) {
+        let counter = match error {
+            Error::PermissionDenied { .. } => &self.requests_refused,
+            Error::CounterTooFar { .. } => &self.ops_refused_too_far,
+            Error::StampConflict(_) => &self.stamp_conflicts,
+            Error::WrongPeer { .. } => &self.peer_identity_mismatches,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// What a graceful stop did.
@@ -117,6 +156,8 @@ struct Core {
     transport: Arc<dyn Transport>,
     batcher: Batcher,
     membership: Arc<Membership>,
+    access: Access,
+    trust: TrustCounters,
     locks: TreeLocks,
     closed: AtomicBool,
     shutdown: watch::Sender<bool>,
@@ -198,6 +239,7 @@ impl Service {
             forest: forest.clone(),
         });
         let batcher = start_batcher(&config, &forest, &env, observer);
+        let access = Access::new(config.access.clone());
         let core = Arc::new(Core {
             config,
             forest,
@@ -205,6 +247,8 @@ impl Service {
             transport,
             batcher,
             membership,
+            access,
+            trust: TrustCounters::default(),
             locks: TreeLocks::new(),
             closed: AtomicBool::new(false),
             shutdown: watch::channel(false).0,
@@ -267,6 +311,11 @@ impl Service {
             pull_cursors: self.puller.cursors_held() as u64,
             hellos_refused: load(&self.core.hellos_refused),
             peers_refused: self.core.transport.identities_refused(),
+            requests_refused: load(&self.core.trust.requests_refused),
+            ops_refused_too_far: load(&self.core.trust.ops_refused_too_far),
+            ops_refused_foreign: load(&self.core.trust.ops_refused_foreign),
+            stamp_conflicts: load(&self.core.trust.stamp_conflicts),
+            peer_identity_mismatches: load(&self.core.trust.peer_identity_mismatches),
         }
     }
 

@@ -2,6 +2,7 @@
 //! the object-gateway workload under the seed's faults, heals, and checks.
 
 pub mod checkers;
+pub mod intruder;
 pub mod ledger;
 pub mod lifecycle;
 pub mod nemesis;
@@ -164,6 +165,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::FailedBatchHangs => "failed_batch_hangs",
         Canary::SyncDropsTreeOnPeerError => "sync_drops_tree_on_peer_error",
         Canary::PathByArrivalOrder => "path_by_arrival_order",
+        Canary::AuthorizationSkipped => "authorization_skipped",
     }
 }
 
@@ -244,8 +246,10 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> World {
         .map(|(cid, replicas)| ContainerConfig { cid, replicas })
         .collect();
     let mut configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
+    let access = intruder::access_config(swarm.size.clients);
     for config in &mut configs {
         config.pilorama.replicated_batch_delay = swarm.replicated_batch_delay;
+        config.access = access.clone();
     }
     let disk_config = |i: usize| {
         let mut config = DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
@@ -262,6 +266,8 @@ async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Re
     let mut world = build_world(swarm, trace);
     probe.watch(&world);
     let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
+    // Created last: it holds no right (`intruder::access_config`).
+    let intruder = world.client();
     let world = Arc::new(world);
     let verdict = Verdict::new(trace.clone());
     let supervisor = Supervisor::new(world.clone(), verdict.clone());
@@ -269,7 +275,7 @@ async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Re
     let nemesis = Nemesis::new(supervisor.clone(), workload.clone(), swarm.clone());
     let result = async {
         lifecycle::boot(&world).await?;
-        run_workload(swarm, &workload, &nemesis, clients).await;
+        run_workload(swarm, &workload, &nemesis, clients, intruder).await;
         let ledger = async { workload.ledger.lock().unwrap().clone() };
         lifecycle::heal_and_check(&supervisor, ledger).await
     }
@@ -290,6 +296,7 @@ async fn run_workload(
     workload: &Arc<Workload>,
     nemesis: &Arc<Nemesis>,
     clients: Vec<crate::world::Client>,
+    intruder: crate::world::Client,
 ) {
     let deadline = crate::world::clock::global_now() + swarm.size.workload_duration;
     let ops_per_client = swarm.size.ops_total / swarm.size.clients as u64;
@@ -309,6 +316,12 @@ async fn run_workload(
     if let Some(window) = swarm.opening_partition {
         nemesis.clone().opening_partition(window);
     }
+    let span = swarm.size.workload_duration.mul_f64(0.6);
+    tasks.push(madsim::task::spawn(intruder::run_intruder(
+        workload.clone(),
+        intruder,
+        span,
+    )));
     let strikes = madsim::task::spawn(nemesis.clone().run(deadline));
     for task in tasks {
         let _ = task.await;

@@ -58,9 +58,10 @@ impl Profile {
             Canary::ReplicationDropsOnFullQueue => Profile::PushOnly,
             Canary::SharedSyncCursor | Canary::SyncDropsTreeOnPeerError => Profile::SyncHeavy,
             Canary::FailedBatchHangs => Profile::StorageErrors,
-            Canary::StaleUndoOnRedo | Canary::OldOpWrongPosition | Canary::PathByArrivalOrder => {
-                Profile::Standard
-            }
+            Canary::StaleUndoOnRedo
+            | Canary::OldOpWrongPosition
+            | Canary::PathByArrivalOrder
+            | Canary::AuthorizationSkipped => Profile::Standard,
         }
     }
 
