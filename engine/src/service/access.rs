@@ -53,6 +53,9 @@ fn need_of(request: &Request) -> (&'static str, Need) {
             Need::ReplicaOrClient(tree.cid, Role::Owner),
         ),
         Request::Healthcheck => ("Healthcheck", Need::Nothing),
+        // Open to everyone: it is how a connection says who it is, and the
+        // service checks the claim itself (service/hello.rs).
+        Request::Hello { .. } => ("Hello", Need::Nothing),
     };
     (name, need)
 }
