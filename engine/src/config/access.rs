@@ -15,7 +15,7 @@
 //!       readers: []
 //! ```
 
-use super::parse::Section;
+use super::parse::{container_items, Section};
 use crate::error::{Error, Result};
 use crate::types::ContainerId;
 use std::collections::BTreeSet;
@@ -162,14 +162,7 @@ pub(super) fn parse_access(mut s: Section) -> Result<AccessConfig> {
     };
     let default = parse_grants(s.section("default")?)?;
     let mut containers = Vec::new();
-    for (i, item) in s.list("containers")?.into_iter().enumerate() {
-        let mut c = Section::new(&format!("{}[{i}]", s.key("containers")), item)?;
-        let cid_key = c.key("cid");
-        let cid_hex = c
-            .string("cid")?
-            .ok_or_else(|| Error::Config(format!("{cid_key}: missing")))?;
-        let cid = ContainerId::from_hex(&cid_hex)
-            .ok_or_else(|| Error::Config(format!("{cid_key}: expected 64 hex digits")))?;
+    for (cid, c) in container_items(&mut s)? {
         let grants = parse_grants(c)?;
         containers.push(ContainerAccess { cid, grants });
     }
@@ -192,4 +185,47 @@ fn parse_grants(mut s: Section) -> Result<Grants> {
     };
     s.finish()?;
     Ok(grants)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    const CID: &str = "abababababababababababababababababababababababababababababababab";
+
+    fn parse(access: &str) -> Result<AccessConfig> {
+        let text = format!("node:\n  replica_id: 1\naccess:\n{access}");
+        Config::from_yaml_str(&text).map(|c| c.access)
+    }
+
+    #[test]
+    fn the_access_section_names_roles_per_container() {
+        let access = parse(&format!(
+            "  anonymous: reader\n  default:\n    writers: [w]\n  containers:\n    - cid: \"{CID}\"\n      owners: [o]\n"
+        ))
+        .unwrap();
+        assert_eq!(access.anonymous, Some(Role::Reader));
+        assert!(!access.anonymous_replicates);
+        let listed = ContainerId::from_hex(CID).unwrap();
+        assert_eq!(access.grants_of(&listed).role_of("o"), Some(Role::Owner));
+        assert_eq!(access.grants_of(&listed).role_of("w"), None);
+        let other = ContainerId([1; 32]);
+        assert_eq!(access.grants_of(&other).role_of("w"), Some(Role::Writer));
+        let trusted = parse("  anonymous: trusted\n").unwrap();
+        assert_eq!(trusted, AccessConfig::trusting_everyone());
+        let absent = Config::from_yaml_str("node:\n  replica_id: 1\n").unwrap();
+        assert_eq!(absent.access, AccessConfig::default());
+    }
+
+    #[test]
+    fn access_errors_name_the_key() {
+        let error = |text: &str| parse(text).unwrap_err().to_string();
+        assert!(error("  anonymous: root\n").contains("access.anonymous"));
+        assert!(error("  default:\n    admins: [x]\n").contains("access.default.admins"));
+        assert!(error("  default:\n    owners: [1]\n").contains("access.default.owners[0]"));
+        let twice = format!("  containers:\n    - cid: \"{CID}\"\n    - cid: \"{CID}\"\n");
+        assert!(error(&twice).contains("listed twice"));
+        assert!(error("  containers:\n    - owners: [x]\n").contains("access.containers[0].cid"));
+    }
 }

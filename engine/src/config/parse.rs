@@ -124,14 +124,7 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         });
     }
     let mut containers = Vec::new();
-    for (i, item) in s.list("containers")?.into_iter().enumerate() {
-        let mut c = Section::new(&format!("{}[{i}]", s.key("containers")), item)?;
-        let cid_key = c.key("cid");
-        let cid_hex = c
-            .string("cid")?
-            .ok_or_else(|| Error::Config(format!("{cid_key}: missing")))?;
-        let cid = ContainerId::from_hex(&cid_hex)
-            .ok_or_else(|| Error::Config(format!("{cid_key}: expected 64 hex digits")))?;
+    for (cid, mut c) in container_items(&mut s)? {
         let replicas_key = c.key("replicas");
         let mut replicas = Vec::new();
         for (j, r) in c.list("replicas")?.into_iter().enumerate() {
@@ -182,6 +175,23 @@ fn parse_tls(node: &mut Section) -> Result<Option<TlsFiles>> {
     Ok(Some(files))
 }
 
+/// The items of a `containers` list, each with its required `cid` taken
+/// out and the rest of its mapping left to the caller.
+pub(super) fn container_items(s: &mut Section) -> Result<Vec<(ContainerId, Section)>> {
+    let mut items = Vec::new();
+    for (i, item) in s.list("containers")?.into_iter().enumerate() {
+        let mut c = Section::new(&format!("{}[{i}]", s.key("containers")), item)?;
+        let cid_key = c.key("cid");
+        let cid_hex = c
+            .string("cid")?
+            .ok_or_else(|| Error::Config(format!("{cid_key}: missing")))?;
+        let cid = ContainerId::from_hex(&cid_hex)
+            .ok_or_else(|| Error::Config(format!("{cid_key}: expected 64 hex digits")))?;
+        items.push((cid, c));
+    }
+    Ok(items)
+}
+
 fn as_replica_id(key: &str, value: &Value) -> Result<ReplicaId> {
     value
         .as_u64()
@@ -197,7 +207,7 @@ pub(super) struct Section {
 }
 
 impl Section {
-    pub(super) fn new(name: &str, value: Value) -> Result<Self> {
+    fn new(name: &str, value: Value) -> Result<Self> {
         let map = match value {
             Value::Null => Mapping::new(),
             Value::Mapping(map) => map,
@@ -234,7 +244,7 @@ impl Section {
         Section::new(&self.key(key), value)
     }
 
-    pub(super) fn list(&mut self, key: &str) -> Result<Vec<Value>> {
+    fn list(&mut self, key: &str) -> Result<Vec<Value>> {
         match self.take(key) {
             None => Ok(Vec::new()),
             Some(Value::Sequence(items)) => Ok(items),

@@ -189,16 +189,20 @@ impl Puller {
     /// as another replica (a misconfigured `node.replica_id`, two nodes
     /// with one id) would hand out ops stamped in another replica's name,
     /// so it is not pulled from this round (docs/design.md §9). A peer
-    /// that does not answer is skipped like any failed peer.
+    /// that does not answer is left to the round's own calls.
     async fn verify_peers(&self, failed_peers: &mut BTreeSet<ReplicaId>) {
         let peers: BTreeSet<ReplicaId> = self.core.membership.all_peers().collect();
         let timeout = self.core.config.tree.replication_timeout;
-        for peer in peers {
-            let call = self
+        // All at once: a peer that is down costs one timeout, not one each.
+        let calls = peers.iter().map(|&peer| async move {
+            let answer = self
                 .core
                 .transport
                 .call(peer, Request::Healthcheck, timeout);
-            let error = match call.await {
+            (peer, answer.await)
+        });
+        for (peer, answer) in futures::future::join_all(calls).await {
+            let error = match answer {
                 Ok(Response::Health { replica_id }) if replica_id == peer => continue,
                 Ok(Response::Health { replica_id }) => Error::WrongPeer {
                     expected: peer,
@@ -210,13 +214,15 @@ impl Puller {
             if let Error::WrongPeer { .. } = error {
                 tracing::error!(%error, "peer not pulled from: it answers as another replica");
                 self.core.trust.note(&error);
+                self.counters
+                    .sync_peer_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                failed_peers.insert(peer);
             } else {
-                tracing::debug!(%error, peer, "peer not reached for sync");
+                // Left to the round's own calls, which may still get
+                // through (a lost datagram, a peer just restarting).
+                tracing::debug!(%error, peer, "peer did not say who it is");
             }
-            self.counters
-                .sync_peer_errors
-                .fetch_add(1, Ordering::Relaxed);
-            failed_peers.insert(peer);
         }
     }
 
