@@ -1,10 +1,13 @@
 //! One seed in, one verdict out: builds the world the seed describes, runs
 //! the object-gateway workload under the seed's faults, heals, and checks.
 
+pub mod capsule;
 pub mod checkers;
 pub mod ledger;
 pub mod lifecycle;
 pub mod nemesis;
+pub mod plan;
+pub mod shrink;
 pub mod swarm;
 pub mod workload;
 
@@ -18,6 +21,7 @@ use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
 use lifecycle::{LeakProbe, CALL_TIMEOUT};
 use nemesis::Nemesis;
+use plan::Plan;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -64,6 +68,8 @@ impl Options {
 pub struct Report {
     pub seed: u64,
     pub swarm: Swarm,
+    /// What the run read: its faults and its clients' op streams.
+    pub plan: Plan,
     pub canary: Option<Canary>,
     pub failure: Option<Failure>,
     pub trace_hash: u64,
@@ -198,13 +204,23 @@ struct Counts {
 /// panic inside the simulation (a broken engine assertion) is a failure.
 pub fn run_seed(seed: u64, options: &Options) -> Report {
     let swarm = Swarm::draw(seed, options.profile, options.size, options.faults);
+    run_plan(&Plan::draw(swarm), options)
+}
+
+/// Runs `plan` (seeded by its swarm's seed) in its own madsim runtime;
+/// `options` give the canary and whether to echo the trace. The plan must
+/// be valid (`Plan::validate`).
+pub fn run_plan(plan: &Plan, options: &Options) -> Report {
+    assert_eq!(plan.validate(), Ok(()), "run_plan needs a valid plan");
+    let swarm = plan.swarm.clone();
+    let seed = swarm.seed;
     let trace = Trace::new(options.echo_trace);
     // Process-wide: every run of a sweep sets the same value, so parallel
     // runs agree; runs with different canaries must not overlap.
     arbor::canary::set(options.canary);
     let time_limit = swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let body = |probe| simulate(&swarm, &trace, probe);
+        let body = |probe| simulate(plan, &trace, probe);
         lifecycle::run_in_runtime(seed, madsim::Config::default(), Some(time_limit), body)
     }));
     let (counts, failure) = match outcome {
@@ -217,6 +233,7 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
     Report {
         seed,
         swarm,
+        plan: plan.clone(),
         canary: options.canary,
         failure,
         trace_hash: trace.hash(),
@@ -258,18 +275,29 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> World {
 
 /// The seed's world through the lifecycle: boot, the workload under the
 /// nemesis, heal and check, end.
-async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Result<(), Failure>) {
+async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Result<(), Failure>) {
+    let swarm = &plan.swarm;
     let mut world = build_world(swarm, trace);
     probe.watch(&world);
-    let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
+    let clients: Vec<_> = plan
+        .clients
+        .iter()
+        .map(|c| world.client_numbered(c.index))
+        .collect();
     let world = Arc::new(world);
     let verdict = Verdict::new(trace.clone());
     let supervisor = Supervisor::new(world.clone(), verdict.clone());
     let workload = Arc::new(Workload::new(world.clone(), verdict.clone(), CALL_TIMEOUT));
-    let nemesis = Nemesis::new(supervisor.clone(), workload.clone(), swarm.clone());
+    let faults = plan.faults.clone();
+    let nemesis = Nemesis::new(
+        supervisor.clone(),
+        workload.clone(),
+        faults,
+        swarm.disk_faults,
+    );
     let result = async {
         lifecycle::boot(&world).await?;
-        run_workload(swarm, &workload, &nemesis, clients).await;
+        run_workload(plan, &workload, &nemesis, clients).await;
         let ledger = async { workload.ledger.lock().unwrap().clone() };
         lifecycle::heal_and_check(&supervisor, ledger).await
     }
@@ -286,30 +314,27 @@ async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Re
 }
 
 async fn run_workload(
-    swarm: &Swarm,
+    plan: &Plan,
     workload: &Arc<Workload>,
     nemesis: &Arc<Nemesis>,
     clients: Vec<crate::world::Client>,
 ) {
-    let deadline = crate::world::clock::global_now() + swarm.size.workload_duration;
-    let ops_per_client = swarm.size.ops_total / swarm.size.clients as u64;
+    let size = plan.swarm.size;
+    let start = crate::world::clock::global_now();
+    let deadline = start + size.workload_duration;
     // Closed-loop clients: think time spreads each client's ops over the
-    // run, leaving room for the calls themselves.
-    let think_mean = swarm.size.workload_duration.mul_f64(0.6) / ops_per_client.max(1) as u32;
+    // run, leaving room for the calls themselves. It follows the size, not
+    // the plan's budgets, so cutting one client's ops leaves the others'
+    // timing alone.
+    let ops_per_client = size.ops_total / size.clients.max(1) as u64;
+    let think_mean = size.workload_duration.mul_f64(0.6) / ops_per_client.max(1) as u32;
     let mut tasks = Vec::new();
-    for client in clients {
-        let workload = workload.clone();
-        tasks.push(madsim::task::spawn(workload::run_client(
-            workload,
-            client,
-            ops_per_client,
-            think_mean,
-        )));
+    for (client, client_plan) in clients.into_iter().zip(&plan.clients) {
+        let run = workload::run_client(workload.clone(), client, client_plan.ops, think_mean);
+        let run = plan::with_client_stream(client_plan.stream, run);
+        tasks.push(madsim::task::spawn(run));
     }
-    if let Some(window) = swarm.opening_partition {
-        nemesis.clone().opening_partition(window);
-    }
-    let strikes = madsim::task::spawn(nemesis.clone().run(deadline));
+    let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
     for task in tasks {
         let _ = task.await;
     }
