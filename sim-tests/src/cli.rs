@@ -98,6 +98,10 @@ pub struct SweepArgs {
     /// after the sweep, its shrunk capsule (`arbor-sim shrink`).
     #[arg(long, value_name = "DIR")]
     pub keep_failures: Option<PathBuf>,
+    /// Most trial runs shrinking one kept failure may spend; 0 keeps the
+    /// capsules as they ran, unshrunk.
+    #[arg(long, value_name = "N", default_value_t = crate::scenario::shrink::SHRINK_TRIALS_MAX)]
+    pub shrink_trials: u64,
     #[command(flatten)]
     pub scenario: ScenarioArgs,
 }
@@ -432,8 +436,14 @@ fn sweep(args: &SweepArgs) -> ExitCode {
     outputs.write_junit(args, &seeds, &summary);
     print_summary(&summary, &seeds, jobs, &options);
     if let Some(dir) = &args.keep_failures {
-        if let Err(e) = repro::keep_shrunk(dir, &summary.failures, &options, jobs, &outputs.commit)
-        {
+        if let Err(e) = repro::keep_shrunk(
+            dir,
+            &summary.failures,
+            &options,
+            jobs,
+            args.shrink_trials,
+            &outputs.commit,
+        ) {
             outputs.error.get_or_insert(e);
         }
     }

@@ -5,7 +5,7 @@
 use super::{announce_seed, init_replay_log, usage_error, ScenarioArgs, EXIT_SEED_FAILED};
 use crate::scenario::capsule::{replay_command, Capsule};
 use crate::scenario::plan::Plan;
-use crate::scenario::shrink::{shrink as shrink_plan, Counts, Shrunk};
+use crate::scenario::shrink::{shrink as shrink_plan, Counts, Shrunk, SHRINK_TRIALS_MAX};
 use crate::scenario::swarm::Swarm;
 use crate::scenario::{run_seed, Options, Report};
 use std::path::{Path, PathBuf};
@@ -40,6 +40,9 @@ pub struct ShrinkArgs {
     /// Threads running trial runs at once.
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
+    /// Most trial runs to spend.
+    #[arg(long, default_value_t = SHRINK_TRIALS_MAX)]
+    pub trials: u64,
     /// Where the minimal capsule goes (default: a name that says what it
     /// holds, in the current directory).
     #[arg(long, value_name = "FILE")]
@@ -122,7 +125,7 @@ pub fn shrink(args: &ShrinkArgs) -> ExitCode {
             Err(e) => return usage_error(&e),
         };
     std::panic::set_hook(Box::new(|_| {}));
-    let shrunk = shrink_plan(&plan, &options, args.jobs);
+    let shrunk = shrink_plan(&plan, &options, args.jobs, args.trials);
     let _ = std::panic::take_hook();
     let shrunk = match shrunk {
         Ok(shrunk) => shrunk,
@@ -189,11 +192,15 @@ pub fn keep_shrunk(
     failures: &[Report],
     options: &Options,
     jobs: usize,
+    trials_max: u64,
     commit: &str,
 ) -> Result<(), String> {
+    if trials_max == 0 {
+        return Ok(());
+    }
     for report in failures {
         std::panic::set_hook(Box::new(|_| {}));
-        let shrunk = shrink_plan(&report.plan, options, jobs);
+        let shrunk = shrink_plan(&report.plan, options, jobs, trials_max);
         let _ = std::panic::take_hook();
         let Ok(shrunk) = shrunk else {
             println!("seed {}: passed when rerun; not shrunk", report.seed);

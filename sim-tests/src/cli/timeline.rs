@@ -8,6 +8,7 @@
 
 use crate::scenario::Report;
 use crate::trace::Event;
+use crate::world::transport::{RequestKind, WireCall};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -18,6 +19,8 @@ const LANE_H: f64 = 30.0;
 const TOP: f64 = 70.0;
 /// Most op bars drawn: a standard-size run has about 2,000 ops.
 const OPS_DRAWN_MAX: usize = 20_000;
+/// Most pushes and pulls drawn.
+const WIRE_DRAWN_MAX: usize = 20_000;
 /// Events listed under the drawing.
 const EVENTS_LISTED_MAX: usize = 60;
 
@@ -62,6 +65,9 @@ pub fn html(report: &Report) -> String {
     draw_axis(&mut svg, &scale, height);
     for window in windows(events) {
         draw_window(&mut svg, &scale, &window);
+    }
+    for call in report.wire.iter().take(WIRE_DRAWN_MAX) {
+        draw_wire(&mut svg, &scale, call);
     }
     for op in ops.iter().take(OPS_DRAWN_MAX) {
         draw_op(&mut svg, &scale, op, named.contains(&op.number));
@@ -338,6 +344,29 @@ fn draw_op(svg: &mut String, scale: &Scale, op: &Op, named: bool) {
     }
 }
 
+/// A push or sync pull as a tick at the top of the sender's lane (faint
+/// when the message filter dropped it).
+fn draw_wire(svg: &mut String, scale: &Scale, call: &WireCall) {
+    let Some(y) = scale.lane_y(&format!("replica-{}", call.from)) else {
+        return;
+    };
+    let (color, top, what) = match call.kind {
+        RequestKind::Push => ("#1d3557", 1.0, "push"),
+        _ => ("#8338ec", 4.0, "sync pull"),
+    };
+    let x = scale.x(call.at);
+    let opacity = if call.dropped { 0.25 } else { 0.8 };
+    let _ = write!(
+        svg,
+        r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{color}" opacity="{opacity}"><title>{what} replica-{} -> replica-{}{}</title></line>"#,
+        y + top,
+        y + top + 5.0,
+        call.from,
+        call.to,
+        if call.dropped { " (dropped)" } else { "" }
+    );
+}
+
 /// Point events: crashes, restarts, sync rounds, check phases, the failure.
 fn draw_marks(svg: &mut String, scale: &Scale, events: &[Event], height: f64) {
     for event in events {
@@ -426,7 +455,7 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 <p>ops sent {sent}, acknowledged {acked}; faults {faults}; simulated {simulated:?}; trace {hash:016x}. Ops the failure names: {named}</p>
 <div class="legend">
 <span><i class="sw" style="background:#2a9d8f"></i>op acknowledged</span><span><i class="sw" style="background:#d62828"></i>op failed</span><span><i class="sw" style="background:#6c757d"></i>op never answered</span><span><i class="sw" style="border:2.5px solid #000"></i>named by the failure</span>
-<span><i class="sw" style="background:#f4a261"></i>partition</span><span><i class="sw" style="background:#e9c46a"></i>one-way</span><span><i class="sw" style="background:#e63946"></i>crash / down</span><span><i class="sw" style="background:#f77f00"></i>restart</span><span><i class="sw" style="background:#9d4edd"></i>disk errors</span><span><i class="sw" style="background:#90be6d"></i>push blackout</span><span><i class="sw" style="background:#a8dadc"></i>packet loss</span><span><i class="sw" style="background:#bde0fe"></i>latency</span><span><i class="sw" style="background:#457b9d"></i>sync round</span><span>dashed: check phase; red: the failure</span>
+<span><i class="sw" style="background:#f4a261"></i>partition</span><span><i class="sw" style="background:#e9c46a"></i>one-way</span><span><i class="sw" style="background:#e63946"></i>crash / down</span><span><i class="sw" style="background:#f77f00"></i>restart</span><span><i class="sw" style="background:#9d4edd"></i>disk errors</span><span><i class="sw" style="background:#90be6d"></i>push blackout</span><span><i class="sw" style="background:#a8dadc"></i>packet loss</span><span><i class="sw" style="background:#bde0fe"></i>latency</span><span><i class="sw" style="background:#457b9d"></i>check's sync round</span><span><i class="sw" style="background:#1d3557"></i>push (tick, lane top)</span><span><i class="sw" style="background:#8338ec"></i>sync pull</span><span>dashed: check phase; red: the failure</span>
 </div>
 {svg}
 <h3>Last events</h3>

@@ -15,6 +15,7 @@ use crate::disk::DiskConfig;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
 use crate::world::supervisor::Supervisor;
+use crate::world::transport::WireCall;
 use crate::world::{cluster_configs_with, World};
 use arbor::canary::Canary;
 use arbor::config::ContainerConfig;
@@ -78,6 +79,8 @@ pub struct Report {
     pub ops_acked: u64,
     pub faults_injected: u64,
     pub simulated: Duration,
+    /// Pushes and sync pulls between replicas (for the timeline).
+    pub wire: Vec<WireCall>,
 }
 
 impl Report {
@@ -198,6 +201,7 @@ struct Counts {
     ops_acked: u64,
     faults_injected: u64,
     simulated: Duration,
+    wire: Vec<WireCall>,
 }
 
 /// Runs one seed in its own madsim runtime and reports the verdict. A
@@ -242,6 +246,7 @@ pub fn run_plan(plan: &Plan, options: &Options) -> Report {
         ops_acked: counts.ops_acked,
         faults_injected: counts.faults_injected,
         simulated: counts.simulated,
+        wire: counts.wire,
     }
 }
 
@@ -309,6 +314,7 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
         ops_acked: ledger.ops_acked,
         faults_injected: nemesis.faults_injected(),
         simulated: crate::world::clock::global_now(),
+        wire: world.filter.calls(),
     };
     (counts, result.and(ended))
 }

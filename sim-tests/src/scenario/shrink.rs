@@ -11,9 +11,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Most trial runs one shrink spends; past it the smallest plan so far is
-/// the answer.
+/// Most trial runs one shrink spends by default; past its budget the
+/// smallest plan so far is the answer.
 pub const SHRINK_TRIALS_MAX: u64 = 600;
+/// Most times the schedule is moved earlier.
+const ADVANCE_ROUNDS_MAX: usize = 8;
 /// Shortest workload duration a shrink tries.
 const WORKLOAD_DURATION_MIN: Duration = Duration::from_secs(1);
 
@@ -64,10 +66,17 @@ struct Shrinker<'a> {
     best: Plan,
     report: Report,
     trials: AtomicU64,
+    trials_max: u64,
 }
 
-/// Shrinks a failing `plan`.
-pub fn shrink(plan: &Plan, options: &Options, jobs: usize) -> Result<Shrunk, ShrinkError> {
+/// Shrinks a failing `plan` with at most `trials_max` trial runs after
+/// the first.
+pub fn shrink(
+    plan: &Plan,
+    options: &Options,
+    jobs: usize,
+    trials_max: u64,
+) -> Result<Shrunk, ShrinkError> {
     let started = Instant::now();
     let report = run_plan(plan, options);
     let kind = report.failure.as_ref().ok_or(ShrinkError::Passed)?.kind;
@@ -77,7 +86,8 @@ pub fn shrink(plan: &Plan, options: &Options, jobs: usize) -> Result<Shrunk, Shr
         kind,
         best: plan.clone(),
         report,
-        trials: AtomicU64::new(1),
+        trials: AtomicU64::new(0),
+        trials_max,
     };
     shrinker.cut_after_failure();
     for _ in 0..2 {
@@ -85,7 +95,9 @@ pub fn shrink(plan: &Plan, options: &Options, jobs: usize) -> Result<Shrunk, Shr
         shrinker.clients();
         shrinker.client_ops();
     }
+    shrinker.advance_faults();
     shrinker.scalars();
+    shrinker.client_ops();
     shrinker.faults();
     Ok(Shrunk {
         kind,
@@ -99,7 +111,7 @@ pub fn shrink(plan: &Plan, options: &Options, jobs: usize) -> Result<Shrunk, Shr
 
 impl Shrinker<'_> {
     fn budget_left(&self) -> bool {
-        self.trials.load(Ordering::Relaxed) < SHRINK_TRIALS_MAX
+        self.trials.load(Ordering::Relaxed) < self.trials_max
     }
 
     /// Runs the candidates on `jobs` threads; the first (in order) that
@@ -116,7 +128,7 @@ impl Shrinker<'_> {
                     if i >= candidates.len() || i > found.load(Ordering::Relaxed) {
                         return;
                     }
-                    if self.trials.fetch_add(1, Ordering::Relaxed) >= SHRINK_TRIALS_MAX {
+                    if self.trials.fetch_add(1, Ordering::Relaxed) >= self.trials_max {
                         return;
                     }
                     let report = run_plan(&candidates[i], self.options);
@@ -261,6 +273,34 @@ impl Shrinker<'_> {
                 } else {
                     low = candidates.last().map_or(high, |&c| c + 1);
                 }
+            }
+        }
+    }
+
+    /// Moves the schedule earlier (a quarter of each time, the first
+    /// fault at the start, half of each time), so that fewer ops and a
+    /// shorter run may reach it.
+    fn advance_faults(&mut self) {
+        for _ in 0..ADVANCE_ROUNDS_MAX {
+            let first_ms = self.best.faults.iter().map(|f| f.at_ms).min().unwrap_or(0);
+            let last_ms = self.best.faults.iter().map(|f| f.at_ms).max().unwrap_or(0);
+            if last_ms == 0 || !self.budget_left() {
+                return;
+            }
+            let moved = |shift: &dyn Fn(u64) -> u64| {
+                let mut plan = self.best.clone();
+                for fault in &mut plan.faults {
+                    fault.at_ms = shift(fault.at_ms);
+                }
+                plan
+            };
+            let mut candidates = vec![moved(&|at| at / 4)];
+            if first_ms > 0 {
+                candidates.push(moved(&|at| at - first_ms));
+            }
+            candidates.push(moved(&|at| at / 2));
+            if !self.try_first(candidates) {
+                return;
             }
         }
     }
