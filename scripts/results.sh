@@ -370,7 +370,7 @@ section_canaries() {
 # client ops, replicas, workload ms.
 shrink_row() {
     { grep "^| $2 |" "$1" || true; } | head -n 1 | tr -d ' ' |
-        awk -F'|' '{ sub(/ms$/, "", $8); print $4, $5, $6, $7, $8 }'
+        awk -F'|' '{ sub(/ms$/, "", $7); print $3, $4, $5, $6, $7 }'
 }
 
 # Percent of a before count an after count is, or "-" for a zero before.

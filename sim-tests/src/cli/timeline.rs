@@ -53,7 +53,7 @@ pub fn html(report: &Report) -> String {
     let lanes = lanes(events);
     let scale = Scale { end, lanes: &lanes };
     let ops = ops(events);
-    let named = named_ops(report);
+    let named = named_ops(report, &ops);
     let mut svg = String::new();
     let height = TOP + LANE_H * lanes.len() as f64 + 30.0;
     let _ = write!(
@@ -73,6 +73,7 @@ pub fn html(report: &Report) -> String {
         draw_op(&mut svg, &scale, op, named.contains(&op.number));
     }
     draw_marks(&mut svg, &scale, events, height);
+    draw_final_failure(&mut svg, &scale, report, height);
     svg.push_str("</svg>");
     page(report, &svg, events, &named)
 }
@@ -133,6 +134,7 @@ fn ops(events: &[Event]) -> Vec<Op> {
         if let Some(op) = ops.get_mut(&key).filter(|op| op.answered.is_none()) {
             if rest.starts_with("ok") {
                 op.answered = Some((event.at, true));
+                op.summary.push_str(&format!(" / {rest}"));
             } else if rest.starts_with("failed") {
                 op.answered = Some((event.at, false));
                 op.summary.push_str(&format!(" / {rest}"));
@@ -158,18 +160,54 @@ fn ops(events: &[Event]) -> Vec<Op> {
     ops.into_values().collect()
 }
 
-/// Op numbers the failure's message names ("op 17", "op#17").
-fn named_ops(report: &Report) -> BTreeSet<u64> {
+/// The numbers that follow each `marker` in `text`.
+fn numbers_after(text: &str, marker: &str) -> Vec<u64> {
+    text.match_indices(marker)
+        .filter_map(|(i, _)| {
+            let rest = text[i + marker.len()..].trim_start_matches(['#', ' ']);
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+/// The op a move's tag names: `key: "op", value: [49, 55]` is op 17.
+fn tagged_ops(text: &str) -> Vec<u64> {
+    let marker = "key: \"op\", value: [";
+    text.match_indices(marker)
+        .filter_map(|(i, _)| {
+            let rest = &text[i + marker.len()..];
+            let bytes: Vec<u8> = rest[..rest.find(']')?]
+                .split(", ")
+                .map(|b| b.trim().parse().ok())
+                .collect::<Option<_>>()?;
+            String::from_utf8(bytes).ok()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Ops the failure's message names: by number ("op 17", "op#17", a
+/// move's op tag) or by a node they created or moved ("id: 65537",
+/// "child: 65537").
+fn named_ops(report: &Report, ops: &[Op]) -> BTreeSet<u64> {
     let Some(failure) = &report.failure else {
         return BTreeSet::new();
     };
     let text = &failure.detail;
-    let mut named = BTreeSet::new();
-    for (i, _) in text.match_indices("op") {
-        let rest = text[i + 2..].trim_start_matches(['#', ' ']);
-        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        if let Ok(n) = digits.parse() {
-            named.insert(n);
+    let mut named: BTreeSet<u64> = numbers_after(text, "op").into_iter().collect();
+    named.extend(tagged_ops(text));
+    let nodes: BTreeSet<u64> = ["id: ", "child: "]
+        .iter()
+        .flat_map(|m| numbers_after(text, m))
+        .collect();
+    for op in ops {
+        let answer = op.summary.rsplit(" / ").next().unwrap_or("");
+        let mentions = answer
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse::<u64>().ok())
+            .any(|n| nodes.contains(&n));
+        if op.answered.is_some_and(|(_, ok)| ok) && mentions {
+            named.insert(op.number);
         }
     }
     named
@@ -395,6 +433,23 @@ fn draw_marks(svg: &mut String, scale: &Scale, events: &[Event], height: f64) {
     }
 }
 
+/// A failure the final checks found is not in the trace as an event: it
+/// is marked at the run's end.
+fn draw_final_failure(svg: &mut String, scale: &Scale, report: &Report, height: f64) {
+    let Some(failure) = &report.failure else {
+        return;
+    };
+    if report.events.iter().any(|e| e.what.starts_with("FAILURE")) {
+        return;
+    }
+    let event = Event {
+        at: scale.end,
+        node: "world".into(),
+        what: format!("FAILURE {failure}"),
+    };
+    draw_world_mark(svg, scale.x(scale.end), &event, height);
+}
+
 fn draw_world_mark(svg: &mut String, x: f64, event: &Event, height: f64) {
     let failure = event.what.starts_with("FAILURE");
     let (color, width) = if failure {
@@ -450,7 +505,7 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 <html><head><meta charset="utf-8"><title>arbor-sim timeline: {title}</title>
 <style>body{{font-family:sans-serif;margin:16px}} pre{{font-size:11px;background:#f4f4f4;padding:8px;overflow-x:auto}} .legend span{{display:inline-block;margin-right:14px}} .sw{{display:inline-block;width:12px;height:12px;vertical-align:middle;margin-right:4px}}</style>
 </head><body>
-<h2>{title}</h2>
+<h2>{heading}</h2>
 <p>{swarm}</p>
 <p>ops sent {sent}, acknowledged {acked}; faults {faults}; simulated {simulated:?}; trace {hash:016x}. Ops the failure names: {named}</p>
 <div class="legend">
@@ -462,6 +517,7 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 <pre>{events}</pre>
 </body></html>
 "#,
+        heading = escape(&truncate(&title, 160)),
         title = escape(&title),
         swarm = escape(&report.swarm.to_string()).replace('\n', "<br>"),
         sent = report.ops_sent,
@@ -488,6 +544,13 @@ mod tests {
         assert_eq!(parse_duration("300ms"), Some(Duration::from_millis(300)));
         assert_eq!(parse_duration("20µs"), Some(Duration::from_micros(20)));
         assert_eq!(parse_duration("soon"), None);
+    }
+
+    #[test]
+    fn move_tags_name_their_op() {
+        let text = r#"KeyValue { key: "op", value: [49, 55] }, id: 5"#;
+        assert_eq!(tagged_ops(text), vec![17]);
+        assert_eq!(numbers_after(text, "id: "), vec![5]);
     }
 
     #[test]

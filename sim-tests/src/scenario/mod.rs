@@ -337,7 +337,7 @@ async fn run_workload(
     let mut tasks = Vec::new();
     for (client, client_plan) in clients.into_iter().zip(&plan.clients) {
         let run = workload::run_client(workload.clone(), client, client_plan.ops, think_mean);
-        let run = plan::with_client_stream(client_plan.stream, run);
+        let run = plan::with_client_stream(client_plan, run);
         tasks.push(madsim::task::spawn(run));
     }
     let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));

@@ -97,7 +97,7 @@ pub struct PlannedFault {
 }
 
 /// One client: its name's number, its op stream and its op budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientPlan {
     /// The client is `client-{index}`; its opening burst picks its home
     /// replica from the index.
@@ -107,6 +107,19 @@ pub struct ClientPlan {
     pub stream: u64,
     /// Ops after the opening burst.
     pub ops: u64,
+    /// Ops (by index, from 0) the client leaves out: it still draws their
+    /// streams and waits their think time, so its other ops stay as they
+    /// were. Shrinking fills it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip: Vec<u64>,
+}
+
+impl ClientPlan {
+    /// Ops the client issues after its opening burst.
+    pub fn ops_issued(&self) -> u64 {
+        let skipped = self.skip.iter().filter(|&&i| i < self.ops).count() as u64;
+        self.ops - skipped
+    }
 }
 
 /// Everything a run reads.
@@ -167,6 +180,7 @@ impl Plan {
                 index,
                 stream: rng.next_u64(),
                 ops: swarm.size.ops_total / swarm.size.clients as u64,
+                skip: Vec::new(),
             })
             .collect();
         Plan {
@@ -178,7 +192,7 @@ impl Plan {
 
     /// Client ops the plan asks for (after the opening bursts).
     pub fn client_ops(&self) -> u64 {
-        self.clients.iter().map(|c| c.ops).sum()
+        self.clients.iter().map(ClientPlan::ops_issued).sum()
     }
 
     /// Checks what a hand-edited capsule could get wrong.
@@ -249,10 +263,10 @@ impl Plan {
                     index: client.index,
                 });
             }
-            if client.ops > CLIENT_OPS_MAX {
+            if client.ops > CLIENT_OPS_MAX || client.skip.len() as u64 > CLIENT_OPS_MAX {
                 return Err(PlanError::TooMany {
                     what: "client ops",
-                    count: client.ops,
+                    count: client.ops.max(client.skip.len() as u64),
                     limit: CLIENT_OPS_MAX,
                 });
             }
@@ -412,6 +426,9 @@ fn partition_links(ids: &[ReplicaId], rng: &mut SplitMix64) -> Vec<Link> {
 struct ClientStreams {
     base: SplitMix64,
     op: SplitMix64,
+    /// Ops begun so far.
+    begun: u64,
+    skip: std::collections::BTreeSet<u64>,
 }
 
 tokio::task_local! {
@@ -421,10 +438,15 @@ tokio::task_local! {
 
 /// Runs `client` with its own op stream: `client_rng()` inside it draws
 /// from `stream` only, whatever other clients and faults do meanwhile.
-pub fn with_client_stream<F: Future>(stream: u64, client: F) -> impl Future<Output = F::Output> {
+pub fn with_client_stream<F: Future>(
+    plan: &ClientPlan,
+    client: F,
+) -> impl Future<Output = F::Output> {
     let streams = ClientStreams {
-        base: SplitMix64::new(stream),
-        op: SplitMix64::new(!stream),
+        base: SplitMix64::new(plan.stream),
+        op: SplitMix64::new(!plan.stream),
+        begun: 0,
+        skip: plan.skip.iter().copied().collect(),
     };
     CLIENT_STREAMS.scope(RefCell::new(streams), client)
 }
@@ -435,7 +457,16 @@ pub fn begin_op() {
         let mut streams = streams.borrow_mut();
         let seed = streams.base.next_u64();
         streams.op = SplitMix64::new(seed);
+        streams.begun += 1;
     });
+}
+
+/// True when the plan leaves out the op the running client just began.
+pub fn op_skipped() -> bool {
+    CLIENT_STREAMS.with(|streams| {
+        let streams = streams.borrow();
+        streams.begun > 0 && streams.skip.contains(&(streams.begun - 1))
+    })
 }
 
 /// The running client's op stream. Used outside a client task it panics:
@@ -514,7 +545,7 @@ mod tests {
             Err(PlanError::UnknownReplica { replica: 9, .. })
         ));
         let mut b = plan(3);
-        b.clients.push(b.clients[0]);
+        b.clients.push(b.clients[0].clone());
         assert!(matches!(b.validate(), Err(PlanError::BadClient { .. })));
         let c = plan(3).with_replicas(2);
         assert_eq!(c.validate(), Ok(()));

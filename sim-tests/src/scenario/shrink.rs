@@ -98,6 +98,7 @@ pub fn shrink(
     shrinker.advance_faults();
     shrinker.scalars();
     shrinker.client_ops();
+    shrinker.skip_ops();
     shrinker.faults();
     Ok(Shrunk {
         kind,
@@ -277,6 +278,27 @@ impl Shrinker<'_> {
         }
     }
 
+    /// Delta debugging over each client's ops one by one: the ops left
+    /// out go to the client's `skip` list.
+    fn skip_ops(&mut self) {
+        for index in 0..self.best.clients.len() {
+            let client = self.best.clients[index].clone();
+            let issued: Vec<u64> = (0..client.ops)
+                .filter(|i| !client.skip.contains(i))
+                .collect();
+            let best = self.best.clone();
+            let with = |kept: Vec<u64>| {
+                let mut plan = best.clone();
+                plan.clients[index].skip = (0..client.ops).filter(|i| !kept.contains(i)).collect();
+                plan
+            };
+            if let Some(kept) = self.ddmin(issued, 0, with) {
+                self.best.clients[index].skip =
+                    (0..client.ops).filter(|i| !kept.contains(i)).collect();
+            }
+        }
+    }
+
     /// Moves the schedule earlier (a quarter of each time, the first
     /// fault at the start, half of each time), so that fewer ops and a
     /// shorter run may reach it.
@@ -305,7 +327,7 @@ impl Shrinker<'_> {
         }
     }
 
-    /// Shorter runs, fewer replicas, smaller batches.
+    /// Shorter runs, fewer replicas, smaller batches and sync pages.
     fn scalars(&mut self) {
         while self.budget_left() {
             let mut plan = self.best.clone();
@@ -326,9 +348,16 @@ impl Shrinker<'_> {
                 break;
             }
         }
-        while self.best.swarm.knobs.max_batch_size > 1 && self.budget_left() {
+        self.halve_knob(|plan| &mut plan.swarm.knobs.max_batch_size);
+        // Smaller sync pages reach a paging bug with fewer ops.
+        self.halve_knob(|plan| &mut plan.swarm.knobs.sync_page_size);
+    }
+
+    /// Halves one knob while the failure stays (down to 1).
+    fn halve_knob(&mut self, knob: impl Fn(&mut Plan) -> &mut usize) {
+        while *knob(&mut self.best.clone()) > 1 && self.budget_left() {
             let mut plan = self.best.clone();
-            plan.swarm.knobs.max_batch_size /= 2;
+            *knob(&mut plan) /= 2;
             if !self.try_first(vec![plan]) {
                 break;
             }

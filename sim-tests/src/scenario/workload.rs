@@ -120,6 +120,9 @@ pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think
         super::plan::begin_op();
         let think_ms = client_rng().gen_range(0..=2 * think_mean.as_millis() as u64);
         madsim::time::sleep(Duration::from_millis(think_ms)).await;
+        if super::plan::op_skipped() {
+            continue;
+        }
         random_op(&workload, &client).await;
     }
 }
