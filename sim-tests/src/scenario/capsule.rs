@@ -7,7 +7,6 @@
 //! the plan.
 
 use super::plan::{Plan, PlanError};
-use super::swarm::Size;
 use super::{run_plan, Options, Report};
 use crate::failure::FailureKind;
 use arbor::canary::Canary;
@@ -90,16 +89,6 @@ impl Outcome {
     }
 }
 
-fn size_name(size: Size) -> &'static str {
-    if size == Size::TEST {
-        "small"
-    } else if size == Size::STANDARD {
-        "standard"
-    } else {
-        "custom"
-    }
-}
-
 impl Capsule {
     /// The capsule of a finished run.
     pub fn of(report: &Report, faults: bool, commit: &str) -> Capsule {
@@ -107,7 +96,7 @@ impl Capsule {
             format: CAPSULE_FORMAT,
             seed: report.seed,
             commit: commit.to_string(),
-            size: size_name(report.plan.swarm.size).to_string(),
+            size: crate::cli::records::size_name(report.plan.swarm.size).to_string(),
             faults,
             canary: report.canary.map(|c| format!("{c:?}")),
             outcome: Outcome::of(report),

@@ -288,10 +288,15 @@ impl Plan {
 
 /// Every directed link between `ids`, in a drawn healing order.
 fn all_links(ids: &[ReplicaId], rng: &mut SplitMix64) -> Vec<Link> {
-    let mut pairs: Vec<(ReplicaId, ReplicaId)> = ids
+    let pairs: Vec<(ReplicaId, ReplicaId)> = ids
         .iter()
         .flat_map(|&a| ids.iter().filter(move |&&b| b != a).map(move |&b| (a, b)))
         .collect();
+    healing_order(pairs, rng)
+}
+
+/// `pairs` as links in a drawn healing order, each with its pause.
+fn healing_order(mut pairs: Vec<(ReplicaId, ReplicaId)>, rng: &mut SplitMix64) -> Vec<Link> {
     shuffle(&mut pairs, rng);
     pairs
         .into_iter()
@@ -405,19 +410,11 @@ fn partition_links(ids: &[ReplicaId], rng: &mut SplitMix64) -> Vec<Link> {
     } else {
         ids.iter().copied().filter(|&r| r != lonely).collect()
     };
-    let mut pairs: Vec<(ReplicaId, ReplicaId)> = others
+    let pairs: Vec<(ReplicaId, ReplicaId)> = others
         .iter()
         .flat_map(|&o| [(lonely, o), (o, lonely)])
         .collect();
-    shuffle(&mut pairs, rng);
-    pairs
-        .into_iter()
-        .map(|(from, to)| Link {
-            from,
-            to,
-            heal_gap_ms: range(rng, 0, HEAL_GAP_MS_MAX - 1),
-        })
-        .collect()
+    healing_order(pairs, rng)
 }
 
 /// A client's streams: one seed per op drawn from `base`, so that the
