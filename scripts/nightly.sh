@@ -2,7 +2,7 @@
 # A continuous seed campaign on one machine: each round pulls main, builds
 # the simulator, sweeps a fresh range of seeds for every profile, appends
 # one JSON line per seed to a ledger and keeps the records of failing seeds
-# apart. Seeds never repeat across rounds: the next free seed is kept in a
+# apart, with their capsules (as they ran, and shrunk) in DIR/failures/capsules. Seeds never repeat across rounds: the next free seed is kept in a
 # state file, so weeks of rounds cover an ever longer range.
 #
 #   scripts/nightly.sh [--rounds N] [--seeds-per-round N] [--dir DIR]
@@ -39,6 +39,7 @@ for ((round = 1; round <= rounds; round++)); do
         records="$dir/round-$commit-$start-$profile.jsonl"
         target/release/arbor-sim sweep --seeds "$seeds_per_round" --seed-start "$start" \
             --profile "$profile" --jobs "$(nproc)" --jsonl "$records" \
+            --keep-failures "$dir/failures/capsules" \
             || status=$?
         [ "$status" -le 1 ] || { echo "nightly: sweep could not run (exit $status)" >&2; exit "$status"; }
         cat "$records" >> "$dir/ledger.jsonl"

@@ -5,11 +5,12 @@ use crate::disk::{DiskFaults, DiskLatency, SplitMix64};
 use crate::world::clock::{ClockSkew, DRIFT_PPM_MAX};
 use crate::world::Knobs;
 use arbor::canary::Canary;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
 /// How much work one run does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Size {
     /// Client operations issued over the whole run (writes and reads).
     pub ops_total: u64,
@@ -37,7 +38,8 @@ impl Size {
 
 /// A scenario variant: which faults are allowed and which config corners
 /// are forced. The canaries each need one corner to be reachable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Profile {
     /// Everything drawn from the seed.
     Standard,
@@ -88,7 +90,7 @@ impl Profile {
 
 /// Probabilities that the nemesis picks each fault when it strikes; a zero
 /// switches that fault off for the whole run.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FaultMix {
     pub partition: f64,
     pub one_way: f64,
@@ -100,7 +102,7 @@ pub struct FaultMix {
 }
 
 /// Everything one seed drew.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Swarm {
     pub seed: u64,
     pub profile: Profile,
