@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measures Arbor's current figures and writes docs/results.md, plus the
 # canary table of README.md (between its canaries markers), so that both
-# come from one run.
+# come from one run. The shrink section also writes each canary's minimal
+# capsule to sim-tests/regressions/, which `cargo test` replays.
 #
 #   scripts/results.sh                      # every section, full size
 #   scripts/results.sh --quick              # smaller counts and durations
@@ -14,7 +15,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep canaries bench fuzz load clean-rate grid sim-load)
+readonly SECTIONS=(sweep canaries shrink bench fuzz load tls clean-rate grid sim-load)
 
 usage() {
     sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
@@ -91,6 +92,7 @@ readonly CANARIES=(
     "FailedBatchHangs|storage-errors|a failed batch leaves its callers waiting"
     "SyncDropsTreeOnPeerError|sync-heavy|sync drops a tree on a transient peer error"
     "PathByArrivalOrder|standard|path resolution picks a duplicate directory by arrival order"
+    "AuthorizationSkipped|standard|the service serves every caller everything"
     "PullCursorPastFailedPage|sync-only|a pull pass moves its cursor past a page that failed to apply"
     "PullCursorPersistedEarly|sync-only|the pull cursor is made durable before its page"
     "SubtreeDepthOffByOne|standard|GetSubTree descends one level too deep"
@@ -104,9 +106,15 @@ sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
 canary_cmd() {
     echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}"
 }
+shrink_cmd() {
+    echo "arbor-sim shrink --seed $3 --small --jobs 2 --profile $1 --canary $2 --out sim-tests/regressions/canary-$2.json"
+}
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
 fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
 load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
+tls_cmd() {
+    echo "arbor-sim load --replicas 3 --transport tcp,tls --rate $1 --duration $load_duration --verify"
+}
 # The gateway paths of the clean-rate search: TCP, the path users take, and
 # with --beside-in-process direct calls beside it.
 clean_rate_transport() { [ "$beside" = 1 ] && echo "tcp,in-process" || echo "tcp"; }
@@ -121,9 +129,11 @@ sim_load_cmd() {
 if [ "$list" = 1 ]; then
     echo "sweep:      $(sweep_cmd 1); $(sweep_cmd 2)"
     echo "canaries:   $(canary_cmd P C), for each canary; $(canary_cmd P), for each profile"
+    echo "shrink:     $(shrink_cmd P C S), S the first failing seed of $(canary_cmd P C)"
     echo "bench:      $(bench_cmd)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
+    echo "tls:        $(tls_cmd 5000); $(tls_cmd 1000)"
     echo "clean-rate: $(clean_rate_cmd 1); $(clean_rate_cmd 3)"
     echo "grid:       $(grid_cmd)"
     echo "sim-load:   $(sim_load_cmd)"
@@ -187,7 +197,7 @@ timed() {
 }
 
 needs_sim=0
-for name in sweep canaries load clean-rate grid sim-load; do
+for name in sweep canaries shrink load tls clean-rate grid sim-load; do
     runs "$name" && needs_sim=1
 done
 binary_note=""
@@ -209,9 +219,11 @@ title() {
     case "$1" in
         sweep) echo "Simulation sweep speed" ;;
         canaries) echo "Canaries" ;;
+        shrink) echo "Shrinking each canary's first failure" ;;
         bench) echo "Engine bench" ;;
         fuzz) echo "Fuzzing speed" ;;
         load) echo "Load, real mode over TCP, 5000 requests/s" ;;
+        tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 and 1000 requests/s" ;;
         clean-rate) echo "Highest clean rate, real mode over TCP, 1 and 3 replicas" ;;
         grid) echo "Reference grid, real mode over TCP" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
@@ -366,6 +378,55 @@ section_canaries() {
     } >"$work/readme-canaries.md"
 }
 
+# Fields of a shrink's "| before |" or "| after |" row: faults, clients,
+# client ops, replicas, workload ms.
+shrink_row() {
+    { grep "^| $2 |" "$1" || true; } | head -n 1 | tr -d ' ' |
+        awk -F'|' '{ sub(/ms$/, "", $7); print $3, $4, $5, $6, $7 }'
+}
+
+# Percent of a before count an after count is, or "-" for a zero before.
+percent() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.0f %%", 100 * a / b; else print "-" }'; }
+
+section_shrink() {
+    local entry name profile what seed rows=""
+    local bf bc bo br bw af ac ao ar aw trials
+    for entry in "${CANARIES[@]}"; do
+        IFS='|' read -r name profile what <<<"$entry"
+        log "shrink $name: finding its first failing seed"
+        capture "find-$name" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
+            --profile "$profile" --canary "$name" || true
+        seed="$(sweep_failing_seeds "$work/find-$name.out" | sort -n | head -n 1)"
+        if [ -z "$seed" ]; then
+            rows+="| \`$name\` | $profile | - | not caught by seeds 1-$canary_seeds | | | | | |"$'\n'
+            continue
+        fi
+        log "shrink $name seed $seed"
+        timed "shrink-$name" SIM shrink --seed "$seed" --small --jobs 2 --profile "$profile" \
+            --canary "$name" --out "sim-tests/regressions/canary-$name.json" || true
+        read -r bf bc bo br bw <<<"$(shrink_row "$work/shrink-$name.out" before)"
+        read -r af ac ao ar aw <<<"$(shrink_row "$work/shrink-$name.out" after)"
+        trials="$(sed -n 's/.* in \([0-9]*\) trials.*/\1/p' "$work/shrink-$name.out")"
+        kind="$(sed -n 's/^shrunk seed [0-9]* (\(.*\)) in .*/\1/p' "$work/shrink-$name.out")"
+        rows+="| \`$name\` | $profile | $seed | ${kind:-?} | ${bf:-?} → ${af:-?} ($(percent "${af:-0}" "${bf:-0}")) | ${bo:-?} → ${ao:-?} ($(percent "${ao:-0}" "${bo:-0}")) | ${bc:-?} → ${ac:-?} | ${br:-?} → ${ar:-?}, ${bw:-?} → ${aw:-?} ms | ${trials:-?} | $(cat "$work/shrink-$name.wall") s |"$'\n'
+    done
+    {
+        echo "## $(title shrink)"
+        echo
+        provenance "$binary_note"
+        echo "For each canary, the first failing seed of \`$(canary_cmd PROFILE CANARY)\`, shrunk by"
+        echo "\`$(shrink_cmd PROFILE CANARY SEED)\`: faults, clients and each client's"
+        echo "op budget by delta debugging, then duration, replicas and batch size, keeping a step only"
+        echo "when the same failure kind fires. Client ops count the ops after each client's opening"
+        echo "burst (2 or 3 writes per client that every run makes). Wall time is the whole shrink on"
+        echo "2 threads; trials are whole deterministic runs."
+        echo
+        echo "| canary | profile | seed | failure kind | faults | client ops | clients | replicas, workload | trials | wall |"
+        echo "|---|---|---:|---|---|---|---|---|---:|---:|"
+        printf '%s' "$rows"
+    } >"$work/shrink.md"
+}
+
 section_bench() {
     log "engine bench"
     local status="ran"
@@ -469,6 +530,56 @@ section_load() {
             command_failed load "$(load_cmd)"
         fi
     } >"$work/load.md"
+}
+
+# Each path of a report with paths beside it, scenario by scenario:
+# | scenario | gateway | achieved/target | avg | p99 | max | errors | dropped |.
+path_rows() {
+    echo "| scenario | gateway | achieved / target | avg | p99 | max | errors | dropped |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|"
+    jq -r '
+        ([{gateway, scenarios: [.scenarios[] | {name, target_rate, achieved_rate,
+            avg_ms: .latency.avg_ms, p99_ms: .latency.p99_ms, max_ms: .latency.max_ms,
+            errors, dropped}]}] + .beside) as $paths
+        | [$paths[0].scenarios[].name] as $names
+        | $names[] as $name
+        | $paths[] | .gateway as $gateway | .scenarios[] | select(.name == $name)
+        | "| \(.name) | \($gateway) | \(.achieved_rate * 10 | round / 10) / \(.target_rate) /s | \(.avg_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.max_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) |"
+    ' "$1"
+    echo
+    jq -r '([{gateway, verification}] + .beside)[] | select(.verification != null)
+        | "Over \(.gateway): every acknowledged write read back: \(.verification.found) of \(.verification.acked) on \(.verification.replicas_checked) replica(s), \(.verification.missing) missing."' "$1"
+}
+
+section_tls() {
+    local rate status
+    {
+        echo "## $(title tls)"
+        echo
+        provenance "$binary_note"
+        echo "Three nodes replicating over loopback, the gateway reaching them over plaintext TCP,"
+        echo "then the same load on a fresh cluster where every connection (gateway and replication)"
+        echo "is mutual TLS 1.3 with certificates made for the run: one invocation per rate, the two"
+        echo "paths one after the other. The user scenario (AddByPath) at the rate, the system scenario"
+        echo "(Add) at 10/s. Latencies are wall-clock."
+    } >"$work/tls.md"
+    for rate in 5000 1000; do
+        log "plaintext and TLS, 3 replicas, $rate/s for $load_duration each"
+        status=0
+        capture "tls-$rate" SIM load --replicas 3 --transport tcp,tls --rate "$rate" \
+            --duration "$load_duration" --verify --no-progress \
+            --json "$work/tls-$rate.json" --html "$work/tls-$rate.html" || status=$?
+        {
+            echo
+            echo "Command: \`$(tls_cmd "$rate")\`; exit status $status."
+            echo
+            if [ -s "$work/tls-$rate.json" ]; then
+                path_rows "$work/tls-$rate.json"
+            else
+                command_failed "tls-$rate" "$(tls_cmd "$rate")"
+            fi
+        } >>"$work/tls.md"
+    done
 }
 
 # The highest clean rate of every path of a matrix report, as table rows:

@@ -159,6 +159,8 @@ struct Counters {
 struct Shared {
     counters: Counters,
     closed: AtomicBool,
+    /// Set by the worker when it has answered its last job.
+    finished: watch::Sender<bool>,
 }
 
 /// The group-commit front of one forest.
@@ -166,6 +168,8 @@ pub struct Batcher {
     shared: Arc<Shared>,
     queue: mpsc::Sender<Job>,
     shutdown: watch::Sender<bool>,
+    /// Commit what is queued without waiting for batch deadlines, then stop.
+    drain: watch::Sender<bool>,
     options: BatcherOptions,
     env: Env,
 }
@@ -203,12 +207,15 @@ impl Batcher {
         let shared = Arc::new(Shared {
             counters: Counters::default(),
             closed: AtomicBool::new(false),
+            finished: watch::channel(false).0,
         });
         let (queue, receiver) = mpsc::channel(options.max_pending);
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let (drain, drain_rx) = watch::channel(false);
         let worker = Worker {
             receiver,
             shutdown: shutdown_rx,
+            drain: drain_rx,
             shared: shared.clone(),
             env: env.clone(),
             commit,
@@ -222,6 +229,7 @@ impl Batcher {
             shared,
             queue,
             shutdown,
+            drain,
             options,
             env,
         }
@@ -320,6 +328,16 @@ impl Batcher {
         }
     }
 
+    /// Refuses new writes, commits every queued one at once (no batch
+    /// waits for its deadline) and answers its callers, then stops; returns
+    /// when the last answer is sent. The graceful end of a node.
+    pub async fn drain(&self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        let _ = self.drain.send(true);
+        let mut finished = self.shared.finished.subscribe();
+        let _ = finished.wait_for(|done| *done).await;
+    }
+
     /// Refuses new writes; queued ones get `ShuttingDown`; a batch already
     /// committing finishes and answers its callers.
     pub fn shutdown(&self) {
@@ -354,6 +372,7 @@ impl Drop for PendingToken {
 struct Worker {
     receiver: mpsc::Receiver<Job>,
     shutdown: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
     shared: Arc<Shared>,
     env: Env,
     commit: CommitFn,
@@ -380,6 +399,11 @@ impl Worker {
         while let Ok(job) = self.receiver.try_recv() {
             job.reply.send(Err(Error::ShuttingDown));
         }
+        self.shared.finished.send_replace(true);
+    }
+
+    fn draining(&self) -> bool {
+        *self.drain.borrow()
     }
 
     /// The job that opens the next batch; `None` once shutting down.
@@ -387,12 +411,18 @@ impl Worker {
         if let Some(job) = self.carry.take() {
             return Some(job);
         }
+        if self.draining() {
+            return self.receiver.try_recv().ok();
+        }
         let shutdown = &mut self.shutdown;
+        let drain = &mut self.drain;
         tokio::select! {
             biased;
-            _ = shutdown.wait_for(|stop| *stop) => None,
-            job = self.receiver.recv() => job,
+            _ = shutdown.wait_for(|stop| *stop) => return None,
+            _ = drain.wait_for(|drain| *drain) => {}
+            job = self.receiver.recv() => return job,
         }
+        self.receiver.try_recv().ok()
     }
 
     /// Adds jobs to `first` until the batch is due, then whatever else is
@@ -413,7 +443,7 @@ impl Worker {
             let job = match self.receiver.try_recv() {
                 Ok(job) => job,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
-                Err(mpsc::error::TryRecvError::Empty) if due => break,
+                Err(mpsc::error::TryRecvError::Empty) if due || self.draining() => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
                     let now = self.env.clock.now();
                     if now >= deadline {
@@ -421,9 +451,11 @@ impl Worker {
                     }
                     let sleep = self.env.clock.sleep(deadline - now);
                     let shutdown = &mut self.shutdown;
+                    let drain = &mut self.drain;
                     tokio::select! {
                         biased;
                         _ = shutdown.wait_for(|stop| *stop) => return Err(batch),
+                        _ = drain.wait_for(|drain| *drain) => break,
                         job = self.receiver.recv() => match job {
                             Some(job) => job,
                             None => break,

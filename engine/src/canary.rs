@@ -21,22 +21,25 @@ pub enum Canary {
     SyncDropsTreeOnPeerError = 6,
     /// Path resolution picks a duplicate directory by arrival order.
     PathByArrivalOrder = 7,
+    /// The service serves every caller everything (no rights checked,
+    /// Apply's origin not checked).
+    AuthorizationSkipped = 8,
     /// A pull pass whose page failed to apply moves its cursor past it.
-    PullCursorPastFailedPage = 8,
+    PullCursorPastFailedPage = 9,
     /// The pull cursor is made durable before the page it covers.
-    PullCursorPersistedEarly = 9,
+    PullCursorPersistedEarly = 10,
     /// GetSubTree descends one level deeper than asked.
-    SubtreeDepthOffByOne = 10,
+    SubtreeDepthOffByOne = 11,
     /// Two callers of one commit get each other's results (same kind).
-    ResultsToWrongCallers = 11,
+    ResultsToWrongCallers = 12,
     /// A move of an existing node is logged but does not move it.
-    MovesNoOp = 12,
+    MovesNoOp = 13,
     /// A write refused with a definite error is applied anyway.
-    DefiniteFailureApplied = 13,
+    DefiniteFailureApplied = 14,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 13] = [
+    pub const ALL: [Canary; 14] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -44,6 +47,7 @@ impl Canary {
         Canary::FailedBatchHangs,
         Canary::SyncDropsTreeOnPeerError,
         Canary::PathByArrivalOrder,
+        Canary::AuthorizationSkipped,
         Canary::PullCursorPastFailedPage,
         Canary::PullCursorPersistedEarly,
         Canary::SubtreeDepthOffByOne,

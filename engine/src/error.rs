@@ -36,16 +36,49 @@ pub enum Error {
     NotReplica(String),
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The other end of a connection is not who it must be: a certificate
+    /// or `Hello` naming another cluster, another replica than the one
+    /// dialled, this node's own replica id, or no configured peer.
+    #[error("identity refused: {0}")]
+    IdentityRefused(String),
+    /// The caller's identity does not hold the right this request needs
+    /// (docs/design.md §9). Nothing was done, and nothing about the
+    /// container or its trees was looked at.
+    #[error("permission denied: {caller} may not {operation}")]
+    PermissionDenied { operation: String, caller: String },
+    /// A replicated op whose counter is more than `limits.counter_jump_max`
+    /// ahead of the tree's: refused until the tree has caught up.
+    #[error("counter {counter} is more than {limit} ahead of the tree's counter {known}")]
+    CounterTooFar {
+        counter: u64,
+        known: u64,
+        limit: u64,
+    },
+    /// Two different ops under one timestamp: the replicas that hold them
+    /// can never agree by themselves (docs/design.md §2).
+    #[error("timestamp {0} is already used by a different op")]
+    StampConflict(u64),
+    /// A local Add or Move under a parent that is removed (in `TRASH`) or
+    /// that no path from `ROOT` reaches.
+    #[error("parent {0} is removed or not reachable from the root")]
+    ParentNotLive(u64),
+    /// A peer answered as another replica than the one it is configured
+    /// as: a misconfigured replica id (docs/design.md §9).
+    #[error("peer configured as replica {expected} answers as replica {answered}")]
+    WrongPeer { expected: u16, answered: u16 },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// True for errors where retrying the same request later may succeed.
+    /// An op refused as `CounterTooFar` is accepted once the tree has
+    /// caught up with the ops between (docs/design.md §9).
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
             Error::Overloaded(_)
+                | Error::CounterTooFar { .. }
                 | Error::Timeout
                 | Error::Storage(_)
                 | Error::Network(_)

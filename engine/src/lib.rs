@@ -3,6 +3,7 @@
 
 pub mod batcher;
 pub mod canary;
+pub mod certs;
 pub mod config;
 pub mod error;
 pub mod forest;
@@ -14,6 +15,7 @@ pub mod runtime;
 pub mod service;
 pub mod system;
 pub mod tcp;
+pub mod tls;
 pub mod types;
 pub mod validate;
 

@@ -19,4 +19,11 @@ pub trait Transport: Send + Sync + 'static {
         request: Request,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Response, Error>>;
+
+    /// Connections this transport refused to use because the other end
+    /// was not the replica it dialled (docs/design.md §9); 0 for a
+    /// transport that authenticates nothing itself.
+    fn identities_refused(&self) -> u64 {
+        0
+    }
 }

@@ -8,7 +8,9 @@ use crate::types::*;
 use serde::{Deserialize, Serialize};
 
 /// Wire format version; a frame with another version is refused.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Version 2: `Hello` opens a peer connection, and `LogStamp` carries the
+/// op's digest.
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// A request of the service API (docs/design.md §4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +79,12 @@ pub enum Request {
         from_height: u64,
         limit: u32,
     },
+    /// The first frame of every outbound connection: the caller's cluster
+    /// and, for a node, its replica id (docs/design.md §9).
+    Hello {
+        cluster_id: String,
+        replica_id: Option<ReplicaId>,
+    },
 }
 
 /// A response of the service API.
@@ -109,6 +117,11 @@ pub enum Response {
         stamps: Vec<LogStamp>,
         /// The height after the last stamp: `from_height` of the next page.
         next_height: u64,
+    },
+    /// The answer to an accepted `Hello`: who the receiver is.
+    Hello {
+        cluster_id: String,
+        replica_id: ReplicaId,
     },
 }
 

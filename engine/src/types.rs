@@ -179,11 +179,14 @@ pub struct LogEntry {
 }
 
 /// Where an op sits in a replica's log, without the op: what a puller needs
-/// to tell whether it already holds it (timestamps are unique).
+/// to tell whether it already holds it (timestamps are unique), and the
+/// op's digest, to tell whether what it holds under that timestamp is the
+/// same op (docs/design.md §9).
 #[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Debug)]
 pub struct LogStamp {
     pub height: u64,
     pub ts: Timestamp,
+    pub digest: u64,
 }
 
 /// A node as read back: id, parent and meta.

@@ -1,15 +1,20 @@
-//! Three real `arbor node` processes on 127.0.0.1: writes through each, one
-//! node killed and restarted mid-way, and all three end with identical trees
-//! and logs. Children are killed and temp dirs removed even on failure.
+//! Three real `arbor node` processes on 127.0.0.1, plaintext and over
+//! mutual TLS with certificates from `arbor certs`: writes through each,
+//! one node killed and restarted mid-way, and all three end with identical
+//! trees and logs. Then the operations side of one process: SIGTERM
+//! commits what was acknowledged and exits 0; a bad configuration fails
+//! before any file exists. Children are killed and temp dirs removed even
+//! on failure.
 
 use arbor::config::{Config, PeerConfig};
 use arbor::proto::{Request, Response};
-use arbor::tcp::Connection;
+use arbor::tcp::{Connection, Dialer};
+use arbor::tls::{PemFiles, TlsContext};
 use arbor::{ContainerId, KeyValue, Move, NodeInfo, TreeKey, ATTR_FILE_NAME, ROOT};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Bounds every wait; a healthy run needs a small fraction of it.
@@ -82,7 +87,62 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn write_configs(dir: &Path, count: u16) -> Vec<Node> {
+/// Runs `arbor` with `args`; panics with its stderr unless it succeeds.
+fn arbor(args: &[&str]) {
+    let output = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "arbor {args:?}: {output:?}");
+}
+
+/// A CA, nodes 1..=count and client `test` in `dir`, made by `arbor certs`.
+fn make_certs(dir: &Path, count: u16) {
+    let dir = dir.to_str().unwrap();
+    arbor(&["certs", "create-ca", "--dir", dir]);
+    for id in 1..=count {
+        let id = id.to_string();
+        arbor(&["certs", "create-node", "--dir", dir, "--replica-id", &id]);
+    }
+    arbor(&["certs", "create-client", "--dir", dir, "--name", "test"]);
+}
+
+/// How the test reaches the nodes: plaintext, or as client `test`.
+fn client_dialer(certs: Option<&Path>) -> Dialer {
+    let mut dialer = Dialer::plaintext(Duration::from_secs(2), MAX_MESSAGE);
+    if let Some(dir) = certs {
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let (ca, cert, key) = (
+            read("ca.crt"),
+            read("client-test.crt"),
+            read("client-test.key"),
+        );
+        let pem = PemFiles {
+            ca: &ca,
+            cert: &cert,
+            key: &key,
+        };
+        dialer.tls = Some(Arc::new(TlsContext::from_pem(&pem).unwrap()));
+        dialer.hello = true;
+    }
+    dialer
+}
+
+/// `node.tls` of replica `id` with the certificates in `certs`.
+fn tls_yaml(certs: Option<&Path>, id: u16) -> String {
+    let Some(dir) = certs else {
+        return String::new();
+    };
+    let file = |name: String| dir.join(name).display().to_string();
+    format!(
+        "  tls:\n    ca: {}\n    cert: {}\n    key: {}\n",
+        file("ca.crt".into()),
+        file(format!("node-{id}.crt")),
+        file(format!("node-{id}.key")),
+    )
+}
+
+fn write_configs(dir: &Path, count: u16, certs: Option<&Path>) -> Vec<Node> {
     let ports: Vec<u16> = (0..count).map(|_| free_port()).collect();
     let address = |i: u16| format!("127.0.0.1:{}", ports[i as usize - 1]);
     (1..=count)
@@ -99,8 +159,10 @@ fn write_configs(dir: &Path, count: u16) -> Vec<Node> {
             let yaml = format!(
                 "tree:\n  replication_timeout: 1s\n  sync_interval: 1s\n\
                  pilorama:\n  path: {db}\n\
-                 node:\n  replica_id: {id}\n  listen: \"{listen}\"\n  peers:\n{peers}",
+                 node:\n  replica_id: {id}\n  listen: \"{listen}\"\n{tls}  peers:\n{peers}\
+                 access:\n  anonymous: trusted\n  default:\n    owners: [test]\n",
                 db = dir.join(format!("node{id}/tree.db")).display(),
+                tls = tls_yaml(certs, id),
                 listen = config.node.listen,
                 peers = config
                     .node
@@ -115,7 +177,9 @@ fn write_configs(dir: &Path, count: u16) -> Vec<Node> {
             let config_path = dir.join(format!("node{id}.yaml"));
             // The file must parse to the config meant here.
             let parsed = Config::from_yaml_str(&yaml).unwrap();
-            assert_eq!(parsed.node, config.node);
+            assert_eq!(parsed.node.peers, config.node.peers);
+            assert_eq!(parsed.node.tls.is_some(), certs.is_some());
+            assert_eq!(parsed.access.default.owners, ["test"]);
             std::fs::write(&config_path, yaml).unwrap();
             Node {
                 config_path,
@@ -126,10 +190,9 @@ fn write_configs(dir: &Path, count: u16) -> Vec<Node> {
         .collect()
 }
 
-async fn call(address: &str, request: &Request) -> arbor::Result<Response> {
+async fn call(via: &Dialer, address: &str, request: &Request) -> arbor::Result<Response> {
     let call = async {
-        let mut connection =
-            Connection::connect(address, Duration::from_secs(2), MAX_MESSAGE).await?;
+        let mut connection = Connection::open(address, None, via).await?;
         connection.call(request).await
     };
     tokio::time::timeout(Duration::from_secs(10), call)
@@ -141,7 +204,7 @@ fn tree(name: &str) -> TreeKey {
     TreeKey::new(ContainerId([0x5a; 32]), name)
 }
 
-async fn write(address: &str, tree: &TreeKey, dir: &str, file: &str) {
+async fn write(via: &Dialer, address: &str, tree: &TreeKey, dir: &str, file: &str) {
     let request = Request::AddByPath {
         tree: tree.clone(),
         attr: ATTR_FILE_NAME.into(),
@@ -151,7 +214,7 @@ async fn write(address: &str, tree: &TreeKey, dir: &str, file: &str) {
             KeyValue::new("writer", address.as_bytes()),
         ],
     };
-    match call(address, &request).await {
+    match call(via, address, &request).await {
         Ok(Response::AddedByPath { .. }) => {}
         other => panic!("write through {address} failed: {other:?}"),
     }
@@ -159,13 +222,17 @@ async fn write(address: &str, tree: &TreeKey, dir: &str, file: &str) {
 
 /// The tree (every node, parents first) and the log (sorted by timestamp)
 /// of one replica; `None` while it cannot answer.
-async fn snapshot(address: &str, tree: &TreeKey) -> Option<(Vec<NodeInfo>, Vec<Move>)> {
+async fn snapshot(
+    via: &Dialer,
+    address: &str,
+    tree: &TreeKey,
+) -> Option<(Vec<NodeInfo>, Vec<Move>)> {
     let subtree = Request::GetSubTree {
         tree: tree.clone(),
         root: ROOT,
         depth: 0,
     };
-    let Ok(Response::Nodes(mut nodes)) = call(address, &subtree).await else {
+    let Ok(Response::Nodes(mut nodes)) = call(via, address, &subtree).await else {
         return None;
     };
     nodes.sort_by_key(|n| n.id);
@@ -180,7 +247,7 @@ async fn snapshot(address: &str, tree: &TreeKey) -> Option<(Vec<NodeInfo>, Vec<M
         let Ok(Response::OpLog {
             entries,
             next_height,
-        }) = call(address, &page).await
+        }) = call(via, address, &page).await
         else {
             return None;
         };
@@ -196,31 +263,51 @@ async fn snapshot(address: &str, tree: &TreeKey) -> Option<(Vec<NodeInfo>, Vec<M
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_converge_across_a_kill_and_restart() {
+    converge_across_a_kill_and_restart(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_tls_processes_converge_across_a_kill_and_restart() {
+    converge_across_a_kill_and_restart(true).await;
+}
+
+async fn converge_across_a_kill_and_restart(tls: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let nodes = write_configs(dir.path(), 3);
+    let certs = tls.then(|| dir.path().join("certs"));
+    if let Some(certs) = &certs {
+        make_certs(certs, 3);
+    }
+    let via = &client_dialer(certs.as_deref());
+    let nodes = write_configs(dir.path(), 3, certs.as_deref());
     let mut cluster = Cluster { nodes, _dir: dir };
     for node in &mut cluster.nodes {
         node.start();
+    }
+    if tls {
+        // A plaintext caller gets nothing from a TLS node.
+        let plain = client_dialer(None);
+        let refused = call(&plain, &cluster.nodes[0].address, &Request::Healthcheck).await;
+        assert!(refused.is_err(), "{refused:?}");
     }
     let addresses: Vec<String> = cluster.nodes.iter().map(|n| n.address.clone()).collect();
     let trees = [tree("a"), tree("b")];
 
     for (i, address) in addresses.iter().enumerate() {
         for t in &trees {
-            write(address, t, &format!("d{i}"), "before").await;
+            write(via, address, t, &format!("d{i}"), "before").await;
         }
     }
     cluster.nodes[2].kill();
     for round in 0..5 {
         for address in &addresses[..2] {
             for t in &trees {
-                write(address, t, "shared", &format!("during-{round}")).await;
+                write(via, address, t, "shared", &format!("during-{round}")).await;
             }
         }
     }
     cluster.nodes[2].start();
     for t in &trees {
-        write(&addresses[2], t, "late", "after").await;
+        write(via, &addresses[2], t, "late", "after").await;
     }
 
     let deadline = Instant::now() + PATIENCE;
@@ -228,7 +315,7 @@ async fn three_processes_converge_across_a_kill_and_restart() {
         loop {
             let mut snapshots = Vec::new();
             for address in &addresses {
-                snapshots.push(snapshot(address, t).await);
+                snapshots.push(snapshot(via, address, t).await);
             }
             let first = snapshots[0].clone();
             // Per tree: 3 "before" + 10 "during" + 1 "after" leaves.
@@ -271,4 +358,152 @@ fn a_node_with_the_tree_disabled_exits_without_serving_or_creating_its_database(
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("tree.enabled is false"), "{stderr}");
     assert!(!db.exists());
+}
+
+/// A lone node's config file in `dir`, with `extra` lines under `node:`.
+fn lone_config(dir: &Path, db: &Path, listen: &str, extra: &str) -> PathBuf {
+    let yaml = format!(
+        "pilorama:\n  path: {}\nnode:\n  replica_id: 1\n  listen: \"{listen}\"\n{extra}",
+        db.display()
+    );
+    let path = dir.join("node.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Runs `arbor node` on `config`, expecting it to fail: its stderr.
+fn failing_node(config: &Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["node", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_bad_configuration_fails_before_any_file_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let db = data.join("tree.db");
+    let loopback = format!("127.0.0.1:{}", free_port());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let a_file = dir.path().join("a-file");
+    std::fs::write(&a_file, b"").unwrap();
+    let missing = dir.path().join("missing/ca.crt");
+    let tls = format!(
+        "  tls:\n    ca: {0}\n    cert: {0}\n    key: {0}\n",
+        missing.display()
+    );
+    let missing_named = format!("node.tls.ca: {}", missing.display());
+    let cases = [
+        (db.clone(), taken.clone(), String::new(), "node.listen"),
+        (db.clone(), loopback.clone(), tls, missing_named.as_str()),
+        (
+            db.clone(),
+            format!("0.0.0.0:{}", free_port()),
+            String::new(),
+            "insecure_plaintext",
+        ),
+        (
+            a_file.join("tree.db"),
+            loopback,
+            String::new(),
+            "pilorama.path",
+        ),
+    ];
+    for (db, listen, extra, named) in cases {
+        let config = lone_config(dir.path(), &db, &listen, &extra);
+        let stderr = failing_node(&config);
+        assert!(stderr.contains(named), "{named}: {stderr}");
+        assert!(!data.exists(), "{named}: {} was created", data.display());
+    }
+}
+
+/// Writes `file-<writer>-<n>` until the first failure; the acknowledged names.
+async fn write_until_refused(via: Dialer, address: String, writer: usize) -> Vec<String> {
+    let mut acknowledged = Vec::new();
+    for n in 0.. {
+        let name = format!("file-{writer}-{n}");
+        let request = Request::AddByPath {
+            tree: tree("t"),
+            attr: ATTR_FILE_NAME.into(),
+            path: vec!["root".into()],
+            items: vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())],
+        };
+        match call(&via, &address, &request).await {
+            Ok(Response::AddedByPath { .. }) => acknowledged.push(name),
+            _ => break,
+        }
+    }
+    acknowledged
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_commits_what_was_acknowledged_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("data/tree.db");
+    let address = format!("127.0.0.1:{}", free_port());
+    let config = lone_config(dir.path(), &db, &address, "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["node", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.trim_end().ends_with(&address), "{line:?}");
+
+    let via = client_dialer(None);
+    let writers: Vec<_> = (0..4)
+        .map(|w| tokio::spawn(write_until_refused(via.clone(), address.clone(), w)))
+        .collect();
+    // Stop it while writes are in flight.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = child.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(status.success());
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        acknowledged.extend(writer.await.unwrap());
+    }
+    let (sender, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    let output = exited.recv_timeout(PATIENCE).expect("node exits").unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    assert!(stderr.contains("stopping"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI codes in a piped log: {stderr:?}"
+    );
+    assert!(!acknowledged.is_empty(), "no write was acknowledged");
+
+    // Every acknowledged write is there after a restart.
+    let mut node = Node {
+        config_path: config,
+        address: address.clone(),
+        child: None,
+    };
+    node.start();
+    let (_, log) = snapshot(&via, &address, &tree("t"))
+        .await
+        .expect("a snapshot");
+    node.kill();
+    let stored: std::collections::BTreeSet<String> = log
+        .iter()
+        .filter_map(|op| op.meta.get(ATTR_FILE_NAME))
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+        .collect();
+    for name in &acknowledged {
+        assert!(stored.contains(name), "{name} acknowledged, then lost");
+    }
 }

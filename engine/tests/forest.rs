@@ -349,7 +349,10 @@ fn reapplying_a_whole_log_changes_nothing() {
     // A different op under a known timestamp is refused, not stored.
     let mut forged = dump.log[3].clone();
     forged.parent = TRASH;
-    assert!(matches!(apply(&f, &[forged])[0], Err(Error::InvalidOp(_))));
+    assert!(matches!(
+        apply(&f, &[forged])[0],
+        Err(Error::StampConflict(_))
+    ));
     assert_eq!(f.dump(&tree()).unwrap(), dump);
 }
 
@@ -362,7 +365,7 @@ fn duplicates_inside_one_batch() {
     let results = apply(&f, &[a.clone(), a.clone(), forged]);
     assert_eq!(results[0], Ok(WriteOutcome::Applied { fresh: true }));
     assert_eq!(results[1], Ok(WriteOutcome::Applied { fresh: false }));
-    assert!(matches!(results[2], Err(Error::InvalidOp(_))));
+    assert!(matches!(results[2], Err(Error::StampConflict(_))));
     assert_eq!(f.dump(&tree()).unwrap().log, vec![a]);
 }
 
@@ -1145,6 +1148,7 @@ fn op_log_stamps_page_through_the_log_as_stored() {
         .map(|e| LogStamp {
             height: e.height,
             ts: e.op.ts(),
+            digest: arbor::forest::records::move_digest(&e.op),
         })
         .collect();
     for limit in [1, 7, 64, 10_000] {
@@ -1170,14 +1174,15 @@ fn op_log_stamps_page_through_the_log_as_stored() {
         }
     }
     let held: Vec<Timestamp> = expected.iter().map(|s| s.ts).collect();
-    assert!(f.stored_stamps(&tree(), &held).unwrap().iter().all(|h| *h));
+    let digests: Vec<Option<u64>> = expected.iter().map(|s| Some(s.digest)).collect();
+    assert_eq!(f.held_digests(&tree(), &held).unwrap(), digests);
     let probes = [held[3], ts(9999, 2), held[0], ts(1, 9)];
     assert_eq!(
-        f.stored_stamps(&tree(), &probes).unwrap(),
-        vec![true, false, true, false]
+        f.held_digests(&tree(), &probes).unwrap(),
+        vec![digests[3], None, digests[0], None]
     );
     let missing = TreeKey::new(ContainerId([9; 32]), "none");
-    assert_eq!(f.stored_stamps(&missing, &probes).unwrap(), vec![false; 4]);
+    assert_eq!(f.held_digests(&missing, &probes).unwrap(), vec![None; 4]);
     assert_eq!(
         f.get_op_log_stamps(&missing, 0, 10),
         Err(Error::TreeNotFound)
@@ -1399,12 +1404,14 @@ fn stamp_walk_log() -> (Forest, Vec<Timestamp>) {
 }
 
 #[test]
-fn stored_stamps_agree_with_a_lookup_per_stamp() {
+fn held_digests_agree_with_a_lookup_per_stamp() {
     let (f, stored) = stamp_walk_log();
-    let held = |probe: &[Timestamp]| -> Vec<bool> {
+    let held = |probe: &[Timestamp]| -> Vec<Option<u64>> {
+        let digests = f.held_digests(&tree(), &stored).unwrap();
         probe
             .iter()
-            .map(|t| stored.binary_search(t).is_ok())
+            .map(|t| stored.binary_search(t).ok().map(|i| digests[i]))
+            .map(|found| found.map(|d| d.expect("a stored op has a digest")))
             .collect()
     };
     let absent: Vec<Timestamp> = (1..1100).step_by(13).map(|c| ts(c, 9)).collect();
@@ -1443,7 +1450,7 @@ fn stored_stamps_agree_with_a_lookup_per_stamp() {
     }
     for page in &pages {
         assert_eq!(
-            f.stored_stamps(&tree(), page).unwrap(),
+            f.held_digests(&tree(), page).unwrap(),
             held(page),
             "{page:?}"
         );

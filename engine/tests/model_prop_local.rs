@@ -180,6 +180,16 @@ fn model_move(
     };
     let items = vec![KeyValue::new(ATTR_FILE_NAME, NAMES[name])];
     let node = child.unwrap_or(ts);
+    if !model.is_ancestor_or_self(ROOT, parent) {
+        // Under TRASH or an orphan (a foreign op's missing parent): refused,
+        // nothing stored, no timestamp taken.
+        let op = WriteOp::Move {
+            parent,
+            child,
+            items,
+        };
+        return (op, Err(Error::ParentNotLive(parent)));
+    }
     assert!(model.apply(&Move {
         parent,
         child: node,

@@ -6,7 +6,7 @@ use arbor::config::Config;
 use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
 use arbor::runtime::BoxFuture;
-use arbor::tcp::{self, Connection, Handler, ServerOptions, TcpTransport};
+use arbor::tcp::{self, Connection, Dialer, Handler, ServerOptions, TcpTransport};
 use arbor::{Caller, ContainerId, Error};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,13 +36,21 @@ impl Handler for Fake {
 async fn start(max_connections: usize) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let options = ServerOptions {
+    tokio::spawn(tcp::serve(
+        listener,
+        Arc::new(Fake),
+        options(max_connections),
+    ));
+    address
+}
+
+fn options(max_connections: usize) -> ServerOptions {
+    ServerOptions {
         max_message_bytes: MAX,
         max_connections,
         frame_timeout: Duration::from_secs(5),
-    };
-    tokio::spawn(tcp::serve(listener, Arc::new(Fake), options));
-    address
+        ..ServerOptions::from_config(&Config::default_for_test(9))
+    }
 }
 
 async fn connect(address: SocketAddr) -> Connection {
@@ -198,17 +206,39 @@ async fn oversized_responses_become_errors() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_limit_are_refused() {
-    let address = start(2).await;
-    let mut first = connect(address).await;
-    let mut second = connect(address).await;
-    for c in [&mut first, &mut second] {
-        assert!(matches!(
-            c.call(&Request::Healthcheck).await,
-            Ok(Response::Health { .. })
-        ));
+/// A connection in the middle of a largest frame: busy, not idle, and
+/// holding room in the frame budget.
+async fn mid_frame(address: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(&(MAX as u32).to_be_bytes()).await.unwrap();
+    stream
+        .write_all(&[proto::PROTOCOL_VERSION, 0])
+        .await
+        .unwrap();
+    stream
+}
+
+/// Waits until `connection` is served, retrying on new connections while
+/// the server still refuses.
+async fn served_eventually(address: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut c = connect(address).await;
+        if let Ok(Response::Health { .. }) = c.call(&Request::Healthcheck).await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "slot never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_refused_when_none_is_idle() {
+    let (address, handle) = start_with(options(2)).await;
+    let first = mid_frame(address).await;
+    let second = mid_frame(address).await;
+    // Both slots are busy receiving a frame: nobody can be closed for room.
+    settled(&handle, |stats| stats.partial_frame_bytes >= 2 * MAX as u64).await;
     let responses = raw_exchange(address, &[], false).await;
     assert!(
         matches!(
@@ -219,19 +249,22 @@ async fn connections_beyond_the_limit_are_refused() {
     );
     drop(first);
     // The freed slot is taken back once the server sees the close.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let mut c = connect(address).await;
-        if let Ok(Response::Health { .. }) = c.call(&Request::Healthcheck).await {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "slot never freed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    served_eventually(address).await;
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_closes_the_one_idle_longest() {
+    let address = start(2).await;
+    let mut first = connect(address).await;
+    let mut second = connect(address).await;
+    for c in [&mut first, &mut second] {
+        let answer = c.call(&Request::Healthcheck).await;
+        assert!(matches!(answer, Ok(Response::Health { .. })));
     }
-    assert!(matches!(
-        second.call(&Request::Healthcheck).await,
-        Ok(Response::Health { .. })
-    ));
+    // Both are idle: a third is served, in the slot of the first.
+    served_eventually(address).await;
+    assert!(first.call(&Request::Healthcheck).await.is_err());
 }
 
 fn transport_to(address: SocketAddr) -> TcpTransport {
@@ -242,7 +275,16 @@ fn transport_to(address: SocketAddr) -> TcpTransport {
     });
     config.limits.max_message_bytes = MAX;
     config.limits.max_meta_bytes = 1024;
-    TcpTransport::new(&config)
+    plaintext_transport(&config)
+}
+
+/// A transport that skips `Hello`: these servers answer nothing else.
+fn plaintext_transport(config: &Config) -> TcpTransport {
+    let dialer = Dialer::plaintext(
+        config.limits.connect_timeout,
+        config.limits.max_message_bytes,
+    );
+    TcpTransport::with_dialer(config, dialer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,19 +368,14 @@ async fn gated_transport(adjust: impl FnOnce(&mut Config)) -> (Arc<Gate>, Arc<Tc
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let options = ServerOptions {
-        max_message_bytes: MAX,
-        max_connections: 64,
-        frame_timeout: Duration::from_secs(5),
-    };
-    tokio::spawn(tcp::serve(listener, gate.clone(), options));
+    tokio::spawn(tcp::serve(listener, gate.clone(), options(64)));
     let mut config = Config::default_for_test(1);
     config.node.peers.push(arbor::config::PeerConfig {
         replica_id: 2,
         address: address.to_string(),
     });
     adjust(&mut config);
-    (gate, Arc::new(TcpTransport::new(&config)))
+    (gate, Arc::new(plaintext_transport(&config)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,4 +448,145 @@ async fn transport_keeps_at_most_cache_size_idle_connections() {
     assert_eq!(idle_after_concurrent_calls(2, 5).await, 2);
     assert_eq!(idle_after_concurrent_calls(15, 5).await, 5);
     assert_eq!(idle_after_concurrent_calls(0, 3).await, 0);
+}
+
+/// Waits until the server's stats satisfy `done`.
+async fn settled(handle: &tcp::ServerHandle, done: impl Fn(&tcp::ServerStats) -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !done(&handle.stats()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            handle.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A server with `options`, and its handle for stats.
+async fn start_with(options: ServerOptions) -> (SocketAddr, tcp::ServerHandle) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tcp::Server::new(listener, Arc::new(Fake), options, None);
+    let handle = server.handle();
+    tokio::spawn(server.run());
+    (address, handle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_beyond_the_limit_do_not_lock_a_client_out() {
+    let idle_timeout = Duration::from_secs(30);
+    let mut options = options(4);
+    options.idle_timeout = idle_timeout;
+    let (address, handle) = start_with(options).await;
+    // Three times the limit of sockets that never send a byte, all taken
+    // in (in a slot, or closed at once) before the client comes.
+    let mut idle = Vec::new();
+    for _ in 0..12 {
+        idle.push(TcpStream::connect(address).await.unwrap());
+    }
+    settled(&handle, |s| {
+        s.connections_accepted + s.connections_refused == 12
+    })
+    .await;
+    let call = async {
+        let mut connection = connect(address).await;
+        connection.call(&Request::Healthcheck).await
+    };
+    let answer = tokio::time::timeout(idle_timeout, call)
+        .await
+        .expect("a client is served within the idle timeout");
+    assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+    // Served by closing idle sockets, never more open than the limit.
+    let stats = handle.stats();
+    assert!(stats.idle_evicted >= 1, "{stats:?}");
+    assert!(stats.connections_open <= 4, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_nothing_is_closed_after_the_idle_timeout() {
+    let mut options = options(4);
+    options.idle_timeout = Duration::from_millis(200);
+    let (address, handle) = start_with(options).await;
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    let mut received = Vec::new();
+    tokio::time::timeout(PATIENCE, silent.read_to_end(&mut received))
+        .await
+        .expect("the server closes an idle connection")
+        .unwrap();
+    assert!(received.is_empty(), "an idle close says nothing");
+    assert_eq!(handle.stats().idle_closed, 1);
+    // A connection that keeps talking is not closed for idling.
+    let mut busy = connect(address).await;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answer = busy.call(&Request::Healthcheck).await;
+        assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+    }
+}
+
+/// Opens a connection that sends `sent` bytes of a frame claiming
+/// `claimed`, then stalls; the socket stays open while the task runs.
+fn half_frame(address: SocketAddr, claimed: usize, sent: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Ok(mut stream) = TcpStream::connect(address).await else {
+            return;
+        };
+        let mut bytes = (claimed as u32).to_be_bytes().to_vec();
+        bytes.push(proto::PROTOCOL_VERSION);
+        bytes.resize(4 + sent, 0);
+        if stream.write_all(&bytes).await.is_ok() {
+            let mut sink = Vec::new();
+            let _ = stream.read_to_end(&mut sink).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_frame_flood_stays_within_the_frame_budget() {
+    let message_max = 1 << 20;
+    let budget = 2 << 20;
+    let mut options = options(64);
+    options.max_message_bytes = message_max;
+    options.partial_frames_bytes_max = budget;
+    options.frame_timeout = Duration::from_secs(5);
+    let (address, handle) = start_with(options).await;
+    // 40 connections each send half of a largest frame: 20 MiB claimed.
+    let flood: Vec<_> = (0..40)
+        .map(|_| half_frame(address, message_max, message_max / 2))
+        .collect();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while handle.stats().partial_frame_bytes_peak < budget as u64 / 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            handle.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Small requests do not wait for room while the flood holds it: they
+    // are answered before any flood frame is refused or times out.
+    let mut client = connect(address).await;
+    for _ in 0..3 {
+        let answer = client.call(&Request::Healthcheck).await;
+        assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+    }
+    let stats = handle.stats();
+    assert_eq!(stats.partial_frames_refused, 0, "{stats:?}");
+    assert!(stats.partial_frame_bytes >= budget as u64 / 2, "{stats:?}");
+    // Frames that found no room are refused once their time is up.
+    while handle.stats().partial_frames_refused == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            handle.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = handle.stats();
+    assert!(stats.partial_frame_bytes_peak <= budget as u64, "{stats:?}");
+    assert!(stats.partial_frame_bytes <= budget as u64, "{stats:?}");
+    for task in flood {
+        task.abort();
+    }
 }

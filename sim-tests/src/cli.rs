@@ -5,6 +5,8 @@
 
 pub mod partition;
 pub mod records;
+pub mod repro;
+pub mod timeline;
 
 use crate::scenario::swarm::{Profile, Size};
 use crate::scenario::{run_seed, Options, Report};
@@ -60,14 +62,12 @@ pub enum SimCommand {
     /// seed passed, 1 a seed failed, 2 usage or environment error (bad
     /// flags, an output file that cannot be written).
     Sweep(SweepArgs),
-    /// Replay one seed with a readable trace. Exit status: 0 passed, 1
-    /// failed, 2 usage error.
-    Replay {
-        #[arg(long)]
-        seed: u64,
-        #[command(flatten)]
-        scenario: ScenarioArgs,
-    },
+    /// Replay one seed, or one capsule, with a readable trace. Exit
+    /// status: 0 passed, 1 failed, 2 usage error.
+    Replay(repro::ReplayArgs),
+    /// Shrink a failing seed or capsule to a minimal capsule. Exit status:
+    /// 0 shrunk, 1 the run passed (nothing to shrink), 2 usage error.
+    Shrink(repro::ShrinkArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -94,6 +94,14 @@ pub struct SweepArgs {
     /// trace fingerprint, replay command.
     #[arg(long, value_name = "FILE")]
     pub jsonl: Option<PathBuf>,
+    /// Write a capsule of every failing seed into DIR as it fails, and,
+    /// after the sweep, its shrunk capsule (`arbor-sim shrink`).
+    #[arg(long, value_name = "DIR")]
+    pub keep_failures: Option<PathBuf>,
+    /// Most trial runs shrinking one kept failure may spend; 0 keeps the
+    /// capsules as they ran, unshrunk.
+    #[arg(long, value_name = "N", default_value_t = crate::scenario::shrink::SHRINK_TRIALS_MAX)]
+    pub shrink_trials: u64,
     #[command(flatten)]
     pub scenario: ScenarioArgs,
 }
@@ -122,7 +130,8 @@ pub fn parse_canary(name: &str) -> Result<Canary, String> {
 pub fn run(command: SimCommand) -> ExitCode {
     match command {
         SimCommand::Sweep(args) => sweep(&args),
-        SimCommand::Replay { seed, scenario } => replay(seed, &scenario.options(true)),
+        SimCommand::Replay(args) => repro::replay(&args),
+        SimCommand::Shrink(args) => repro::shrink(&args),
     }
 }
 
@@ -311,6 +320,8 @@ struct Outputs {
     records: Vec<SeedRecord>,
     /// Failing seeds' reports, for the JUnit failure bodies.
     failure_reports: BTreeMap<u64, String>,
+    /// `--keep-failures`: where failing seeds' capsules go.
+    keep: Option<PathBuf>,
     /// The first write error; the sweep goes on and reports it at the end.
     error: Option<String>,
 }
@@ -333,6 +344,7 @@ impl Outputs {
             jsonl,
             records: Vec::new(),
             failure_reports: BTreeMap::new(),
+            keep: args.keep_failures.clone(),
             error: None,
         })
     }
@@ -347,6 +359,11 @@ impl Outputs {
         if !run.report.passed() {
             self.failure_reports
                 .insert(run.report.seed, run.report.to_string());
+            if let Err(e) =
+                repro::keep_failure(self.keep.as_deref(), &run.report, options, &self.commit)
+            {
+                self.error.get_or_insert(e);
+            }
         }
         self.records.push(record);
     }
@@ -421,6 +438,18 @@ fn sweep(args: &SweepArgs) -> ExitCode {
     let _ = std::panic::take_hook();
     outputs.write_junit(args, &seeds, &summary);
     print_summary(&summary, &seeds, jobs, &options);
+    if let Some(dir) = &args.keep_failures {
+        if let Err(e) = repro::keep_shrunk(
+            dir,
+            &summary.failures,
+            &options,
+            jobs,
+            args.shrink_trials,
+            &outputs.commit,
+        ) {
+            outputs.error.get_or_insert(e);
+        }
+    }
     if !summary.failures.is_empty() {
         return ExitCode::from(EXIT_SEED_FAILED);
     }
@@ -430,7 +459,7 @@ fn sweep(args: &SweepArgs) -> ExitCode {
     }
 }
 
-fn usage_error(message: &str) -> ExitCode {
+pub(crate) fn usage_error(message: &str) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::from(EXIT_USAGE)
 }
@@ -505,7 +534,8 @@ impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
     }
 }
 
-fn replay(seed: u64, options: &Options) -> ExitCode {
+/// Sets up the replay log: trace events and engine logs on simulated time.
+pub(crate) fn init_replay_log() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,madsim=warn"));
     let _ = tracing_subscriber::fmt()
@@ -513,11 +543,4 @@ fn replay(seed: u64, options: &Options) -> ExitCode {
         .with_timer(SimulatedTime)
         .with_target(false)
         .try_init();
-    let report = run_seed_announced(seed, options);
-    println!("{report}");
-    if report.passed() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_SEED_FAILED)
-    }
 }

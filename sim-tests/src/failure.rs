@@ -37,6 +37,11 @@ pub enum FailureKind {
     SessionGuarantee,
     /// A pull cursor passed an op of the peer that the puller lacks.
     SyncCursor,
+    /// A call without the right was served, or left a trace on a replica.
+    Intrusion,
+    /// Two different ops under one timestamp, or a peer answering as
+    /// another replica.
+    StampConflict,
 }
 
 impl FailureKind {
@@ -56,6 +61,8 @@ impl FailureKind {
             FailureKind::BrokenPromise => "broken promise",
             FailureKind::SessionGuarantee => "session guarantee",
             FailureKind::SyncCursor => "sync cursor",
+            FailureKind::Intrusion => "intrusion",
+            FailureKind::StampConflict => "stamp conflict",
         }
     }
 }

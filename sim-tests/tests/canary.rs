@@ -113,6 +113,11 @@ fn path_by_arrival_order() {
 }
 
 #[test]
+fn authorization_skipped() {
+    caught(Canary::AuthorizationSkipped);
+}
+
+#[test]
 fn pull_cursor_past_failed_page() {
     caught(Canary::PullCursorPastFailedPage);
 }

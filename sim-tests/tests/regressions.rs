@@ -1,9 +1,14 @@
 //! Bugs found by the simulator, each kept as the seed that failed before its
-//! fix.
+//! fix, and every capsule committed under `sim-tests/regressions/`.
+
+mod common;
 
 use arbor_sim::cli::run_seed_announced;
+use arbor_sim::scenario::capsule::Capsule;
 use arbor_sim::scenario::swarm::Profile;
 use arbor_sim::scenario::Options;
+use common::{arbor_sim, printed};
+use std::path::PathBuf;
 
 /// The full-size scenario of the `storage-errors` profile.
 fn storage_errors() -> Options {
@@ -117,4 +122,41 @@ fn storage_errors_seed_201270_healing_waits_for_a_supervised_restart() {
     let report = run_seed_announced(201270, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 201270 failed");
+}
+
+/// The capsules under `sim-tests/regressions/`, in name order.
+fn committed_capsules() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("regressions");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// Every committed capsule replays through `arbor-sim replay --capsule`
+/// (its own process: a capsule's canary is switched process-wide). A
+/// capsule of a real bug must pass now that the bug is fixed; a capsule
+/// with a canary on must still fail with the kind it recorded, which
+/// proves the replay still reaches the planted bug.
+#[test]
+fn committed_capsules_replay() {
+    let paths = committed_capsules();
+    assert!(!paths.is_empty(), "no capsule under sim-tests/regressions");
+    for path in paths {
+        let capsule = Capsule::read(&path).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("capsule {}: replaying", path.display());
+        let output = arbor_sim(&["replay", "--quiet", "--capsule", path.to_str().unwrap()]);
+        let text = printed(&output);
+        match (&capsule.canary, &capsule.outcome.failure_kind) {
+            (Some(_), Some(kind)) => {
+                assert_eq!(output.status.code(), Some(1), "{}: {text}", path.display());
+                let failed = format!("FAILED: {kind}:");
+                assert!(text.contains(&failed), "{}: {text}", path.display());
+            }
+            _ => assert_eq!(output.status.code(), Some(0), "{}: {text}", path.display()),
+        }
+    }
 }

@@ -1,14 +1,19 @@
-//! `arbor node --config FILE` runs one node of the tree service over TCP;
-//! the other subcommands are a small client for trying it from a shell.
+//! `arbor node --config FILE` runs one node of the tree service over TCP
+//! (mutual TLS when configured); `arbor certs` makes development
+//! certificates; the other subcommands are a small client for trying it
+//! from a shell.
 
-use arbor::config::Config;
+use arbor::certs::{self, Validity};
+use arbor::config::{Config, DEFAULT_CLUSTER_ID};
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
-use arbor::tcp::{self, Connection, TcpTransport};
-use arbor::{ContainerId, KeyValue, NodeInfo, TreeKey, ATTR_FILE_NAME};
+use arbor::tcp::{self, Connection, Dialer, Server, ServerOptions, TcpTransport};
+use arbor::tls::{CertIdentity, PemFiles, TlsContext};
+use arbor::{ContainerId, KeyValue, NodeInfo, ReplicaId, TreeKey, ATTR_FILE_NAME};
 use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +83,50 @@ enum Command {
         #[command(flatten)]
         server: ServerArgs,
     },
+    /// Makes development certificates (a cluster CA, nodes, clients).
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Creates DIR/ca.crt and DIR/ca.key.
+    #[command(name = "create-ca")]
+    Ca {
+        #[command(flatten)]
+        common: CertArgs,
+    },
+    /// Creates DIR/node-ID.crt and .key naming arbor://CLUSTER/replica/ID,
+    /// signed by the CA in DIR.
+    #[command(name = "create-node")]
+    Node {
+        #[command(flatten)]
+        common: CertArgs,
+        #[arg(long)]
+        replica_id: ReplicaId,
+    },
+    /// Creates DIR/client-NAME.crt and .key naming
+    /// arbor://CLUSTER/client/NAME, signed by the CA in DIR.
+    #[command(name = "create-client")]
+    Client {
+        #[command(flatten)]
+        common: CertArgs,
+        #[arg(long)]
+        name: String,
+    },
+}
+
+#[derive(Args)]
+struct CertArgs {
+    /// Directory of the certificates (created if missing).
+    #[arg(long)]
+    dir: PathBuf,
+    /// The cluster the certificates belong to (node.cluster_id).
+    #[arg(long, default_value = DEFAULT_CLUSTER_ID)]
+    cluster_id: String,
+    /// Validity from now, in days.
+    #[arg(long, default_value_t = 365)]
+    valid_days: u32,
 }
 
 #[derive(Args)]
@@ -87,6 +136,17 @@ struct ServerArgs {
     addr: String,
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// PEM of the cluster CA: with --cert and --key, the call runs over
+    /// mutual TLS as the client the certificate names.
+    #[arg(long, requires_all = ["cert", "key"])]
+    ca: Option<PathBuf>,
+    #[arg(long, requires_all = ["ca", "key"])]
+    cert: Option<PathBuf>,
+    #[arg(long, requires_all = ["ca", "cert"])]
+    key: Option<PathBuf>,
+    /// Refuse the node unless it is this replica.
+    #[arg(long)]
+    replica: Option<ReplicaId>,
 }
 
 #[derive(Args)]
@@ -105,6 +165,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Node { config } => run_node(&config).await,
+        Command::Certs(command) => run_certs(command),
         command => run_client(command).await,
     };
     match result {
@@ -116,10 +177,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run_node(path: &std::path::Path) -> Result<(), String> {
+async fn run_node(path: &Path) -> Result<(), String> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let config = Config::load(path).map_err(|e| e.to_string())?;
     if !config.tree.enabled {
@@ -131,13 +193,21 @@ async fn run_node(path: &std::path::Path) -> Result<(), String> {
         );
         return Ok(());
     }
+    // Everything is checked before the first file is created: the TLS
+    // files, the database path, and the listen address (bound first).
+    let tls = TlsContext::for_node(&config).map_err(|e| e.to_string())?;
     let db = &config.pilorama.path;
+    check_db_path(db)?;
+    let listener = tcp::listen(&config, tls.is_some())
+        .await
+        .map_err(|e| e.to_string())?;
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("pilorama.path: {}: {e}", dir.display()))?;
     }
-    let forest =
-        Forest::open(db, config.forest_options()).map_err(|e| format!("{}: {e}", db.display()))?;
-    let transport = Arc::new(TcpTransport::new(&config));
+    let forest = Forest::open(db, config.forest_options())
+        .map_err(|e| format!("pilorama.path: {}: {e}", db.display()))?;
+    let transport = Arc::new(TcpTransport::new(&config, tls.clone()));
     let service = Service::start(
         config.clone(),
         Arc::new(forest),
@@ -145,29 +215,165 @@ async fn run_node(path: &std::path::Path) -> Result<(), String> {
         transport,
     )
     .map_err(|e| e.to_string())?;
-    let (address, server) = tcp::bind(&config, service)
-        .await
-        .map_err(|e| format!("listen on {}: {e}", config.node.listen))?;
+    let server = Server::new(
+        listener,
+        service.clone(),
+        ServerOptions::from_config(&config),
+        tls,
+    );
+    let address = server.local_addr().map_err(|e| e.to_string())?;
+    let stop = StopSignal::install()?;
+    let handle = server.handle();
+    tokio::spawn(server.run());
     // Scripts and tests read this line to learn the bound port.
     println!(
         "arbor: replica {} listening on {address}",
         config.node.replica_id
     );
     tracing::info!(%address, replica = config.node.replica_id, "serving");
-    server.await;
+    let signal = stop.wait().await;
+    tracing::info!(signal, "stopping");
+    stop_gracefully(&config, &service, &handle).await
+}
+
+/// Stops taking connections, lets busy ones answer, commits every queued
+/// write and persists the replication cursors; bounded in time.
+async fn stop_gracefully(
+    config: &Config,
+    service: &Service,
+    handle: &tcp::ServerHandle,
+) -> Result<(), String> {
+    let grace = (config.tree.replication_timeout * 4).max(Duration::from_secs(10));
+    handle.stop();
+    let stop = async {
+        let report = service.shutdown_gracefully().await;
+        handle.closed().await;
+        report
+    };
+    match tokio::time::timeout(grace, stop).await {
+        Ok(Ok(report)) => {
+            tracing::info!(cursors = report.cursors_persisted, "stopped");
+            Ok(())
+        }
+        Ok(Err(error)) => Err(format!("stopping: {error}")),
+        Err(_) => Err(format!("stopping took longer than {grace:?}")),
+    }
+}
+
+/// SIGTERM or SIGINT, installed before the node says it serves.
+struct StopSignal {
+    term: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignal {
+    fn install() -> Result<Self, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let install = |kind| signal(kind).map_err(|e| format!("signal handler: {e}"));
+        Ok(Self {
+            term: install(SignalKind::terminate())?,
+            interrupt: install(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn wait(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+}
+
+/// The database path must be a file, in a directory that is or can be
+/// made: found out before the listener is bound or anything is created.
+fn check_db_path(db: &Path) -> Result<(), String> {
+    let bad = |path: &Path, why: &str| Err(format!("pilorama.path: {}: {why}", path.display()));
+    if db.is_dir() {
+        return bad(db, "is a directory");
+    }
+    let mut ancestor = db.parent();
+    while let Some(dir) = ancestor.filter(|d| !d.as_os_str().is_empty()) {
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => return Ok(()),
+            Ok(_) => return bad(dir, "is not a directory"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ancestor = dir.parent(),
+            Err(e) => return bad(dir, &e.to_string()),
+        }
+    }
+    Ok(())
+}
+
+fn run_certs(command: CertsCommand) -> Result<(), String> {
+    let written = match command {
+        CertsCommand::Ca { common } => {
+            let validity = Validity::days_from_now(common.valid_days);
+            certs::write_ca(&common.dir, &common.cluster_id, validity)
+        }
+        CertsCommand::Node { common, replica_id } => {
+            let identity = CertIdentity::Replica {
+                cluster_id: common.cluster_id.clone(),
+                replica_id,
+            };
+            certs::write_issued(
+                &common.dir,
+                &identity,
+                Validity::days_from_now(common.valid_days),
+            )
+        }
+        CertsCommand::Client { common, name } => {
+            let identity = CertIdentity::Client {
+                cluster_id: common.cluster_id.clone(),
+                name,
+            };
+            certs::write_issued(
+                &common.dir,
+                &identity,
+                Validity::days_from_now(common.valid_days),
+            )
+        }
+    };
+    let path = written.map_err(|e| e.to_string())?;
+    println!("{}", path.display());
     Ok(())
 }
 
 async fn run_client(command: Command) -> Result<(), String> {
     let (server, request) = client_request(command)?;
-    let mut connection = Connection::connect(&server.addr, server.timeout, usize::MAX >> 1)
-        .await
-        .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(server.timeout, connection.call(&request))
+    let dialer = server.dialer()?;
+    let call = async {
+        let mut connection = Connection::open(&server.addr, server.replica, &dialer).await?;
+        connection.call(&request).await
+    };
+    let response = tokio::time::timeout(server.timeout, call)
         .await
         .map_err(|_| "request timed out".to_string())?
         .map_err(|e| e.to_string())?;
     print_response(response)
+}
+
+impl ServerArgs {
+    /// Plaintext without certificates; mutual TLS, with `Hello`, as the
+    /// client the certificate names otherwise.
+    fn dialer(&self) -> Result<Dialer, String> {
+        let mut dialer = Dialer::plaintext(self.timeout, usize::MAX >> 1);
+        let (Some(ca), Some(cert), Some(key)) = (&self.ca, &self.cert, &self.key) else {
+            return Ok(dialer);
+        };
+        let read = |flag: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| format!("--{flag} {}: {e}", path.display()))
+        };
+        let (ca, cert, key) = (read("ca", ca)?, read("cert", cert)?, read("key", key)?);
+        let pem = PemFiles {
+            ca: &ca,
+            cert: &cert,
+            key: &key,
+        };
+        let tls = TlsContext::from_pem(&pem).map_err(|e| format!("--{e}"))?;
+        dialer.cluster_id = tls.identity().cluster_id().to_string();
+        dialer.tls = Some(Arc::new(tls));
+        dialer.hello = true;
+        Ok(dialer)
+    }
 }
 
 fn client_request(command: Command) -> Result<(ServerArgs, Request), String> {
@@ -226,7 +432,9 @@ fn client_request(command: Command) -> Result<(ServerArgs, Request), String> {
             },
         ),
         Command::Healthcheck { server } => (server, Request::Healthcheck),
-        Command::Node { .. } => unreachable!("node is not a client command"),
+        Command::Node { .. } | Command::Certs(_) => {
+            unreachable!("not a client command")
+        }
     })
 }
 
@@ -286,6 +494,10 @@ fn print_response(response: Response) -> Result<(), String> {
             println!("{} stamps, next height {next_height}", stamps.len())
         }
         Response::Health { replica_id } => println!("ok replica {replica_id}"),
+        Response::Hello {
+            cluster_id,
+            replica_id,
+        } => println!("replica {replica_id} of cluster {cluster_id}"),
         Response::Error(error) => return Err(error.to_string()),
     }
     Ok(())

@@ -7,6 +7,7 @@
 //! (`tree.replication_timeout: ...`), so a typo never silently falls back to
 //! a default.
 
+mod access;
 mod parse;
 #[cfg(test)]
 mod tests;
@@ -15,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::forest::ForestOptions;
 use crate::types::{ContainerId, ReplicaId};
 use crate::validate::InputLimits;
+pub use access::{AccessConfig, ContainerAccess, Grants, Role};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,6 +27,8 @@ pub struct Config {
     pub pilorama: PiloramaConfig,
     pub node: NodeConfig,
     pub limits: Limits,
+    /// Who may call what (docs/design.md §9).
+    pub access: AccessConfig,
 }
 
 /// `tree:` section.
@@ -70,7 +74,26 @@ pub struct NodeConfig {
     /// Containers with an explicit replica set. A container not listed is
     /// replicated on this node and every peer.
     pub containers: Vec<ContainerConfig>,
+    /// The cluster this node belongs to: named in every certificate and
+    /// exchanged in `Hello`, so that nodes of two clusters never mix.
+    pub cluster_id: String,
+    /// Mutual TLS on every connection; `None`: plaintext.
+    pub tls: Option<TlsFiles>,
+    /// Allows a plaintext listener on an address other than loopback.
+    pub insecure_plaintext: bool,
 }
+
+/// `node.tls`: PEM files of the cluster's CA and this node's certificate
+/// (which must name `node.cluster_id` and `node.replica_id`) and key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// `node.cluster_id` when the file does not name one.
+pub const DEFAULT_CLUSTER_ID: &str = "arbor";
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PeerConfig {
@@ -126,6 +149,19 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connect timeout for outbound calls (TCP).
     pub connect_timeout: Duration,
+    /// An inbound connection that starts no frame for this long is closed.
+    pub idle_connection_timeout: Duration,
+    /// Time an inbound TLS handshake may take.
+    pub handshake_timeout: Duration,
+    /// Bytes of frames being received, over all inbound connections; a
+    /// frame waits for room (then gets `Overloaded`), never allocates past it.
+    pub partial_frames_bytes_max: usize,
+    /// How far the counter of a replicated op may be ahead of the largest
+    /// counter its tree holds here (or of the ops before it in the same
+    /// batch): ops beyond are refused with `CounterTooFar` until the tree
+    /// has caught up, so that no peer can push a tree's counter to its
+    /// end (docs/design.md §9).
+    pub counter_jump_max: u64,
 }
 
 /// The sync interval of the reference deployment (docs/design.md §7). An
@@ -176,6 +212,10 @@ impl Default for Limits {
             max_tracked_trees: 10_000,
             max_connections: 256,
             connect_timeout: Duration::from_secs(2),
+            idle_connection_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            partial_frames_bytes_max: 64 << 20,
+            counter_jump_max: 1 << 20,
         }
     }
 }
@@ -198,19 +238,26 @@ impl NodeConfig {
             listen: "127.0.0.1:0".into(),
             peers: Vec::new(),
             containers: Vec::new(),
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            tls: None,
+            insecure_plaintext: false,
         }
     }
 }
 
 impl Config {
-    /// Defaults everywhere, no peers, sync off: a starting point for tests
-    /// and the simulator, which then fill in peers and limits.
+    /// Defaults everywhere, no peers, sync off, and every caller trusted
+    /// with everything (`access.anonymous: trusted`): a starting point for
+    /// tests and the simulator, which then fill in peers, limits and, when
+    /// they check rights, the rights their callers hold.
     pub fn default_for_test(replica_id: ReplicaId) -> Self {
+        let access = AccessConfig::trusting_everyone();
         Self {
             tree: TreeConfig::default(),
             pilorama: PiloramaConfig::default(),
             node: NodeConfig::solo(replica_id),
             limits: Limits::default(),
+            access,
         }
     }
 
@@ -252,6 +299,10 @@ impl Config {
             ("limits.max_tracked_trees", self.limits.max_tracked_trees),
             ("limits.max_connections", self.limits.max_connections),
             ("limits.max_path_len", self.limits.max_path_len),
+            (
+                "limits.counter_jump_max",
+                usize::from(self.limits.counter_jump_max != 0),
+            ),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -283,7 +334,47 @@ impl Config {
                 "limits.max_message_bytes: must exceed limits.max_meta_bytes by at least {MESSAGE_OVERHEAD_BYTES}"
             )));
         }
-        self.validate_membership()
+        self.validate_transport()?;
+        self.validate_membership()?;
+        self.access.validate()
+    }
+
+    /// The keys of the transport (docs/design.md §9).
+    fn validate_transport(&self) -> Result<()> {
+        if let Err(why) = check_cluster_id(&self.node.cluster_id) {
+            return Err(Error::Config(format!("node.cluster_id: {why}")));
+        }
+        if self.node.tls.is_some() && self.node.insecure_plaintext {
+            return Err(Error::Config(
+                "node.insecure_plaintext: true contradicts node.tls".into(),
+            ));
+        }
+        let timeouts = [
+            (
+                "limits.idle_connection_timeout",
+                self.limits.idle_connection_timeout,
+            ),
+            ("limits.handshake_timeout", self.limits.handshake_timeout),
+        ];
+        for (key, value) in timeouts {
+            if value.is_zero() {
+                return Err(Error::Config(format!("{key}: must not be 0")));
+            }
+        }
+        // A frame of the largest size must be able to arrive at all.
+        let partial = self.limits.partial_frames_bytes_max;
+        if partial > crate::tcp::FrameBudget::MAX_BYTES {
+            return Err(Error::Config(format!(
+                "limits.partial_frames_bytes_max: {partial} is more than the most ({})",
+                crate::tcp::FrameBudget::MAX_BYTES
+            )));
+        }
+        if partial < self.limits.max_message_bytes {
+            return Err(Error::Config(
+                "limits.partial_frames_bytes_max: must be at least limits.max_message_bytes".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_membership(&self) -> Result<()> {
@@ -321,8 +412,24 @@ impl Config {
             max_meta_bytes: self.limits.max_meta_bytes,
             max_path_len: self.limits.max_path_len,
             durable: !self.pilorama.no_sync,
+            counter_jump_max: self.limits.counter_jump_max,
         }
     }
+}
+
+/// A cluster id is one DNS label: 1-63 of `a-z`, `0-9` and `-`, not
+/// starting or ending with `-`, so it fits certificate names unchanged.
+pub fn check_cluster_id(id: &str) -> std::result::Result<(), String> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if id.is_empty() || id.len() > 63 {
+        return Err(format!("{id:?} must be 1 to 63 characters"));
+    }
+    if !id.chars().all(allowed) || id.starts_with('-') || id.ends_with('-') {
+        return Err(format!(
+            "{id:?} may hold only a-z, 0-9 and '-', not at either end"
+        ));
+    }
+    Ok(())
 }
 
 /// Room in a message for everything but one node's meta (ids, tree key,

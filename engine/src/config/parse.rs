@@ -13,12 +13,14 @@ pub(super) fn document(text: &str) -> Result<Config> {
     let pilorama = parse_pilorama(root.section("pilorama")?)?;
     let node = parse_node(root.section("node")?)?;
     let limits = parse_limits(root.section("limits")?)?;
+    let access = access::parse_access(root.section("access")?)?;
     root.finish()?;
     Ok(Config {
         tree,
         pilorama,
         node,
         limits,
+        access,
     })
 }
 
@@ -84,6 +86,16 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
         max_tracked_trees: s.usize("max_tracked_trees")?.unwrap_or(d.max_tracked_trees),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
         connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
+        idle_connection_timeout: s
+            .duration("idle_connection_timeout")?
+            .unwrap_or(d.idle_connection_timeout),
+        handshake_timeout: s
+            .duration("handshake_timeout")?
+            .unwrap_or(d.handshake_timeout),
+        partial_frames_bytes_max: s
+            .usize("partial_frames_bytes_max")?
+            .unwrap_or(d.partial_frames_bytes_max),
+        counter_jump_max: s.u64("counter_jump_max")?.unwrap_or(d.counter_jump_max),
     };
     s.finish()?;
     Ok(limits)
@@ -112,14 +124,7 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         });
     }
     let mut containers = Vec::new();
-    for (i, item) in s.list("containers")?.into_iter().enumerate() {
-        let mut c = Section::new(&format!("{}[{i}]", s.key("containers")), item)?;
-        let cid_key = c.key("cid");
-        let cid_hex = c
-            .string("cid")?
-            .ok_or_else(|| Error::Config(format!("{cid_key}: missing")))?;
-        let cid = ContainerId::from_hex(&cid_hex)
-            .ok_or_else(|| Error::Config(format!("{cid_key}: expected 64 hex digits")))?;
+    for (cid, mut c) in container_items(&mut s)? {
         let replicas_key = c.key("replicas");
         let mut replicas = Vec::new();
         for (j, r) in c.list("replicas")?.into_iter().enumerate() {
@@ -133,13 +138,58 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         c.finish()?;
         containers.push(ContainerConfig { cid, replicas });
     }
+    let cluster_id = s
+        .string("cluster_id")?
+        .unwrap_or_else(|| DEFAULT_CLUSTER_ID.into());
+    let tls = parse_tls(&mut s)?;
+    let insecure_plaintext = s.bool("insecure_plaintext")?.unwrap_or(false);
     s.finish()?;
     Ok(NodeConfig {
         replica_id,
         listen,
         peers,
         containers,
+        cluster_id,
+        tls,
+        insecure_plaintext,
     })
+}
+
+/// `node.tls: { ca, cert, key }`, every file named.
+fn parse_tls(node: &mut Section) -> Result<Option<TlsFiles>> {
+    if !node.has("tls") {
+        return Ok(None);
+    }
+    let mut t = node.section("tls")?;
+    let mut file = |key: &str| {
+        t.string(key)?
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::Config(format!("{}: missing", t.key(key))))
+    };
+    let files = TlsFiles {
+        ca: file("ca")?,
+        cert: file("cert")?,
+        key: file("key")?,
+    };
+    t.finish()?;
+    Ok(Some(files))
+}
+
+/// The items of a `containers` list, each with its required `cid` taken
+/// out and the rest of its mapping left to the caller.
+pub(super) fn container_items(s: &mut Section) -> Result<Vec<(ContainerId, Section)>> {
+    let mut items = Vec::new();
+    for (i, item) in s.list("containers")?.into_iter().enumerate() {
+        let mut c = Section::new(&format!("{}[{i}]", s.key("containers")), item)?;
+        let cid_key = c.key("cid");
+        let cid_hex = c
+            .string("cid")?
+            .ok_or_else(|| Error::Config(format!("{cid_key}: missing")))?;
+        let cid = ContainerId::from_hex(&cid_hex)
+            .ok_or_else(|| Error::Config(format!("{cid_key}: expected 64 hex digits")))?;
+        items.push((cid, c));
+    }
+    Ok(items)
 }
 
 fn as_replica_id(key: &str, value: &Value) -> Result<ReplicaId> {
@@ -151,7 +201,7 @@ fn as_replica_id(key: &str, value: &Value) -> Result<ReplicaId> {
 
 /// One mapping of the file being taken apart: every read removes its key, so
 /// whatever is left at `finish` is unknown.
-struct Section {
+pub(super) struct Section {
     name: String,
     map: Mapping,
 }
@@ -172,7 +222,7 @@ impl Section {
         })
     }
 
-    fn key(&self, key: &str) -> String {
+    pub(super) fn key(&self, key: &str) -> String {
         if self.name.is_empty() {
             key.to_string()
         } else {
@@ -184,7 +234,12 @@ impl Section {
         self.map.remove(key).filter(|v| !v.is_null())
     }
 
-    fn section(&mut self, key: &str) -> Result<Section> {
+    /// Whether `key` is present (it stays for a later read).
+    fn has(&self, key: &str) -> bool {
+        self.map.get(key).is_some_and(|v| !v.is_null())
+    }
+
+    pub(super) fn section(&mut self, key: &str) -> Result<Section> {
         let value = self.take(key).unwrap_or(Value::Null);
         Section::new(&self.key(key), value)
     }
@@ -216,12 +271,34 @@ impl Section {
             .transpose()
     }
 
+    fn u64(&mut self, key: &str) -> Result<Option<u64>> {
+        self.take(key)
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| self.bad(key, "expected a non-negative integer"))
+            })
+            .transpose()
+    }
+
+    /// A list of strings; absent is empty.
+    pub(super) fn strings(&mut self, key: &str) -> Result<Vec<String>> {
+        let full = self.key(key);
+        self.list(key)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(Error::Config(format!("{full}[{i}]: expected a string"))),
+            })
+            .collect()
+    }
+
     fn replica_id(&mut self, key: &str) -> Result<Option<ReplicaId>> {
         let full = self.key(key);
         self.take(key).map(|v| as_replica_id(&full, &v)).transpose()
     }
 
-    fn string(&mut self, key: &str) -> Result<Option<String>> {
+    pub(super) fn string(&mut self, key: &str) -> Result<Option<String>> {
         self.take(key)
             .map(|v| match v {
                 Value::String(s) => Ok(s),
@@ -246,7 +323,7 @@ impl Section {
         Error::Config(format!("{}: {why}", self.key(key)))
     }
 
-    fn finish(self) -> Result<()> {
+    pub(super) fn finish(self) -> Result<()> {
         match self.map.keys().next() {
             None => Ok(()),
             Some(k) => {

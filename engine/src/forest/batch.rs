@@ -159,8 +159,7 @@ impl Forest {
             .collect();
         let txn = self.begin_write()?;
         let (changed, results, verdict) = {
-            let mut writer =
-                write::Writer::open(&txn, self.options.replica_id, dirs, &self.tree_numbers)?;
+            let mut writer = write::Writer::open(&txn, &self.options, dirs, &self.tree_numbers)?;
             let results = apply_requests(&mut writer, requests, refused)?;
             let changed = writer.flush()?;
             let mut verdict = Ok(());

@@ -30,6 +30,7 @@ use std::sync::{Mutex, MutexGuard};
 pub use batch::{CheckedBatch, CommitSummary, Committed, InvariantCheck};
 pub use check::{Recheck, ReplicaContent};
 pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
+pub use query::SubtreeBounds;
 pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
 
 /// Limits and identity of one forest.
@@ -43,6 +44,9 @@ pub struct ForestOptions {
     pub max_path_len: usize,
     /// Durable commits (`Durability::Immediate`); false = operator's `no_sync`.
     pub durable: bool,
+    /// How far a replicated op's counter may be ahead of its tree's
+    /// (`limits.counter_jump_max`, docs/design.md §9).
+    pub counter_jump_max: u64,
 }
 
 impl ForestOptions {
@@ -62,6 +66,7 @@ impl Default for ForestOptions {
             max_meta_bytes: 64 * 1024,
             max_path_len: 256,
             durable: true,
+            counter_jump_max: 1 << 20,
         }
     }
 }

@@ -84,38 +84,62 @@ impl Forest {
         depth: u32,
         limit: usize,
     ) -> Result<Vec<NodeInfo>> {
-        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
-        let first = match root {
-            ROOT | TRASH => NodeInfo {
-                id: root,
-                parent: root,
-                meta: Meta::default(),
-            },
-            _ => read::node_info(&rows, rec.number, root)?.ok_or(Error::NodeNotFound(root))?,
+        let bounds = SubtreeBounds {
+            nodes_max: limit,
+            bytes_max: usize::MAX,
+            node_overhead_bytes: 0,
         };
+        self.get_subtree_bounded(tree, root, depth, bounds)
+    }
+
+    /// [`Forest::get_subtree`] that also stops, with `TooLarge`, as soon as
+    /// the answer passes `bounds.bytes_max`: a node's meta is read only
+    /// when it is its turn to join the answer, so a refused read costs at
+    /// most the bound plus one node, never the whole subtree
+    /// (docs/design.md §4).
+    pub fn get_subtree_bounded(
+        &self,
+        tree: &TreeKey,
+        root: NodeId,
+        depth: u32,
+        bounds: SubtreeBounds,
+    ) -> Result<Vec<NodeInfo>> {
+        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let t = rec.number;
+        if !matches!(root, ROOT | TRASH) && read::node_info(&rows, t, root)?.is_none() {
+            return Err(Error::NodeNotFound(root));
+        }
         let mut out = Vec::new();
-        let mut stack = vec![(first, 1u32)];
-        while let Some((info, level)) = stack.pop() {
-            if out.len() == limit {
-                return Err(Error::TooLarge {
-                    what: "subtree".into(),
-                    size: limit as u64 + 1,
-                    limit: limit as u64,
-                });
+        let mut bytes = 0usize;
+        // Ids only: a wide level costs 8 bytes a child until its turn.
+        let mut stack = vec![(root, 1u32)];
+        while let Some((id, level)) = stack.pop() {
+            if out.len() == bounds.nodes_max {
+                return Err(too_large("subtree", bounds.nodes_max + 1, bounds.nodes_max));
+            }
+            let info = match id {
+                ROOT | TRASH if id == root => NodeInfo {
+                    id,
+                    parent: id,
+                    meta: Meta::default(),
+                },
+                _ => {
+                    read::node_info(&rows, t, id)?.expect("children index points at a stored node")
+                }
+            };
+            bytes = bytes.saturating_add(info.meta.size_bytes() + bounds.node_overhead_bytes);
+            if bytes > bounds.bytes_max {
+                return Err(too_large("subtree", bytes, bounds.bytes_max));
             }
             // Planted bug `SubtreeDepthOffByOne`: one level too deep.
             let deeper = u32::from(canary::active(Canary::SubtreeDepthOffByOne));
             if depth == 0 || level < depth + deeper {
-                let mut ids: Vec<NodeId> = read::children_of(&rows, rec.number, info.id)?
+                let mut ids: Vec<NodeId> = read::children_of(&rows, t, id)?
                     .into_iter()
                     .map(|c| c.0)
                     .collect();
                 ids.sort_unstable();
-                for id in ids.into_iter().rev() {
-                    let child = read::node_info(&rows, rec.number, id)?
-                        .expect("children index points at a stored node");
-                    stack.push((child, level + 1));
-                }
+                stack.extend(ids.into_iter().rev().map(|child| (child, level + 1)));
             }
             out.push(info);
         }
@@ -176,7 +200,7 @@ impl Forest {
         {
             let (key, stamps) = row?;
             let first = height_of_key(key.value());
-            for (height, ts) in (first..).zip(decode_height_run(stamps.value())?) {
+            for (height, (ts, _)) in (first..).zip(decode_height_run(stamps.value())?) {
                 if height < from_height {
                     continue;
                 }
@@ -319,4 +343,21 @@ fn path_lookup(read: &TreeRead, path: &[String], latest_only: bool) -> Result<Ve
         });
     }
     Ok(out)
+}
+
+/// What one subtree answer may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct SubtreeBounds {
+    pub nodes_max: usize,
+    pub bytes_max: usize,
+    /// Counted per node besides its meta (ids, framing).
+    pub node_overhead_bytes: usize,
+}
+
+fn too_large(what: &str, size: usize, limit: usize) -> Error {
+    Error::TooLarge {
+        what: what.into(),
+        size: size as u64,
+        limit: limit as u64,
+    }
 }

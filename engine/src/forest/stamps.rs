@@ -1,7 +1,8 @@
-//! What a sync puller asks before it asks for ops: which timestamps sit at
-//! which heights of a peer's log, and which of them the local log holds.
-//! Both answers come from keys alone (the height index, the log's keys), so
-//! a round over a log that pushes already delivered reads and sends no op.
+//! What a sync puller asks before it asks for ops: which timestamps (and
+//! op digests) sit at which heights of a peer's log, and which of them the
+//! local log holds, with what digest. The first answer comes from the
+//! height index alone, the second from one ordered walk of the log, so a
+//! round over a log that pushes already delivered sends no op.
 
 use super::records::*;
 use super::{Forest, TreeRead};
@@ -33,8 +34,9 @@ pub(super) fn run_holding(
 }
 
 impl Forest {
-    /// The heights and timestamps of at most `limit` stored ops from
-    /// `from_height` on, in storage order, read from the height index only.
+    /// The heights, timestamps and digests of at most `limit` stored ops
+    /// from `from_height` on, in storage order, read from the height index
+    /// only.
     pub fn get_op_log_stamps(
         &self,
         tree: &TreeKey,
@@ -58,24 +60,23 @@ impl Forest {
             let (key, run) = row?;
             let first = height_of_key(key.value());
             let stamps = (first..).zip(decode_height_run(run.value())?);
-            for (height, ts) in stamps.skip_while(|(height, _)| *height < from_height) {
+            for (height, (ts, digest)) in stamps.skip_while(|(height, _)| *height < from_height) {
                 if page.stamps.len() >= limit {
                     return Ok(page);
                 }
-                page.stamps.push(LogStamp { height, ts });
+                page.stamps.push(LogStamp { height, ts, digest });
                 page.next_height = height + 1;
             }
         }
         Ok(page)
     }
 
-    /// For each timestamp, whether the tree's log holds an op with it. An
-    /// absent tree holds none. Timestamps are unique across replicas
-    /// (docs/design.md §3), so a held timestamp is a held op.
-    pub fn stored_stamps(&self, tree: &TreeKey, stamps: &[Timestamp]) -> Result<Vec<bool>> {
+    /// For each timestamp, the digest of the op the tree's log holds under
+    /// it, `None` where it holds none. An absent tree holds none.
+    pub fn held_digests(&self, tree: &TreeKey, stamps: &[Timestamp]) -> Result<Vec<Option<u64>>> {
         let (txn, number) = match self.read_tree_number(tree) {
             Ok(found) => found,
-            Err(Error::TreeNotFound) => return Ok(vec![false; stamps.len()]),
+            Err(Error::TreeNotFound) => return Ok(vec![None; stamps.len()]),
             Err(e) => return Err(e),
         };
         let rows = txn.open_table(ROWS)?;
@@ -91,19 +92,19 @@ impl Forest {
 /// (node and log), so a dense page settles a stamp every two rows or so.
 pub const STAMP_WALK_GAP_MAX: usize = 4;
 
-/// [`Forest::stored_stamps`] for tree number `t`. A sync page's stamps are
+/// [`Forest::held_digests`] for tree number `t`. A sync page's stamps are
 /// a stretch of a peer's log, which the local log mostly holds as one
-/// stretch of its own timestamp order: one ordered walk over the keys of
-/// the log region settles them, where a lookup per stamp would descend
-/// the b-tree once each. The walk seeks afresh (one descent, like a
-/// lookup) whenever it steps over [`STAMP_WALK_GAP_MAX`] rows without
-/// settling a stamp, so no page costs much more than its lookups would.
+/// stretch of its own timestamp order: one ordered walk over the log
+/// region settles them, where a lookup per stamp would descend the b-tree
+/// once each. The walk seeks afresh (one descent, like a lookup) whenever
+/// it steps over [`STAMP_WALK_GAP_MAX`] rows without settling a stamp, so
+/// no page costs much more than its lookups would.
 pub(super) fn held_stamps(
     rows: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
     stamps: &[Timestamp],
-) -> Result<Vec<bool>> {
-    let mut held = vec![false; stamps.len()];
+) -> Result<Vec<Option<u64>>> {
+    let mut held = vec![None; stamps.len()];
     // Positions in timestamp order; equal stamps settle together.
     let mut order: Vec<usize> = (0..stamps.len()).collect();
     order.sort_unstable_by_key(|&i| stamps[i]);
@@ -115,7 +116,8 @@ pub(super) fn held_stamps(
     'seek: while next < order.len() {
         let mut gap = 0;
         for row in rows.range(log_key(t, ts_at(next))..=log_key(t, last))? {
-            let key = row?.0.value();
+            let (key, value) = row?;
+            let key = key.value();
             let row_ts = key.1;
             while next < order.len() && ts_at(next) < row_ts {
                 next += 1;
@@ -125,8 +127,9 @@ pub(super) fn held_stamps(
                 break 'seek;
             }
             if ts_at(next) == row_ts && key == log_key(t, row_ts) {
+                let digest = op_digest(log_body(value.value())?);
                 while next < order.len() && ts_at(next) == row_ts {
-                    held[order[next]] = true;
+                    held[order[next]] = Some(digest);
                     next += 1;
                 }
                 gap = 0;

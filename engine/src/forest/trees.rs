@@ -105,6 +105,40 @@ impl Forest {
             .map_or(0, |g| g.value()))
     }
 
+    /// Writes many cursors in one durable commit, each only where it is
+    /// ahead of the stored copy (a pass still running may have written a
+    /// newer one); cursors of trees that no longer exist are skipped.
+    /// Returns how many moved. Used when a node stops.
+    pub fn raise_cursors(
+        &self,
+        cursors: &[(TreeKey, CursorKind, ReplicaId, u64)],
+    ) -> Result<usize> {
+        let txn = self.begin_write()?;
+        let mut moved = 0;
+        {
+            let trees = txn.open_table(TREES)?;
+            let mut table = txn.open_table(CURSORS)?;
+            for (tree, kind, peer, value) in cursors {
+                let number = match tree_number(&trees, tree) {
+                    Err(Error::TreeNotFound) => continue,
+                    other => other?,
+                };
+                let key = (number, *kind as u8, *peer);
+                let current = table.get(key)?.map_or(0, |g| g.value());
+                if *value > current {
+                    table.insert(key, *value)?;
+                    moved += 1;
+                }
+            }
+        }
+        if moved > 0 {
+            txn.commit()?;
+        } else {
+            txn.abort()?;
+        }
+        Ok(moved)
+    }
+
     /// Moves a cursor forward; moving it backwards is a programming error.
     /// TreeNotFound when the tree does not exist.
     pub fn set_cursor(

@@ -3,10 +3,10 @@
 //! checked by `validate` before it reaches the batcher or the forest.
 
 use super::push::ITEM_OVERHEAD_BYTES;
-use super::Service;
+use super::{Core, Service};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
-use crate::forest::{WriteOp, WriteOutcome, WriteRequest};
+use crate::forest::{SubtreeBounds, WriteOp, WriteOutcome, WriteRequest};
 use crate::identity::Caller;
 use crate::proto::{Request, Response};
 use crate::runtime::blocking;
@@ -14,28 +14,46 @@ use crate::types::*;
 use crate::validate::{self, too_large};
 use std::collections::BTreeSet;
 
-/// Largest encoding of one `LogStamp` (two varint-encoded u64).
-const LOG_STAMP_BYTES_MAX: usize = 20;
+/// Largest encoding of one `LogStamp` (three varint-encoded u64).
+const LOG_STAMP_BYTES_MAX: usize = 30;
 
 impl Service {
     /// Answers one request from `caller`, whose identity the transport
-    /// established; errors are `Response::Error`.
+    /// established; errors are `Response::Error`. The caller's rights are
+    /// checked before anything else (docs/design.md §9).
     pub async fn handle(&self, caller: &Caller, request: Request) -> Response {
-        // Authorization is not decided yet: every identity may call everything.
-        let _ = caller;
         if self.core.stopped() {
             return Response::Error(Error::ShuttingDown);
         }
-        match self.dispatch(request).await {
+        if let Request::Hello {
+            cluster_id,
+            replica_id,
+        } = &request
+        {
+            return self.hello(caller, cluster_id, *replica_id);
+        }
+        let checked = self
+            .core
+            .access
+            .check(&self.core.membership, caller, &request);
+        let result = match checked {
+            Ok(()) => self.dispatch(caller, request).await,
+            Err(denied) => Err(denied),
+        };
+        match result {
             Ok(response) => response,
             Err(error) => {
                 self.core.note_error(&error);
+                if let Error::PermissionDenied { operation, .. } = &error {
+                    tracing::warn!(%caller, operation, "request refused: permission denied");
+                    self.core.trust.note(&error);
+                }
                 Response::Error(error)
             }
         }
     }
 
-    async fn dispatch(&self, request: Request) -> Result<Response> {
+    async fn dispatch(&self, caller: &Caller, request: Request) -> Result<Response> {
         let limits = self.core.config.limits.input();
         match request {
             Request::Add {
@@ -99,85 +117,25 @@ impl Service {
                 let op = WriteOp::Remove { node };
                 self.write(tree, op).await.map(|_| Response::Done)
             }
-            Request::Apply { tree, ops } => self.apply(tree, ops).await,
+            Request::Apply { tree, ops } => self.apply(caller, tree, ops).await,
             Request::Drop { cid, tree } => self.drop_trees(cid, tree).await,
-            read => self.read(read),
-        }
-    }
-
-    fn read(&self, request: Request) -> Result<Response> {
-        match request {
-            Request::GetNodeByPath {
-                tree,
-                attr,
-                path,
-                attributes,
-                latest_only,
-                all_attributes,
-            } => {
-                validate::path(&attr, &path, self.core.config.limits.input())?;
-                self.check_tree_key(&tree)?;
-                let forest = &self.core.forest;
-                let mut nodes = forest.get_by_path(&tree, &attr, &path, latest_only)?;
-                if !all_attributes {
-                    for node in &mut nodes {
-                        node.meta.items.retain(|kv| attributes.contains(&kv.key));
-                    }
-                }
-                self.check_answer_size("nodes", &nodes)?;
-                Ok(Response::Nodes(nodes))
+            read => {
+                // A read may walk a large subtree: not on an async worker.
+                let core = self.core.clone();
+                blocking(&*self.core.env.runtime, move || core.read(read)).await
             }
-            Request::GetMeta { tree, node } => {
-                self.check_tree_key(&tree)?;
-                let found = self.core.forest.get_node(&tree, node)?;
-                Ok(Response::Nodes(vec![
-                    found.ok_or(Error::NodeNotFound(node))?
-                ]))
-            }
-            Request::GetSubTree { tree, root, depth } => {
-                self.check_tree_key(&tree)?;
-                let limit = self.core.config.limits.max_subtree_nodes;
-                let nodes = self.core.forest.get_subtree(&tree, root, depth, limit)?;
-                self.check_answer_size("subtree", &nodes)?;
-                Ok(Response::Nodes(nodes))
-            }
-            sync => self.sync_read(sync),
-        }
-    }
-
-    /// The reads of sync and the node-level ones.
-    fn sync_read(&self, request: Request) -> Result<Response> {
-        match request {
-            Request::TreeList { cid } => {
-                self.core.membership.check_replica(&cid)?;
-                Ok(Response::Trees(self.core.forest.tree_list(&cid)?))
-            }
-            Request::GetOpLog {
-                tree,
-                from_height,
-                limit,
-            } => self.op_log(&tree, from_height, limit),
-            Request::GetOpLogStamps {
-                tree,
-                from_height,
-                limit,
-            } => self.op_log_stamps(&tree, from_height, limit),
-            Request::Healthcheck => Ok(Response::Health {
-                replica_id: self.core.membership.own(),
-            }),
-            write => unreachable!("write request {write:?} routed to read"),
         }
     }
 
     async fn write(&self, tree: TreeKey, op: WriteOp) -> Result<WriteOutcome> {
-        self.check_tree_key(&tree)?;
+        self.core.check_tree_key(&tree)?;
         self.core.batcher.submit(WriteRequest { tree, op }).await
     }
 
     /// Replicated ops: validated, then applied in one batch. Any failure is
     /// reported so the sender keeps them and retries.
-    async fn apply(&self, tree: TreeKey, ops: Vec<Move>) -> Result<Response> {
-        self.check_tree_key(&tree)?;
+    async fn apply(&self, caller: &Caller, tree: TreeKey, ops: Vec<Move>) -> Result<Response> {
+        self.core.check_tree_key(&tree)?;
         let page = self.core.config.limits.sync_page_size;
         if ops.len() > page {
             return Err(too_large("apply ops", ops.len(), page));
@@ -186,6 +144,10 @@ impl Service {
         for op in &ops {
             validate::replicated(op, limits)?;
         }
+        // The caller may replicate the container (checked in `handle`);
+        // whose ops it may carry needs their (valid) stamps.
+        let members = &self.core.membership;
+        (self.core.access).check_apply_origin(members, caller, &tree.cid, &ops)?;
         let requests = ops
             .into_iter()
             .map(|op| WriteRequest {
@@ -194,51 +156,36 @@ impl Service {
             })
             .collect();
         let mut fresh = 0u32;
+        let mut first_error = None;
         for result in self.core.batcher.submit_all(requests).await? {
-            if let WriteOutcome::Applied { fresh: true } = result? {
-                fresh += 1;
+            match result {
+                Ok(WriteOutcome::Applied { fresh: true }) => fresh += 1,
+                Ok(_) => {}
+                Err(error) => {
+                    self.note_refused_op(caller, &tree, &error);
+                    first_error.get_or_insert(error);
+                }
             }
         }
-        Ok(Response::Applied { fresh })
+        match first_error {
+            None => Ok(Response::Applied { fresh }),
+            Some(error) => Err(error),
+        }
     }
 
-    fn op_log(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
-        self.check_tree_key(tree)?;
-        let limit = (limit as usize).min(self.core.config.limits.sync_page_size);
-        let mut entries = self.core.forest.get_op_log(tree, from_height, limit)?;
-        let budget = self.core.answer_budget_bytes();
-        let mut used = 0;
-        let keep = entries
-            .iter()
-            .take_while(|e| {
-                used += e.op.meta.size_bytes() + ITEM_OVERHEAD_BYTES;
-                used <= budget
-            })
-            .count()
-            .max(1);
-        entries.truncate(keep);
-        let next_height = entries.last().map_or(from_height, |e| e.height + 1);
-        Ok(Response::OpLog {
-            entries,
-            next_height,
-        })
-    }
-
-    fn op_log_stamps(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
-        self.check_tree_key(tree)?;
-        let fits = self.core.answer_budget_bytes() / LOG_STAMP_BYTES_MAX;
-        let limit = (limit as usize)
-            .min(self.core.config.limits.sync_stamp_page_size)
-            .min(fits)
-            .max(1);
-        let page = self
-            .core
-            .forest
-            .get_op_log_stamps(tree, from_height, limit)?;
-        Ok(Response::OpLogStamps {
-            stamps: page.stamps,
-            next_height: page.next_height,
-        })
+    /// Counts and reports an op a peer pushed that was refused for what
+    /// it carries (docs/design.md §9).
+    fn note_refused_op(&self, caller: &Caller, tree: &TreeKey, error: &Error) {
+        self.core.trust.note(error);
+        match error {
+            Error::StampConflict(ts) => {
+                tracing::error!(%caller, ts, ?tree, "two different ops under one timestamp")
+            }
+            Error::CounterTooFar { .. } => {
+                tracing::debug!(%caller, %error, ?tree, "pushed op ahead of the tree")
+            }
+            _ => {}
+        }
     }
 
     /// Deletes trees, and every trace of them in the push and pull state:
@@ -266,13 +213,120 @@ impl Service {
         self.puller.forget(&dropped);
         Ok(Response::Done)
     }
+}
+
+/// The reads: they run off the async workers (`Service::dispatch`), and
+/// need nothing but what every part of the service shares.
+impl Core {
+    fn read(&self, request: Request) -> Result<Response> {
+        match request {
+            Request::GetNodeByPath {
+                tree,
+                attr,
+                path,
+                attributes,
+                latest_only,
+                all_attributes,
+            } => {
+                validate::path(&attr, &path, self.config.limits.input())?;
+                self.check_tree_key(&tree)?;
+                let forest = &self.forest;
+                let mut nodes = forest.get_by_path(&tree, &attr, &path, latest_only)?;
+                if !all_attributes {
+                    for node in &mut nodes {
+                        node.meta.items.retain(|kv| attributes.contains(&kv.key));
+                    }
+                }
+                self.check_answer_size("nodes", &nodes)?;
+                Ok(Response::Nodes(nodes))
+            }
+            Request::GetMeta { tree, node } => {
+                self.check_tree_key(&tree)?;
+                let found = self.forest.get_node(&tree, node)?;
+                Ok(Response::Nodes(vec![
+                    found.ok_or(Error::NodeNotFound(node))?
+                ]))
+            }
+            Request::GetSubTree { tree, root, depth } => {
+                self.check_tree_key(&tree)?;
+                let bounds = SubtreeBounds {
+                    nodes_max: self.config.limits.max_subtree_nodes,
+                    bytes_max: self.answer_budget_bytes(),
+                    node_overhead_bytes: ITEM_OVERHEAD_BYTES,
+                };
+                let nodes = (self.forest).get_subtree_bounded(&tree, root, depth, bounds)?;
+                Ok(Response::Nodes(nodes))
+            }
+            sync => self.sync_read(sync),
+        }
+    }
+
+    /// The reads of sync and the node-level ones.
+    fn sync_read(&self, request: Request) -> Result<Response> {
+        match request {
+            Request::TreeList { cid } => {
+                self.membership.check_replica(&cid)?;
+                Ok(Response::Trees(self.forest.tree_list(&cid)?))
+            }
+            Request::GetOpLog {
+                tree,
+                from_height,
+                limit,
+            } => self.op_log(&tree, from_height, limit),
+            Request::GetOpLogStamps {
+                tree,
+                from_height,
+                limit,
+            } => self.op_log_stamps(&tree, from_height, limit),
+            Request::Healthcheck => Ok(Response::Health {
+                replica_id: self.membership.own(),
+            }),
+            write => unreachable!("write request {write:?} routed to read"),
+        }
+    }
+
+    fn op_log(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
+        self.check_tree_key(tree)?;
+        let limit = (limit as usize).min(self.config.limits.sync_page_size);
+        let mut entries = self.forest.get_op_log(tree, from_height, limit)?;
+        let budget = self.answer_budget_bytes();
+        let mut used = 0;
+        let keep = entries
+            .iter()
+            .take_while(|e| {
+                used += e.op.meta.size_bytes() + ITEM_OVERHEAD_BYTES;
+                used <= budget
+            })
+            .count()
+            .max(1);
+        entries.truncate(keep);
+        let next_height = entries.last().map_or(from_height, |e| e.height + 1);
+        Ok(Response::OpLog {
+            entries,
+            next_height,
+        })
+    }
+
+    fn op_log_stamps(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
+        self.check_tree_key(tree)?;
+        let fits = self.answer_budget_bytes() / LOG_STAMP_BYTES_MAX;
+        let limit = (limit as usize)
+            .min(self.config.limits.sync_stamp_page_size)
+            .min(fits)
+            .max(1);
+        let page = self.forest.get_op_log_stamps(tree, from_height, limit)?;
+        Ok(Response::OpLogStamps {
+            stamps: page.stamps,
+            next_height: page.next_height,
+        })
+    }
 
     /// A tree this node holds, with an id that fits a message. A read needs
     /// no existence check of its own: every forest read answers
     /// `TreeNotFound` for a missing tree, inside the one read transaction
     /// it opens anyway.
     fn check_tree_key(&self, tree: &TreeKey) -> Result<()> {
-        self.core.membership.check_replica(&tree.cid)?;
+        self.membership.check_replica(&tree.cid)?;
         validate::tree_id(tree)
     }
 
@@ -281,7 +335,7 @@ impl Service {
             .iter()
             .map(|n| n.meta.size_bytes() + ITEM_OVERHEAD_BYTES)
             .sum();
-        let budget = self.core.answer_budget_bytes();
+        let budget = self.answer_budget_bytes();
         if size > budget {
             return Err(too_large(what, size, budget));
         }

@@ -77,6 +77,11 @@ impl Membership {
         }
     }
 
+    /// Every configured peer, ascending.
+    pub fn all_peers(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+        self.unlisted_peers.iter().copied()
+    }
+
     /// The listed containers this node holds, ascending: sync looks for
     /// their trees on peers even before it holds any of them.
     pub fn listed_here(&self) -> impl Iterator<Item = &ContainerId> {

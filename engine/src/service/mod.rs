@@ -15,9 +15,11 @@
 //! ops applied here; everything kept in memory per tree is bounded
 //! (`limits.max_tracked_trees`) and can be rebuilt from them.
 
+mod access;
 mod api;
 mod backoff;
 mod cursor;
+pub mod hello;
 mod locks;
 mod membership;
 mod observer;
@@ -31,9 +33,10 @@ pub use pull::{PullObserver, PullPass, MAX_PULL_PAGES_PER_ROUND};
 use crate::batcher::{Batcher, BatcherOptions, CommitObserver};
 use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
 use crate::error::{Error, Result};
-use crate::forest::{Forest, WriteRequest};
+use crate::forest::{CursorKind, Forest, WriteRequest};
 use crate::net::Transport;
-use crate::runtime::Env;
+use crate::runtime::{blocking, Env};
+use access::Access;
 use locks::TreeLocks;
 use membership::Membership;
 use observer::CommitWatch;
@@ -42,7 +45,7 @@ use push::book::{BookLimits, PushBook};
 use push::window::PushWindows;
 use push::Pusher;
 use recovery::Recovery;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -92,6 +95,57 @@ pub struct ServiceStats {
     pub push_windows: u64,
     /// Pull cursors held in memory now (at most `limits.max_tracked_trees`).
     pub pull_cursors: u64,
+    /// `Hello`s refused: a foreign cluster, this node's own replica id, no
+    /// configured peer, or a claim its certificate contradicts.
+    pub hellos_refused: u64,
+    /// Outbound connections refused because the other end was not the
+    /// replica dialled, or refused this node's `Hello` (from the transport).
+    pub peers_refused: u64,
+    /// Requests refused with `PermissionDenied` (docs/design.md §9),
+    /// Apply pages carrying another replica's ops included.
+    pub requests_refused: u64,
+    /// Replicated ops refused as `CounterTooFar` (pushed or pulled).
+    pub ops_refused_too_far: u64,
+    /// Pulled ops stamped by a replica that does not hold their container.
+    pub ops_refused_foreign: u64,
+    /// Timestamps found stored with different ops here and on a peer
+    /// (pushed or seen in a peer's stamps). Never 0 but by a fault: two
+    /// replicas with one id, or a forged op.
+    pub stamp_conflicts: u64,
+    /// Sync passes skipped because the peer answered as another replica.
+    pub peer_identity_mismatches: u64,
+}
+
+/// Counters of refusals and conflicts (see `ServiceStats`).
+#[derive(Default)]
+struct TrustCounters {
+    requests_refused: AtomicU64,
+    ops_refused_too_far: AtomicU64,
+    ops_refused_foreign: AtomicU64,
+    stamp_conflicts: AtomicU64,
+    peer_identity_mismatches: AtomicU64,
+}
+
+impl TrustCounters {
+    /// Counts what an error says about trust.
+    fn note(&self, error: &Error) {
+        let counter = match error {
+            Error::PermissionDenied { .. } => &self.requests_refused,
+            Error::CounterTooFar { .. } => &self.ops_refused_too_far,
+            Error::StampConflict(_) => &self.stamp_conflicts,
+            Error::WrongPeer { .. } => &self.peer_identity_mismatches,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a graceful stop did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StopReport {
+    /// Push and pull cursors written because they ran ahead of their
+    /// durable copies.
+    pub cursors_persisted: usize,
 }
 
 /// What every part of a running service shares.
@@ -102,12 +156,15 @@ struct Core {
     transport: Arc<dyn Transport>,
     batcher: Batcher,
     membership: Arc<Membership>,
+    access: Access,
+    trust: TrustCounters,
     locks: TreeLocks,
     closed: AtomicBool,
     shutdown: watch::Sender<bool>,
     /// Signalled on every storage error; the recovery reopens the database
     /// (redb refuses all writes after an I/O error until then).
     storage_failed: Arc<Notify>,
+    hellos_refused: std::sync::atomic::AtomicU64,
 }
 
 impl Core {
@@ -182,6 +239,7 @@ impl Service {
             forest: forest.clone(),
         });
         let batcher = start_batcher(&config, &forest, &env, observer);
+        let access = Access::new(config.access.clone());
         let core = Arc::new(Core {
             config,
             forest,
@@ -189,10 +247,13 @@ impl Service {
             transport,
             batcher,
             membership,
+            access,
+            trust: TrustCounters::default(),
             locks: TreeLocks::new(),
             closed: AtomicBool::new(false),
             shutdown: watch::channel(false).0,
             storage_failed,
+            hellos_refused: Default::default(),
         });
         let service = Arc::new(Service {
             pusher: Pusher::start(core.clone(), book, windows.clone()),
@@ -253,6 +314,13 @@ impl Service {
             push_workers: sizes.workers as u64,
             push_windows: self.pusher.windows_held() as u64,
             pull_cursors: self.puller.cursors_held() as u64,
+            hellos_refused: load(&self.core.hellos_refused),
+            peers_refused: self.core.transport.identities_refused(),
+            requests_refused: load(&self.core.trust.requests_refused),
+            ops_refused_too_far: load(&self.core.trust.ops_refused_too_far),
+            ops_refused_foreign: load(&self.core.trust.ops_refused_foreign),
+            stamp_conflicts: load(&self.core.trust.stamp_conflicts),
+            peer_identity_mismatches: load(&self.core.trust.peer_identity_mismatches),
         }
     }
 
@@ -262,6 +330,31 @@ impl Service {
 
     pub fn config(&self) -> &Config {
         &self.core.config
+    }
+
+    /// Stops the node gracefully: new requests get `ShuttingDown`, every
+    /// write already queued is committed and answered, background work
+    /// stops, and every push and pull cursor that ran ahead of its durable
+    /// copy is written, so a restart re-sends and re-pulls nothing.
+    pub async fn shutdown_gracefully(&self) -> Result<StopReport> {
+        self.core.closed.store(true, Ordering::SeqCst);
+        self.core.batcher.drain().await;
+        let _ = self.core.shutdown.send(true);
+        let mut cursors = Vec::new();
+        for ((tree, peer), position) in self.pusher.book().lagging_cursors() {
+            cursors.push((tree, CursorKind::Push, peer, position));
+        }
+        for ((tree, peer), position) in self.puller.lagging_cursors() {
+            cursors.push((tree, CursorKind::Pull, peer, position));
+        }
+        let forest = self.core.forest.clone();
+        let persisted = blocking(&*self.core.env.runtime, move || {
+            forest.raise_cursors(&cursors)
+        })
+        .await?;
+        Ok(StopReport {
+            cursors_persisted: persisted,
+        })
     }
 
     /// Stops background work; in-flight callers get `ShuttingDown`.

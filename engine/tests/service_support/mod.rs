@@ -190,14 +190,15 @@ impl Transport for LocalTransport {
             false => self.net.route(self.from, peer),
         };
         let net = self.net.clone();
+        // The calling node, as an authenticating transport names it.
+        let caller = Caller::Peer(self.from);
         Box::pin(async move {
             let service = routed?;
             // Through the wire format, as TCP would.
             let request = proto::decode::<Request>(&proto::encode(7, &request), WIRE_MAX)?.body;
-            let response =
-                tokio::time::timeout(timeout, service.handle(&Caller::Anonymous, request))
-                    .await
-                    .map_err(|_| Error::Timeout)?;
+            let response = tokio::time::timeout(timeout, service.handle(&caller, request))
+                .await
+                .map_err(|_| Error::Timeout)?;
             let response = match filter {
                 Some(filter) => filter(response),
                 None => response,

@@ -70,7 +70,8 @@ pub fn failure_kind(failure: &Failure) -> String {
     failure.kind.to_string()
 }
 
-fn size_name(size: Size) -> &'static str {
+/// "small", "standard" or "custom".
+pub fn size_name(size: Size) -> &'static str {
     if size == Size::TEST {
         "small"
     } else if size == Size::STANDARD {

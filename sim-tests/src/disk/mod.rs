@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Probabilities of the faults the disk injects, each in `[0, 1]`.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DiskFaults {
     /// A `write` fails with an I/O error and stores nothing.
     pub write_error_probability: f64,
@@ -36,7 +36,7 @@ pub struct DiskFaults {
 }
 
 /// Simulated time the disk charges for its work.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskLatency {
     pub per_write: Duration,
     pub per_sync: Duration,

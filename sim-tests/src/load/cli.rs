@@ -151,7 +151,9 @@ pub struct Common {
     #[arg(long, default_value_t = 1)]
     replicas: usize,
     /// How the generator (the gateway) reaches the nodes: `tcp`, the wire
-    /// path users take, or `in-process`, direct calls without a wire.
+    /// path users take, `tls`, the same over mutual TLS (the replicas too,
+    /// with certificates made for the run), or `in-process`, direct calls
+    /// without a wire.
     /// Comma-separated paths run the same load over each, one after the
     /// other, wire first; in-process numbers are only reported beside a
     /// wire path's (`--transport tcp,in-process`). Default: tcp; sim mode

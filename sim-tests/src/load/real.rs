@@ -7,13 +7,16 @@ use super::driver::{self, RunSpec};
 use super::report::{RunReport, ServiceCounters, Verification};
 use super::scenario::{Scenario, Workload, LOAD_CID};
 use super::target::{GatewayTransport, NoPeers, ServiceTarget, Target, TransportTarget};
+use arbor::certs::{self, Validity};
+use arbor::config::TlsFiles;
 use arbor::config::{Config, PeerConfig};
 use arbor::forest::Forest;
 use arbor::net::Transport;
 use arbor::runtime::Env;
 use arbor::service::Service;
 use arbor::system::{system_env, system_env_on};
-use arbor::tcp::{self, ServerOptions, TcpTransport};
+use arbor::tcp::{Dialer, Server, ServerOptions, TcpTransport};
+use arbor::tls::{CertIdentity, TlsContext};
 use arbor::types::{NodeId, ReplicaId, TreeKey};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -108,6 +111,7 @@ async fn run_nodes(
     let title = "Arbor tree service under gateway load".to_string();
     let mode = match options.replicas {
         1 => "real/single".to_string(),
+        n if options.gateway == GatewayTransport::Tls => format!("real/cluster{n}-tls"),
         n => format!("real/cluster{n}-tcp"),
     };
     let mut report = RunReport::new(title, mode, out);
@@ -155,8 +159,45 @@ fn start_single(base: &Config, dir: &Path) -> Result<Nodes, String> {
     })
 }
 
+/// The client name the load's gateway has in its certificate.
+pub const GATEWAY_CLIENT_NAME: &str = "load-gateway";
+
+/// Certificates of a TLS run, made in `dir`: a CA, one per replica, one
+/// for the gateway.
+fn make_certs(dir: &Path, cluster_id: &str, replicas: &[ReplicaId]) -> Result<(), String> {
+    let validity = Validity::days_from_now(1);
+    let fail = |e: arbor::Error| format!("certificates in {}: {e}", dir.display());
+    certs::write_ca(dir, cluster_id, validity).map_err(fail)?;
+    let cluster_id = cluster_id.to_string();
+    let mut identities: Vec<CertIdentity> = replicas
+        .iter()
+        .map(|&replica_id| CertIdentity::Replica {
+            cluster_id: cluster_id.clone(),
+            replica_id,
+        })
+        .collect();
+    identities.push(CertIdentity::Client {
+        cluster_id,
+        name: GATEWAY_CLIENT_NAME.into(),
+    });
+    for identity in &identities {
+        certs::write_issued(dir, identity, validity).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// The `node.tls` files of a certificate in `dir`.
+fn tls_files(dir: &Path, (cert, key): (PathBuf, PathBuf)) -> TlsFiles {
+    TlsFiles {
+        ca: certs::ca_files(dir).0,
+        cert,
+        key,
+    }
+}
+
 /// Binds every listener first (ephemeral ports), then starts each node
-/// with the others as peers and serves it over TCP.
+/// with the others as peers and serves it over TCP (over mutual TLS with
+/// certificates made in `dir/certs` when the gateway is `tls`).
 async fn start_served(
     base: &Config,
     dir: &Path,
@@ -183,6 +224,11 @@ async fn start_served(
             })
             .collect()
     };
+    let cert_dir = dir.join("certs");
+    let tls = gateway == GatewayTransport::Tls;
+    if tls {
+        make_certs(&cert_dir, &base.node.cluster_id, &ids)?;
+    }
     let mut services = Vec::new();
     for ((id, address), (listener, _)) in ids.iter().zip(&addresses).zip(listeners) {
         let mut config = base.clone();
@@ -190,19 +236,30 @@ async fn start_served(
         config.node.listen = address.clone();
         config.node.peers = peers_of(*id);
         config.pilorama.path = dir.join(format!("node-{id}.redb"));
-        let service = open_service(&config, Arc::new(TcpTransport::new(&config)))?;
-        tokio::spawn(tcp::serve(
-            listener,
-            service.clone(),
-            ServerOptions::from_config(&config),
-        ));
+        if tls {
+            config.node.tls = Some(tls_files(&cert_dir, certs::node_files(&cert_dir, *id)));
+        }
+        let context = TlsContext::for_node(&config).map_err(|e| e.to_string())?;
+        let transport = Arc::new(TcpTransport::new(&config, context.clone()));
+        let service = open_service(&config, transport)?;
+        let options = ServerOptions::from_config(&config);
+        tokio::spawn(Server::new(listener, service.clone(), options, context).run());
         services.push(service);
     }
     let target: Arc<dyn Target> = match gateway {
-        GatewayTransport::Tcp => {
-            let mut gateway = base.clone();
-            gateway.node.peers = peers_of(0);
-            let transport = Arc::new(TcpTransport::new(&gateway));
+        GatewayTransport::Tcp | GatewayTransport::Tls => {
+            let mut config = base.clone();
+            config.node.peers = peers_of(0);
+            let context = match tls {
+                true => {
+                    let files = certs::client_files(&cert_dir, GATEWAY_CLIENT_NAME);
+                    let context = TlsContext::load(&tls_files(&cert_dir, files));
+                    Some(Arc::new(context.map_err(|e| e.to_string())?))
+                }
+                false => None,
+            };
+            let dialer = Dialer::for_client(&config, context);
+            let transport = Arc::new(TcpTransport::with_dialer(&config, dialer));
             Arc::new(TransportTarget::new(
                 transport,
                 ids.clone(),

@@ -22,6 +22,9 @@ pub enum GatewayTransport {
     /// The wire protocol over loopback TCP: framing, encoding, connection
     /// pool and the server's limits, as a gateway on another host has them.
     Tcp,
+    /// The same over mutual TLS: the nodes replicate over TLS too, with
+    /// certificates made for the run; the gateway is a client certificate.
+    Tls,
     /// Direct calls to the service in this process: no wire, no encoding;
     /// the service's own cost only.
     InProcess,
@@ -31,6 +34,7 @@ impl GatewayTransport {
     pub fn name(self) -> &'static str {
         match self {
             GatewayTransport::Tcp => "tcp",
+            GatewayTransport::Tls => "tls",
             GatewayTransport::InProcess => "in-process",
         }
     }
@@ -38,7 +42,7 @@ impl GatewayTransport {
     /// Whether requests cross the wire as users' requests do.
     pub fn is_wire(self) -> bool {
         match self {
-            GatewayTransport::Tcp => true,
+            GatewayTransport::Tcp | GatewayTransport::Tls => true,
             GatewayTransport::InProcess => false,
         }
     }
@@ -47,6 +51,7 @@ impl GatewayTransport {
     pub fn describe(self) -> &'static str {
         match self {
             GatewayTransport::Tcp => "gateway over tcp",
+            GatewayTransport::Tls => "gateway over mutual TLS",
             GatewayTransport::InProcess => "gateway in process (no wire)",
         }
     }

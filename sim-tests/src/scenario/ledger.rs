@@ -93,6 +93,8 @@ pub struct Ledger {
     pub ops_sent: u64,
     pub ops_acked: u64,
     pub ops_failed: u64,
+    /// What the intruder's calls got (`scenario::intruder`).
+    pub intruder: super::intruder::IntruderRecord,
 }
 
 impl Ledger {

@@ -1,12 +1,16 @@
 //! One seed in, one verdict out: builds the world the seed describes, runs
 //! the object-gateway workload under the seed's faults, heals, and checks.
 
+pub mod capsule;
 pub mod checkers;
 pub mod coverage;
+pub mod intruder;
 pub mod ledger;
 pub mod lifecycle;
 pub mod nemesis;
 pub mod oracle;
+pub mod plan;
+pub mod shrink;
 pub mod swarm;
 pub mod workload;
 
@@ -14,12 +18,14 @@ use crate::disk::DiskConfig;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
 use crate::world::supervisor::Supervisor;
+use crate::world::transport::WireCall;
 use crate::world::{cluster_configs_with, World};
 use arbor::canary::Canary;
 use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
 use lifecycle::{LeakProbe, CALL_TIMEOUT};
 use nemesis::Nemesis;
+use plan::Plan;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -66,6 +72,8 @@ impl Options {
 pub struct Report {
     pub seed: u64,
     pub swarm: Swarm,
+    /// What the run read: its faults and its clients' op streams.
+    pub plan: Plan,
     pub canary: Option<Canary>,
     pub failure: Option<Failure>,
     pub trace_hash: u64,
@@ -76,6 +84,8 @@ pub struct Report {
     pub simulated: Duration,
     /// How often the run reached each situation of `coverage::Coverage`.
     pub coverage: coverage::CoverageCounts,
+    /// Pushes and sync pulls between replicas (for the timeline).
+    pub wire: Vec<WireCall>,
 }
 
 impl Report {
@@ -175,6 +185,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::ResultsToWrongCallers => "results_to_wrong_callers",
         Canary::MovesNoOp => "moves_no_op",
         Canary::DefiniteFailureApplied => "definite_failure_applied",
+        Canary::AuthorizationSkipped => "authorization_skipped",
     }
 }
 
@@ -204,19 +215,30 @@ struct Counts {
     faults_injected: u64,
     simulated: Duration,
     coverage: coverage::CoverageCounts,
+    wire: Vec<WireCall>,
 }
 
 /// Runs one seed in its own madsim runtime and reports the verdict. A
 /// panic inside the simulation (a broken engine assertion) is a failure.
 pub fn run_seed(seed: u64, options: &Options) -> Report {
     let swarm = Swarm::draw(seed, options.profile, options.size, options.faults);
+    run_plan(&Plan::draw(swarm), options)
+}
+
+/// Runs `plan` (seeded by its swarm's seed) in its own madsim runtime;
+/// `options` give the canary and whether to echo the trace. The plan must
+/// be valid (`Plan::validate`).
+pub fn run_plan(plan: &Plan, options: &Options) -> Report {
+    assert_eq!(plan.validate(), Ok(()), "run_plan needs a valid plan");
+    let swarm = plan.swarm.clone();
+    let seed = swarm.seed;
     let trace = Trace::new(options.echo_trace);
     // Process-wide: every run of a sweep sets the same value, so parallel
     // runs agree; runs with different canaries must not overlap.
     arbor::canary::set(options.canary);
     let time_limit = swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let body = |probe| simulate(&swarm, &trace, probe);
+        let body = |probe| simulate(plan, &trace, probe);
         lifecycle::run_in_runtime(seed, madsim::Config::default(), Some(time_limit), body)
     }));
     let (counts, failure) = match outcome {
@@ -229,6 +251,7 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
     Report {
         seed,
         swarm,
+        plan: plan.clone(),
         canary: options.canary,
         failure,
         trace_hash: trace.hash(),
@@ -238,6 +261,7 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
         faults_injected: counts.faults_injected,
         simulated: counts.simulated,
         coverage: counts.coverage,
+        wire: counts.wire,
     }
 }
 
@@ -257,8 +281,10 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> World {
         .map(|(cid, replicas)| ContainerConfig { cid, replicas })
         .collect();
     let mut configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
+    let access = intruder::access_config(swarm.size.clients);
     for config in &mut configs {
         config.pilorama.replicated_batch_delay = swarm.replicated_batch_delay;
+        config.access = access.clone();
     }
     let disk_config = |i: usize| {
         let mut config = DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
@@ -271,19 +297,33 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> World {
 
 /// The seed's world through the lifecycle: boot, the workload under the
 /// nemesis, heal and check, end.
-async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Result<(), Failure>) {
+async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Result<(), Failure>) {
+    let swarm = &plan.swarm;
     let mut world = build_world(swarm, trace);
     probe.watch(&world);
-    let clients: Vec<_> = (0..swarm.size.clients).map(|_| world.client()).collect();
+    let clients: Vec<_> = plan
+        .clients
+        .iter()
+        .map(|c| world.client_numbered(c.index))
+        .collect();
+    // Numbered after every client the size allows, whatever the plan
+    // keeps: it holds no right (`intruder::access_config`).
+    let intruder = world.client_numbered(swarm.size.clients + 1);
     let world = Arc::new(world);
     let verdict = Verdict::new(trace.clone());
     watch(&world, &verdict, swarm);
     let supervisor = Supervisor::new(world.clone(), verdict.clone());
     let workload = Arc::new(Workload::new(world.clone(), verdict.clone(), CALL_TIMEOUT));
-    let nemesis = Nemesis::new(supervisor.clone(), workload.clone(), swarm.clone());
+    let faults = plan.faults.clone();
+    let nemesis = Nemesis::new(
+        supervisor.clone(),
+        workload.clone(),
+        faults,
+        swarm.disk_faults,
+    );
     let result = async {
         lifecycle::boot(&world).await?;
-        run_workload(swarm, &workload, &nemesis, clients).await;
+        run_workload(plan, &workload, &nemesis, clients, intruder).await;
         let ledger = async { workload.ledger.lock().unwrap().clone() };
         lifecycle::heal_and_check(&supervisor, ledger).await
     }
@@ -299,6 +339,7 @@ async fn simulate(swarm: &Swarm, trace: &Trace, probe: LeakProbe) -> (Counts, Re
         faults_injected: nemesis.faults_injected(),
         simulated: crate::world::clock::global_now(),
         coverage,
+        wire: world.filter.calls(),
     };
     (counts, result.and(ended))
 }
@@ -339,30 +380,34 @@ fn count_disk_situations(world: &World) {
 }
 
 async fn run_workload(
-    swarm: &Swarm,
+    plan: &Plan,
     workload: &Arc<Workload>,
     nemesis: &Arc<Nemesis>,
     clients: Vec<crate::world::Client>,
+    intruder: crate::world::Client,
 ) {
-    let deadline = crate::world::clock::global_now() + swarm.size.workload_duration;
-    let ops_per_client = swarm.size.ops_total / swarm.size.clients as u64;
+    let size = plan.swarm.size;
+    let start = crate::world::clock::global_now();
+    let deadline = start + size.workload_duration;
     // Closed-loop clients: think time spreads each client's ops over the
-    // run, leaving room for the calls themselves.
-    let think_mean = swarm.size.workload_duration.mul_f64(0.6) / ops_per_client.max(1) as u32;
+    // run, leaving room for the calls themselves. It follows the size, not
+    // the plan's budgets, so cutting one client's ops leaves the others'
+    // timing alone.
+    let ops_per_client = size.ops_total / size.clients.max(1) as u64;
+    let think_mean = size.workload_duration.mul_f64(0.6) / ops_per_client.max(1) as u32;
     let mut tasks = Vec::new();
-    for client in clients {
-        let workload = workload.clone();
-        tasks.push(madsim::task::spawn(workload::run_client(
-            workload,
-            client,
-            ops_per_client,
-            think_mean,
-        )));
+    for (client, client_plan) in clients.into_iter().zip(&plan.clients) {
+        let run = workload::run_client(workload.clone(), client, client_plan.ops, think_mean);
+        let run = plan::with_client_stream(client_plan, run);
+        tasks.push(madsim::task::spawn(run));
     }
-    if let Some(window) = swarm.opening_partition {
-        nemesis.clone().opening_partition(window);
-    }
-    let strikes = madsim::task::spawn(nemesis.clone().run(deadline));
+    let span = size.workload_duration.mul_f64(0.6);
+    tasks.push(madsim::task::spawn(intruder::run_intruder(
+        workload.clone(),
+        intruder,
+        span,
+    )));
+    let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
     for task in tasks {
         let _ = task.await;
     }

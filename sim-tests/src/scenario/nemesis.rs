@@ -1,57 +1,49 @@
-//! The nemesis: injects the seed's faults while the workload runs, and
-//! sweeps the tree invariant over every live replica between faults.
-//! Crashes and restarts go through the supervisor, which owns them.
+//! The nemesis: strikes the plan's faults at their times while the
+//! workload runs, and sweeps the tree invariant over every live replica
+//! every few seconds. Crashes and restarts go through the supervisor,
+//! which owns them. Nothing here draws at random: the plan holds every
+//! choice (`plan.rs`).
 
 use super::checkers::invariants::{InvariantSweep, Sweep};
-use super::swarm::Swarm;
+use super::plan::{FaultKind, Link, PlannedFault};
 use super::workload::Workload;
+use crate::disk::DiskFaults;
 use crate::world::clock::global_now;
 use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
 use crate::world::World;
 use arbor::ReplicaId;
 use madsim::net::NetSim;
-use madsim::rand::{seq::SliceRandom, thread_rng, Rng};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Longest fault window and longest crash downtime.
-const WINDOW_MAX: Duration = Duration::from_secs(6);
-const DOWNTIME_MAX: Duration = Duration::from_secs(4);
 /// Simulated time between two invariant sweeps over every replica.
 const INVARIANT_SWEEP_INTERVAL: Duration = Duration::from_secs(3);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fault {
-    Partition,
-    OneWay,
-    PacketLoss,
-    LatencySpike,
-    Crash,
-    DiskErrors,
-    PushBlackout,
-}
 
 pub struct Nemesis {
     supervisor: Arc<Supervisor>,
     workload: Arc<Workload>,
-    swarm: Swarm,
+    faults: Vec<PlannedFault>,
+    /// Fault rates of a disk-error window.
+    disk_faults: DiskFaults,
     faults_injected: AtomicU64,
     /// The periodic sweeps of the tree invariant between faults.
     sweeps: InvariantSweep,
 }
 
-fn window() -> Duration {
-    Duration::from_millis(thread_rng().gen_range(100..=WINDOW_MAX.as_millis() as u64))
-}
-
 impl Nemesis {
-    pub fn new(supervisor: Arc<Supervisor>, workload: Arc<Workload>, swarm: Swarm) -> Arc<Self> {
+    pub fn new(
+        supervisor: Arc<Supervisor>,
+        workload: Arc<Workload>,
+        faults: Vec<PlannedFault>,
+        disk_faults: DiskFaults,
+    ) -> Arc<Self> {
         Arc::new(Self {
             supervisor,
             workload,
-            swarm,
+            faults,
+            disk_faults,
             faults_injected: AtomicU64::new(0),
             sweeps: InvariantSweep::default(),
         })
@@ -66,57 +58,39 @@ impl Nemesis {
         self.faults_injected.load(Ordering::Relaxed)
     }
 
-    /// Strikes until `deadline`; every fault heals itself after its window.
-    pub async fn run(self: Arc<Self>, deadline: Duration) {
-        let gap_mean_ms = self.swarm.fault_gap_mean.as_millis() as u64;
-        let mut next_sweep = global_now();
-        while global_now() < deadline && !self.workload.verdict.failed() {
-            let gap = Duration::from_millis(thread_rng().gen_range(1..=2 * gap_mean_ms));
-            madsim::time::sleep(gap).await;
-            // Full sweeps cost a pass over every tree; the acking replica is
-            // checked after every write anyway.
-            if global_now() >= next_sweep {
-                if let Err(failure) = self.sweeps.check(self.world(), Sweep::SkipUnchanged) {
-                    self.workload.verdict.fail(failure);
+    /// Strikes the plan's faults (times count from `start`) and sweeps the
+    /// invariant until `deadline`; every fault heals itself after its
+    /// window. Stops striking once the run has failed.
+    pub async fn run(self: Arc<Self>, start: Duration, deadline: Duration) {
+        let strikes = async {
+            for fault in &self.faults {
+                let at = start + Duration::from_millis(fault.at_ms);
+                if at >= deadline {
+                    break;
                 }
-                next_sweep = global_now() + INVARIANT_SWEEP_INTERVAL;
-            }
-            if let Some(fault) = self.choose() {
+                sleep_until(at).await;
+                if self.workload.verdict.failed() {
+                    break;
+                }
                 self.faults_injected.fetch_add(1, Ordering::Relaxed);
-                self.clone().strike(fault);
+                self.clone().strike(fault.clone());
             }
-        }
+        };
+        futures::join!(strikes, self.sweep_until(deadline));
     }
 
-    fn choose(&self) -> Option<Fault> {
-        let f = &self.swarm.faults;
-        let weighted = [
-            (Fault::Partition, f.partition),
-            (Fault::OneWay, f.one_way),
-            (Fault::PacketLoss, f.packet_loss),
-            (Fault::LatencySpike, f.latency_spike),
-            (Fault::Crash, f.crash),
-            (Fault::DiskErrors, f.disk_errors),
-            (Fault::PushBlackout, f.push_blackout),
-        ];
-        let total: f64 = weighted.iter().map(|(_, w)| w).sum();
-        if total <= 0.0 {
-            return None;
-        }
-        let mut roll = thread_rng().gen_range(0.0..total);
-        for (fault, w) in weighted {
-            if roll < w {
-                return Some(fault);
+    /// Full sweeps cost a pass over every tree; the acking replica is
+    /// checked after every write anyway.
+    async fn sweep_until(&self, deadline: Duration) {
+        loop {
+            madsim::time::sleep(INVARIANT_SWEEP_INTERVAL).await;
+            if global_now() >= deadline || self.workload.verdict.failed() {
+                return;
             }
-            roll -= w;
+            if let Err(failure) = self.sweeps.check(self.world(), Sweep::SkipUnchanged) {
+                self.workload.verdict.fail(failure);
+            }
         }
-        None
-    }
-
-    fn random_pair(&self) -> (ReplicaId, ReplicaId) {
-        let mut ids = self.world().replica_ids();
-        ids.shuffle(&mut thread_rng());
-        (ids[0], ids[1])
     }
 
     fn note(&self, what: String) {
@@ -124,21 +98,20 @@ impl Nemesis {
     }
 
     /// Starts one fault and a task that heals it after its window.
-    fn strike(self: Arc<Self>, fault: Fault) {
-        let window = window();
-        match fault {
-            Fault::Partition => self.partition(window),
-            Fault::OneWay => self.one_way(window),
-            Fault::PacketLoss => self.packet_loss(window),
-            Fault::LatencySpike => self.latency_spike(window),
-            Fault::Crash => self.crash(),
-            Fault::DiskErrors => self.disk_errors(window),
-            Fault::PushBlackout => self.push_blackout(window),
+    fn strike(self: Arc<Self>, fault: PlannedFault) {
+        let window = Duration::from_millis(fault.window_ms);
+        match fault.kind {
+            FaultKind::Cut { links } => self.cut(links, window),
+            FaultKind::OneWay { from, to } => self.one_way(from, to, window),
+            FaultKind::PacketLoss { rate } => self.packet_loss(rate, window),
+            FaultKind::LatencySpike { high_ms } => self.latency_spike(high_ms, window),
+            FaultKind::Crash { replica } => self.crash(replica, window),
+            FaultKind::DiskErrors { replica } => self.disk_errors(replica, window),
+            FaultKind::PushBlackout { from, to } => self.push_blackout(from, to, window),
         }
     }
 
-    fn one_way(self: Arc<Self>, window: Duration) {
-        let (from, to) = self.random_pair();
+    fn one_way(self: Arc<Self>, from: ReplicaId, to: ReplicaId, window: Duration) {
         self.note(format!(
             "clog replica-{from} -> replica-{to} for {window:?}"
         ));
@@ -149,8 +122,7 @@ impl Nemesis {
         });
     }
 
-    fn packet_loss(self: Arc<Self>, window: Duration) {
-        let rate = self.swarm.packet_loss_rate;
+    fn packet_loss(self: Arc<Self>, rate: f64, window: Duration) {
         self.note(format!("packet loss {rate} for {window:?}"));
         NetSim::current().update_config(|c| c.packet_loss_rate = rate);
         self.later(window, |n| {
@@ -159,11 +131,10 @@ impl Nemesis {
         });
     }
 
-    fn latency_spike(self: Arc<Self>, window: Duration) {
-        let high_ms = thread_rng().gen_range(50..=1_500);
+    fn latency_spike(self: Arc<Self>, high_ms: u64, window: Duration) {
         self.note(format!("latency 1..{high_ms}ms for {window:?}"));
         NetSim::current().update_config(|c| {
-            c.send_latency = Duration::from_millis(1)..Duration::from_millis(high_ms)
+            c.send_latency = Duration::from_millis(1)..Duration::from_millis(high_ms.max(2))
         });
         self.later(window, |n| {
             n.note("latency normal".into());
@@ -174,10 +145,8 @@ impl Nemesis {
     /// Disk errors on one replica for `window`; after it the supervisor
     /// drains and restarts the replica (redb refuses every write after an
     /// I/O error until the database is reopened).
-    fn disk_errors(self: Arc<Self>, window: Duration) {
-        let index = thread_rng().gen_range(0..self.world().nodes.len());
-        let replica = self.world().nodes[index].replica_id;
-        let faults = self.swarm.disk_faults;
+    fn disk_errors(self: Arc<Self>, replica: ReplicaId, window: Duration) {
+        let faults = self.disk_faults;
         self.note(format!("disk errors on replica-{replica} for {window:?}"));
         self.supervisor.begin_disk_errors(
             replica,
@@ -192,8 +161,7 @@ impl Nemesis {
         });
     }
 
-    fn push_blackout(self: Arc<Self>, window: Duration) {
-        let (from, to) = self.random_pair();
+    fn push_blackout(self: Arc<Self>, from: ReplicaId, to: ReplicaId, window: Duration) {
         self.note(format!(
             "drop pushes replica-{from} -> replica-{to} for {window:?}"
         ));
@@ -206,69 +174,34 @@ impl Nemesis {
         });
     }
 
-    /// Cuts every replica off from every other for `window` (clients still
-    /// reach them), healed link by link in shuffled order.
-    pub fn opening_partition(self: Arc<Self>, window: Duration) {
-        let ids = self.world().replica_ids();
-        let links: Vec<(ReplicaId, ReplicaId)> = ids
-            .iter()
-            .flat_map(|&a| ids.iter().filter(move |&&b| b != a).map(move |&b| (a, b)))
-            .collect();
-        self.faults_injected.fetch_add(1, Ordering::Relaxed);
-        self.cut(links, window);
-    }
-
-    /// A symmetric partition of one pair, or one replica cut off from all
-    /// others; healed link by link in shuffled order.
-    fn partition(self: Arc<Self>, window: Duration) {
-        let ids = self.world().replica_ids();
-        let mut links = Vec::new();
-        if thread_rng().gen_bool(0.5) {
-            let (a, b) = self.random_pair();
-            links.push((a, b));
-            links.push((b, a));
-        } else {
-            let lonely = ids[thread_rng().gen_range(0..ids.len())];
-            for &other in ids.iter().filter(|&&o| o != lonely) {
-                links.push((lonely, other));
-                links.push((other, lonely));
-            }
-        }
-        self.cut(links, window);
-    }
-
-    fn cut(self: Arc<Self>, mut links: Vec<(ReplicaId, ReplicaId)>, window: Duration) {
-        self.note(format!("partition {links:?} for {window:?}"));
-        for &(from, to) in &links {
+    /// Blocks every link for `window` (clients still reach the replicas),
+    /// then heals them one by one in the plan's order.
+    fn cut(self: Arc<Self>, links: Vec<Link>, window: Duration) {
+        let pairs: Vec<(ReplicaId, ReplicaId)> = links.iter().map(|l| (l.from, l.to)).collect();
+        self.note(format!("partition {pairs:?} for {window:?}"));
+        for &(from, to) in &pairs {
             self.world().clog_one_way(from, to);
         }
         let nemesis = self.clone();
         self.supervisor.detach(async move {
             madsim::time::sleep(window).await;
-            links.shuffle(&mut thread_rng());
-            for (from, to) in links {
+            for link in links {
+                let (from, to) = (link.from, link.to);
                 nemesis.note(format!("unclog replica-{from} -> replica-{to}"));
                 nemesis.world().unclog_one_way(from, to);
-                let gap = thread_rng().gen_range(0..200);
-                madsim::time::sleep(Duration::from_millis(gap)).await;
+                madsim::time::sleep(Duration::from_millis(link.heal_gap_ms)).await;
             }
         });
     }
 
-    /// Crashes a live replica the supervisor is not restarting, for a
-    /// downtime of up to `DOWNTIME_MAX`.
-    fn crash(self: Arc<Self>) {
+    /// Crashes `victim` for `downtime`, unless it is down or the supervisor
+    /// is restarting it already.
+    fn crash(self: Arc<Self>, victim: ReplicaId, downtime: Duration) {
         let world = self.world();
-        let up: Vec<ReplicaId> = world
-            .replica_ids()
-            .into_iter()
-            .filter(|&r| world.is_up(r) && !self.supervisor.is_supervised(r))
-            .collect();
-        let Some(&victim) = up.choose(&mut thread_rng()) else {
+        if !world.is_up(victim) || self.supervisor.is_supervised(victim) {
+            self.note(format!("crash of replica-{victim} skipped: not up"));
             return;
-        };
-        let downtime =
-            Duration::from_millis(thread_rng().gen_range(10..=DOWNTIME_MAX.as_millis() as u64));
+        }
         self.note(format!("crash replica-{victim} for {downtime:?}"));
         self.supervisor.crash_for(victim, downtime);
     }
@@ -282,5 +215,12 @@ impl Nemesis {
                 heal(&nemesis);
             }
         });
+    }
+}
+
+async fn sleep_until(at: Duration) {
+    let now = global_now();
+    if at > now {
+        madsim::time::sleep(at - now).await;
     }
 }

@@ -6,11 +6,12 @@ use crate::world::clock::{ClockSkew, DRIFT_PPM_MAX};
 use crate::world::Knobs;
 use arbor::canary::Canary;
 use arbor::ReplicaId;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
 /// How much work one run does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Size {
     /// Client operations issued over the whole run (writes and reads).
     pub ops_total: u64,
@@ -38,7 +39,8 @@ impl Size {
 
 /// A scenario variant: which faults are allowed and which config corners
 /// are forced. The canaries each need one corner to be reachable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Profile {
     /// Everything drawn from the seed.
     Standard,
@@ -71,7 +73,8 @@ impl Profile {
             | Canary::SubtreeDepthOffByOne
             | Canary::ResultsToWrongCallers
             | Canary::MovesNoOp
-            | Canary::DefiniteFailureApplied => Profile::Standard,
+            | Canary::DefiniteFailureApplied
+            | Canary::AuthorizationSkipped => Profile::Standard,
         }
     }
 
@@ -100,7 +103,7 @@ impl Profile {
 
 /// Probabilities that the nemesis picks each fault when it strikes; a zero
 /// switches that fault off for the whole run.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FaultMix {
     pub partition: f64,
     pub one_way: f64,
@@ -112,7 +115,7 @@ pub struct FaultMix {
 }
 
 /// Everything one seed drew.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Swarm {
     pub seed: u64,
     pub profile: Profile,

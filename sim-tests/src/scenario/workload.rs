@@ -6,12 +6,13 @@
 
 use super::checkers::invariants;
 use super::ledger::{self, Ledger, MOVE_TAG_KEY};
+use super::plan::client_rng;
 use crate::failure::Verdict;
 use crate::trace::Trace;
 use crate::world::{Client, World};
 use arbor::proto::{Request, Response};
 use arbor::{ContainerId, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
-use madsim::rand::{thread_rng, Rng};
+use madsim::rand::Rng;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,7 +79,7 @@ impl Workload {
 
     fn random_replica(&self, cid: &ContainerId) -> ReplicaId {
         let ids = self.replicas_of(cid);
-        ids[thread_rng().gen_range(0..ids.len())]
+        ids[client_rng().gen_range(0..ids.len())]
     }
 
     fn random_known(&self, tree: &TreeKey) -> Option<NodeId> {
@@ -87,7 +88,7 @@ impl Workload {
         if known.is_empty() {
             return None;
         }
-        Some(known[thread_rng().gen_range(0..known.len())])
+        Some(known[client_rng().gen_range(0..known.len())])
     }
 }
 
@@ -116,8 +117,12 @@ pub async fn run_client(workload: Arc<Workload>, client: Client, ops: u64, think
         if workload.verdict.failed() {
             break;
         }
-        let think_ms = thread_rng().gen_range(0..=2 * think_mean.as_millis() as u64);
+        super::plan::begin_op();
+        let think_ms = client_rng().gen_range(0..=2 * think_mean.as_millis() as u64);
         madsim::time::sleep(Duration::from_millis(think_ms)).await;
+        if super::plan::op_skipped() {
+            continue;
+        }
         random_op(&workload, &client).await;
     }
 }
@@ -163,13 +168,13 @@ async fn opening_burst(workload: &Workload, client: &Client) {
 
 async fn random_op(workload: &Workload, client: &Client) {
     let cids = containers();
-    let cid = cids[thread_rng().gen_range(0..cids.len())];
+    let cid = cids[client_rng().gen_range(0..cids.len())];
     let replica = workload.random_replica(&cid);
     let op = workload.op_id();
-    let roll = thread_rng().gen_range(0..100);
+    let roll = client_rng().gen_range(0..100);
     match roll {
         0..=34 => {
-            let dir = format!("dir-{}", thread_rng().gen_range(0..DIRECTORIES));
+            let dir = format!("dir-{}", client_rng().gen_range(0..DIRECTORIES));
             add_by_path(
                 workload,
                 client,
@@ -184,7 +189,7 @@ async fn random_op(workload: &Workload, client: &Client) {
         35..=54 => {
             let tree = system_tree(cid);
             let parent = match workload.random_known(&tree) {
-                Some(node) if thread_rng().gen_bool(0.5) => node,
+                Some(node) if client_rng().gen_bool(0.5) => node,
                 _ => ROOT,
             };
             add_system(workload, client, replica, tree, op, parent).await;
@@ -201,7 +206,7 @@ async fn random_op(workload: &Workload, client: &Client) {
 }
 
 fn pick_tree(cid: ContainerId) -> TreeKey {
-    if thread_rng().gen_bool(0.5) {
+    if client_rng().gen_bool(0.5) {
         version_tree(cid)
     } else {
         system_tree(cid)
@@ -407,7 +412,7 @@ async fn move_random(
         return;
     };
     let parent = match workload.random_known(&tree) {
-        Some(parent) if thread_rng().gen_bool(0.9) => parent,
+        Some(parent) if client_rng().gen_bool(0.9) => parent,
         _ => ROOT,
     };
     move_node(workload, client, replica, tree, node, parent, op).await;
@@ -420,7 +425,7 @@ async fn cycle_race(workload: &Workload, client: &Client, tree: TreeKey, op: u64
         return;
     };
     let ids = workload.replicas_of(&tree.cid);
-    let first = ids[thread_rng().gen_range(0..ids.len())];
+    let first = ids[client_rng().gen_range(0..ids.len())];
     let second = ids[(ids.iter().position(|&r| r == first).unwrap() + 1) % ids.len()];
     let op2 = workload.op_id();
     futures::join!(
@@ -474,19 +479,19 @@ async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, o
         .into_iter()
         .filter(|cid| workload.replicas_of(cid).contains(&replica))
         .collect();
-    let cid = cids[thread_rng().gen_range(0..cids.len())];
+    let cid = cids[client_rng().gen_range(0..cids.len())];
     let tree = pick_tree(cid);
-    let request = match thread_rng().gen_range(0..6) {
+    let request = match client_rng().gen_range(0..6) {
         0 => match random_leaf_path(workload, &cid) {
-            Some((tree, path)) => read_request(tree, path, thread_rng().gen_bool(0.5)),
+            Some((tree, path)) => read_request(tree, path, client_rng().gen_bool(0.5)),
             None => return,
         },
         1 => {
             let root = match workload.random_known(&tree) {
-                Some(node) if thread_rng().gen_bool(0.5) => node,
+                Some(node) if client_rng().gen_bool(0.5) => node,
                 _ => ROOT,
             };
-            let depth = thread_rng().gen_range(0..=3);
+            let depth = client_rng().gen_range(0..=3);
             Request::GetSubTree { tree, root, depth }
         }
         2 => match workload.random_known(&tree) {
@@ -496,13 +501,13 @@ async fn read_random(workload: &Workload, client: &Client, replica: ReplicaId, o
         3 => Request::TreeList { cid },
         4 => Request::GetOpLog {
             tree,
-            from_height: thread_rng().gen_range(0..200),
-            limit: thread_rng().gen_range(1..=64),
+            from_height: client_rng().gen_range(0..200),
+            limit: client_rng().gen_range(1..=64),
         },
         _ => Request::GetOpLogStamps {
             tree,
-            from_height: thread_rng().gen_range(0..200),
-            limit: thread_rng().gen_range(1..=64),
+            from_height: client_rng().gen_range(0..200),
+            limit: client_rng().gen_range(1..=64),
         },
     };
     let _ = call(workload, client, replica, op, request).await;
@@ -519,8 +524,8 @@ fn random_leaf_path(workload: &Workload, cid: &ContainerId) -> Option<(TreeKey, 
     if paths.is_empty() {
         return None;
     }
-    let (tree, path) = paths[thread_rng().gen_range(0..paths.len())].clone();
-    if thread_rng().gen_bool(0.25) {
+    let (tree, path) = paths[client_rng().gen_range(0..paths.len())].clone();
+    if client_rng().gen_bool(0.25) {
         return Some((tree, path[..1].to_vec()));
     }
     Some((tree, path))

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub const DRIFT_PPM_MAX: i64 = 5_000;
 
 /// How one node's clock deviates from the global simulated time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClockSkew {
     /// Added to every reading.
     pub offset: Duration,

@@ -51,7 +51,7 @@ pub fn caller_at(from: SocketAddr) -> Caller {
 }
 
 /// The tunable knobs of a simulated node's config.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Knobs {
     pub max_batch_size: usize,
     pub max_batch_delay: Duration,

@@ -190,8 +190,13 @@ impl World {
 
     /// A new client node that calls replicas over the simulated network.
     pub fn client(&mut self) -> Client {
-        self.clients += 1;
-        let index = self.clients;
+        self.client_numbered(self.clients + 1)
+    }
+
+    /// The client `client-{index}`: a run's plan numbers its clients, and
+    /// a client dropped from the plan leaves the others their names.
+    pub fn client_numbered(&mut self, index: usize) -> Client {
+        self.clients = self.clients.max(index);
         let name = format!("client-{index}");
         let ip = config::client_ip(index);
         let node = Handle::current().create_node().name(&name).ip(ip).build();

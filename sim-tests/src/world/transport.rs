@@ -74,14 +74,54 @@ impl RequestKind {
     }
 }
 
+/// Most replica-to-replica calls a world remembers for the timeline.
+pub const WIRE_CALLS_MAX: usize = 50_000;
+
+/// One push or sync pull a replica started, for the timeline; not part
+/// of the trace or its fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireCall {
+    pub at: Duration,
+    pub from: ReplicaId,
+    pub to: ReplicaId,
+    pub kind: RequestKind,
+    /// The filter dropped it.
+    pub dropped: bool,
+}
+
 /// Drops chosen request kinds between chosen replicas: a middlebox that
 /// loses one message type, which the network layer alone cannot express.
+/// It also notes the pushes and pulls it sees (`WireCall`).
 #[derive(Debug, Default)]
 pub struct MessageFilter {
     blocked: Mutex<BTreeMap<(ReplicaId, ReplicaId, RequestKind), ()>>,
+    calls: Mutex<Vec<WireCall>>,
 }
 
 impl MessageFilter {
+    /// Notes a push or pull between replicas, up to `WIRE_CALLS_MAX`.
+    fn note(&self, from: ReplicaId, to: ReplicaId, kind: RequestKind, dropped: bool) {
+        if from == 0 || kind == RequestKind::Other {
+            return;
+        }
+        let mut calls = self.calls.lock().unwrap();
+        if calls.len() < WIRE_CALLS_MAX {
+            let at = crate::world::clock::global_now();
+            calls.push(WireCall {
+                at,
+                from,
+                to,
+                kind,
+                dropped,
+            });
+        }
+    }
+
+    /// The pushes and pulls noted so far.
+    pub fn calls(&self) -> Vec<WireCall> {
+        self.calls.lock().unwrap().clone()
+    }
+
     pub fn block(&self, from: ReplicaId, to: ReplicaId, kind: RequestKind) {
         self.blocked.lock().unwrap().insert((from, to, kind), ());
     }
@@ -204,9 +244,9 @@ impl Transport for SimTransport {
     ) -> BoxFuture<'static, Result<Response, Error>> {
         let addr = self.peers.get(&peer).copied();
         let call_id = self.call_ids.next();
-        let blocked = self
-            .filter
-            .is_blocked(self.local, peer, RequestKind::of(&request));
+        let kind = RequestKind::of(&request);
+        let blocked = self.filter.is_blocked(self.local, peer, kind);
+        self.filter.note(self.local, peer, kind, blocked);
         let frame = proto::encode(call_id, &request);
         let clock = self.clock.clone();
         let max_message_bytes = self.max_message_bytes;

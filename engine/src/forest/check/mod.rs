@@ -99,12 +99,13 @@ fn check_tree_capturing(
 
 /// One pass over the tree's log: every node's state was set by the op at
 /// its meta time (nodes visited in time order, alongside the log), and
-/// `heights_by_ts` gets each logged op's height, ascending by timestamp.
+/// `heights_by_ts` gets each logged op's height and digest, ascending by
+/// timestamp.
 fn scan_log(
     log: &impl ReadableTable<RowKey, &'static [u8]>,
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
-    heights_by_ts: &mut Vec<(Timestamp, u64)>,
+    heights_by_ts: &mut Vec<(Timestamp, u64, u64)>,
     mut capture: Option<&mut Vec<u8>>,
 ) -> Result<Result<(), String>> {
     if let Some(id) = [ROOT, TRASH].into_iter().find(|id| nodes.contains_key(id)) {
@@ -137,7 +138,7 @@ fn scan_log(
                 )));
             }
         }
-        heights_by_ts.push((ts, op.tail.height));
+        heights_by_ts.push((ts, op.tail.height, op_digest(op.body())));
         if let Some(out) = capture.as_deref_mut() {
             ReplicaContent::push_entry(out, ts, op.body());
         }
@@ -302,11 +303,11 @@ fn check_acyclic(nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
 }
 
 /// Heights number the log densely from 0 and agree with the log records
-/// (`heights_by_ts`, from `scan_log`).
+/// and their digests (`heights_by_ts`, from `scan_log`).
 fn check_heights(
     heights: &impl ReadableTable<RowKey, &'static [u8]>,
     rec: &TreeRecord,
-    heights_by_ts: &[(Timestamp, u64)],
+    heights_by_ts: &[(Timestamp, u64, u64)],
 ) -> Result<Result<(), String>> {
     let t = rec.number;
     let mut expected = 0u64;
@@ -316,12 +317,15 @@ fn check_heights(
         if height_of_key(key.value()) != expected {
             return Ok(Err(format!("height {expected} missing")));
         }
-        for ts in decode_height_run(stamps.value())? {
+        for (ts, digest) in decode_height_run(stamps.value())? {
             let height = expected;
-            match heights_by_ts.binary_search_by_key(&ts, |&(ts, _)| ts) {
+            match heights_by_ts.binary_search_by_key(&ts, |&(ts, _, _)| ts) {
                 Err(_) => return Ok(Err(format!("height {height} points at absent op {ts}"))),
                 Ok(i) if heights_by_ts[i].1 != height => {
                     return Ok(Err(format!("op {ts} disagrees about its height {height}")))
+                }
+                Ok(i) if heights_by_ts[i].2 != digest => {
+                    return Ok(Err(format!("op {ts} disagrees with its digest")))
                 }
                 Ok(_) => {}
             }
@@ -409,10 +413,13 @@ impl super::Forest {
 
     /// Changes a logged op on purpose for checker tests: the last byte of
     /// the op at `ts` (the end of its last item's value, which must be
-    /// neither empty nor the file name) flips, outside the op path. The
-    /// tree invariant still holds; replicas of the tree now differ.
+    /// neither empty nor the file name) flips, outside the op path, and
+    /// its digest follows. The tree invariant still holds; replicas of the
+    /// tree now hold two different ops under one timestamp, as two
+    /// replicas with one id would.
     #[doc(hidden)]
     pub fn plant_changed_op(&self, tree: &TreeKey, ts: Timestamp) -> Result<()> {
+        let mut changed = None;
         self.rewrite_row(
             tree,
             |t| log_key(t, ts),
@@ -420,6 +427,24 @@ impl super::Forest {
             |bytes| {
                 let body_len = log_body_len(bytes)?;
                 bytes[body_len - 1] ^= 1;
+                let height = decode_log(bytes)?.tail.height;
+                changed = Some((height, op_digest(&bytes[..body_len])));
+                Ok(())
+            },
+        )?;
+        let (height, digest) = changed.expect("the op was rewritten");
+        let t = self.read_tree(tree)?.rec.number;
+        let first = {
+            let read = self.read_tree(tree)?;
+            super::stamps::run_holding(&read.rows, t, height)?
+        };
+        self.rewrite_row(
+            tree,
+            |t| height_key(t, first),
+            ts,
+            |bytes| {
+                let at = (height - first) as usize * HEIGHT_ENTRY_BYTES + 8;
+                bytes[at..at + 8].copy_from_slice(&digest.to_be_bytes());
                 Ok(())
             },
         )

@@ -95,7 +95,7 @@ fn check_newest_height(
     };
     let (key, stamps) = row?;
     let first = height_of_key(key.value());
-    let run: Vec<Timestamp> = decode_height_run(stamps.value())?.collect();
+    let run: Vec<(Timestamp, u64)> = decode_height_run(stamps.value())?.collect();
     let newest = first + run.len() as u64 - 1;
     if newest + 1 != rec.next_height {
         return Ok(Err(format!(
@@ -103,8 +103,8 @@ fn check_newest_height(
             rec.next_height
         )));
     }
-    let ts = *run.last().expect("a height run is never empty");
-    check_height_entry(log, t, newest, ts)
+    let (ts, digest) = *run.last().expect("a height run is never empty");
+    check_height_entry(log, t, newest, ts, digest)
 }
 
 /// The op the height index names at `height` is logged and agrees.
@@ -113,12 +113,17 @@ fn check_height_entry(
     t: u64,
     height: u64,
     ts: Timestamp,
+    digest: u64,
 ) -> Result<Result<(), String>> {
     let Some(guard) = log.get(log_key(t, ts))? else {
         return Ok(Err(format!("height {height} points at absent op {ts}")));
     };
-    if decode_log(guard.value())?.tail.height != height {
+    let record = guard.value();
+    if decode_log(record)?.tail.height != height {
         return Ok(Err(format!("op {ts} disagrees about its height {height}")));
+    }
+    if op_digest(log_body(record)?) != digest {
+        return Ok(Err(format!("op {ts} disagrees with its digest")));
     }
     Ok(Ok(()))
 }

@@ -81,6 +81,28 @@ impl LogRecord {
     }
 }
 
+/// The digest of an op: 64-bit XXH3 of its encoded body (parent, child,
+/// items; the timestamp is the key it is compared under). Two replicas
+/// encode one op to the same bytes, so equal ops have equal digests and a
+/// difference under one timestamp shows in the digests that sync compares
+/// (docs/design.md §9). Part of the format: stored in the height runs.
+pub fn op_digest(body: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(body)
+}
+
+/// [`op_digest`] of an op as it would be stored.
+pub fn move_digest(op: &Move) -> u64 {
+    op_digest(&encode_op_body(op.parent, op.child, &op.meta.items))
+}
+
+/// The body of an encoded log record (the op without its tail).
+pub fn log_body(record: &[u8]) -> Result<&[u8]> {
+    if record.len() < LOG_BODY_HEADER_BYTES + LOG_TAIL_BYTES {
+        return Err(Error::Malformed("log record too short".into()));
+    }
+    Ok(&record[..record.len() - LOG_TAIL_BYTES])
+}
+
 /// Size of the fixed tail of an encoded log record.
 pub const LOG_TAIL_BYTES: usize = 25;
 

@@ -45,8 +45,9 @@ pub const FORMAT_VERSION: &str = "format_version";
 /// tables and tree records. Version 3: the children index moved into
 /// [`ROWS`] (four-integer keys), node and log rows share one region.
 /// Version 4: [`ROWS`] keyed by [`RowKey`] (same bytes and order as
-/// version 3's tuple, another redb type name).
-pub const FORMAT_VERSION_CURRENT: u64 = 4;
+/// version 3's tuple, another redb type name). Version 5: height runs
+/// carry each op's digest beside its timestamp.
+pub const FORMAT_VERSION_CURRENT: u64 = 5;
 
 /// The key of a tree in [`TREES`].
 pub fn tree_key_bytes(tree: &TreeKey) -> Vec<u8> {

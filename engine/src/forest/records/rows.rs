@@ -123,9 +123,10 @@ pub enum RowKind {
     Log,
     /// State region, a = 0: encoded [`TreeRecord`].
     State,
-    /// Height region, a = `u64::MAX - first height`: the timestamps (8
-    /// bytes each, BE) of the ops stored at heights `first, first + 1,
-    /// ..`, the log in this replica's storage order. One row per run of
+    /// Height region, a = `u64::MAX - first height`: the timestamps and
+    /// digests ([`super::op_digest`], 8 + 8 bytes each, BE) of the ops stored at
+    /// heights `first, first + 1, ..`, the log in this replica's storage
+    /// order. One row per run of
     /// consecutive heights written by one batch (at most
     /// [`HEIGHT_RUN_MAX`]) rather than one per op.
     Height,
@@ -244,24 +245,35 @@ pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKeyParts> {
     (first, 0, 0, 0)..=(last, u64::MAX, u64::MAX, u64::MAX)
 }
 
-/// Most timestamps in one height run (4 KiB of value).
+/// Most timestamps in one height run (8 KiB of value).
 pub const HEIGHT_RUN_MAX: usize = 512;
+
+/// Bytes of one height run entry: timestamp and digest.
+pub const HEIGHT_ENTRY_BYTES: usize = 16;
 
 /// Whether an encoded height run may be `len` bytes long: asserted before
 /// a run is written, checked after one is read.
 pub fn height_run_len_valid(len: usize) -> bool {
-    len > 0 && len.is_multiple_of(8) && len <= 8 * HEIGHT_RUN_MAX
+    len > 0 && len.is_multiple_of(HEIGHT_ENTRY_BYTES) && len <= HEIGHT_ENTRY_BYTES * HEIGHT_RUN_MAX
 }
 
-/// The timestamps of an encoded height run.
-pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = Timestamp> + '_> {
+/// Appends one height run entry.
+pub fn encode_height_entry(out: &mut Vec<u8>, ts: Timestamp, digest: u64) {
+    out.extend_from_slice(&ts.to_be_bytes());
+    out.extend_from_slice(&digest.to_be_bytes());
+}
+
+/// The `(timestamp, digest)` entries of an encoded height run.
+pub fn decode_height_run(bytes: &[u8]) -> Result<impl Iterator<Item = (Timestamp, u64)> + '_> {
     if !height_run_len_valid(bytes.len()) {
         return Err(Error::Malformed(format!(
             "height run of {} bytes",
             bytes.len()
         )));
     }
-    Ok(bytes.chunks_exact(8).map(be_u64))
+    Ok(bytes
+        .chunks_exact(HEIGHT_ENTRY_BYTES)
+        .map(|entry| (be_u64(&entry[..8]), be_u64(&entry[8..]))))
 }
 
 #[cfg(test)]

@@ -49,7 +49,10 @@ impl Writer<'_, '_> {
                 parent,
                 child,
                 items,
-            } => self.local_move(&mut rec, *parent, *child, items)?,
+            } => match self.check_parent_live(&rec, *parent)? {
+                Ok(()) => self.local_move(&mut rec, *parent, *child, items)?,
+                Err(refused) => Err(refused),
+            },
             WriteOp::AddByPath { path, items, .. } => {
                 self.local_add_by_path(&mut rec, path, items)?
             }
@@ -58,6 +61,20 @@ impl Writer<'_, '_> {
         };
         self.store_tree(key, rec);
         Ok(outcome)
+    }
+
+    /// A local Add or Move puts its node under a parent a path from ROOT
+    /// reaches: a node under a missing parent or under TRASH would be an
+    /// orphan no path finds (docs/design.md §4). Replicated ops are not
+    /// checked: the parent may be created or restored by ops on their way.
+    fn check_parent_live(&self, rec: &TreeRecord, parent: NodeId) -> Result<Result<()>> {
+        if parent == ROOT {
+            return Ok(Ok(()));
+        }
+        match self.is_ancestor_or_self(rec, ROOT, parent)? {
+            true => Ok(Ok(())),
+            false => Ok(Err(Error::ParentNotLive(parent))),
+        }
     }
 
     /// Reserves `count` consecutive local timestamps, oldest first.

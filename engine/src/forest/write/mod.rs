@@ -14,7 +14,7 @@ use super::overlay::Overlay;
 use super::read;
 use super::records::*;
 use super::tree_numbers::TreeNumbers;
-use super::{check, InvariantCheck};
+use super::{check, ForestOptions, InvariantCheck};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::types::*;
@@ -44,6 +44,8 @@ pub(super) struct Writer<'txn, 'c> {
     rows: Table<'txn, RowKey, &'static [u8]>,
     states: BTreeMap<TreeKey, TreeState>,
     replica_id: ReplicaId,
+    /// `ForestOptions::counter_jump_max`.
+    counter_jump_max: u64,
     changed: bool,
     /// The forest's directory lookups; kept exact by forgetting an entry
     /// whenever an internal row under its `(tree, parent, name)` changes.
@@ -60,7 +62,8 @@ pub(super) struct Writer<'txn, 'c> {
 struct HeightRun {
     tree: u64,
     first: u64,
-    /// Encoded timestamps, one per height (see `RowKind::Height`).
+    /// Encoded timestamps and digests, one per height (see
+    /// `RowKind::Height`).
     stamps: Vec<u8>,
 }
 
@@ -82,7 +85,7 @@ fn strict() -> bool {
 impl<'txn, 'c> Writer<'txn, 'c> {
     pub fn open(
         txn: &'txn WriteTransaction,
-        replica_id: ReplicaId,
+        options: &ForestOptions,
         dirs: &'c mut DirCache,
         numbers: &'c TreeNumbers,
     ) -> Result<Self> {
@@ -92,7 +95,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             numbers,
             rows: txn.open_table(ROWS)?,
             states: BTreeMap::new(),
-            replica_id,
+            replica_id: options.replica_id,
+            counter_jump_max: options.counter_jump_max,
             changed: false,
             dirs,
             scratch: Scratch::default(),

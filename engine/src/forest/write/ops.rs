@@ -38,7 +38,8 @@ impl Writer<'_, '_> {
             .insert(log_key(rec.number, ts), self.scratch.log.as_slice())?
             .is_some();
         assert!(!stored_before, "timestamp {ts} stored twice");
-        self.record_height(rec.number, rec.next_height, ts);
+        let digest = op_digest(log_body(&self.scratch.log)?);
+        self.record_height(rec.number, rec.next_height, ts, digest);
         rec.next_height += 1;
         rec.max_counter = rec.max_counter.max(timestamp_counter(ts));
         if parent != TRASH {
@@ -48,22 +49,23 @@ impl Writer<'_, '_> {
         Ok(())
     }
 
-    /// Remembers that `ts` is stored at `height`: extends the current run
-    /// when the height follows it, else starts a new one.
-    pub(super) fn record_height(&mut self, tree: u64, height: u64, ts: Timestamp) {
+    /// Remembers that `ts` (with its op's `digest`) is stored at
+    /// `height`: extends the current run when the height follows it, else
+    /// starts a new one.
+    pub(super) fn record_height(&mut self, tree: u64, height: u64, ts: Timestamp, digest: u64) {
         let extends = self.height_runs.last().is_some_and(|run| {
-            let len = run.stamps.len() / 8;
+            let len = run.stamps.len() / HEIGHT_ENTRY_BYTES;
             run.tree == tree && run.first + len as u64 == height && len < HEIGHT_RUN_MAX
         });
         if !extends {
             self.height_runs.push(HeightRun {
                 tree,
                 first: height,
-                stamps: Vec::with_capacity(8 * 128),
+                stamps: Vec::with_capacity(HEIGHT_ENTRY_BYTES * 128),
             });
         }
         let run = self.height_runs.last_mut().expect("pushed above");
-        run.stamps.extend_from_slice(&ts.to_be_bytes());
+        encode_height_entry(&mut run.stamps, ts, digest);
         assert!(
             height_run_len_valid(run.stamps.len()),
             "height run overfull"

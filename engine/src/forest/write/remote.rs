@@ -23,8 +23,14 @@ impl Writer<'_, '_> {
         ops: &[Incoming<'_>],
         results: &mut [Option<Result<WriteOutcome>>],
     ) -> Result<()> {
+        let known_counter = self.load_tree(key, false)?.map_or(0, |r| r.max_counter);
+        let ops = self.within_reach(known_counter, ops, results);
+        if ops.is_empty() {
+            // Nothing to store: a tree is not created for refused ops.
+            return Ok(());
+        }
         let mut rec = self.load_tree(key, true)?.expect("created on demand");
-        let mut fresh = self.filter_known(&rec, ops, results)?;
+        let mut fresh = self.filter_known(&rec, &ops, results)?;
         if fresh.is_empty() {
             return Ok(());
         }
@@ -58,6 +64,41 @@ impl Writer<'_, '_> {
         }
         self.store_tree(key, rec);
         Ok(())
+    }
+
+    /// The ops whose counter is at most `counter_jump_max` ahead of the
+    /// tree's counter as the ops before them (in timestamp order) leave
+    /// it; the others get `CounterTooFar`. Every local op takes the
+    /// largest counter its replica saw plus one, so the counters of all
+    /// ops ever made form one run from 1 without gaps: a receiver that
+    /// takes ops in any order that brings an op's predecessors first (a
+    /// peer's log in its storage order, say) never meets a jump larger
+    /// than the one the sender saw, and an op refused here is accepted
+    /// once the ops between have arrived (docs/design.md §9).
+    pub(super) fn within_reach<'a>(
+        &self,
+        known_counter: u64,
+        ops: &[Incoming<'a>],
+        results: &mut [Option<Result<WriteOutcome>>],
+    ) -> Vec<Incoming<'a>> {
+        let mut order: Vec<&Incoming<'a>> = ops.iter().collect();
+        order.sort_by_key(|i| i.op.ts());
+        let mut reach = known_counter;
+        let mut kept = Vec::with_capacity(ops.len());
+        for incoming in order {
+            let counter = timestamp_counter(incoming.op.ts());
+            if counter > reach.saturating_add(self.counter_jump_max) {
+                results[incoming.index] = Some(Err(Error::CounterTooFar {
+                    counter,
+                    known: reach,
+                    limit: self.counter_jump_max,
+                }));
+                continue;
+            }
+            reach = reach.max(counter);
+            kept.push(Incoming { ..*incoming });
+        }
+        kept
     }
 
     /// Drops ops already in the log (or repeated in the batch) and returns
@@ -269,8 +310,6 @@ fn known_outcome(same: bool, ts: Timestamp) -> Result<WriteOutcome> {
     if same {
         Ok(WriteOutcome::Applied { fresh: false })
     } else {
-        Err(Error::InvalidOp(format!(
-            "timestamp {ts} is already used by a different op"
-        )))
+        Err(Error::StampConflict(ts))
     }
 }

@@ -161,6 +161,7 @@ impl Puller {
     pub async fn sync_round(&self) -> BTreeSet<TreeKey> {
         let mut failed_peers = BTreeSet::new();
         let mut dropped = BTreeSet::new();
+        self.verify_peers(&mut failed_peers).await;
         let trees = self.sync_trees(&mut failed_peers).await;
         for tree in trees {
             if self.core.stopped() {
@@ -205,6 +206,47 @@ impl Puller {
             let _ = self.core.forest.tree_drop(&tree.cid, Some(&tree.tree));
             dropped.insert(tree.clone());
             self.forget(&BTreeSet::from([tree.clone()]));
+        }
+    }
+
+    /// Asks every peer this round may call who it is: a peer that answers
+    /// as another replica (a misconfigured `node.replica_id`, two nodes
+    /// with one id) would hand out ops stamped in another replica's name,
+    /// so it is not pulled from this round (docs/design.md §9). A peer
+    /// that does not answer is left to the round's own calls.
+    async fn verify_peers(&self, failed_peers: &mut BTreeSet<ReplicaId>) {
+        let peers: BTreeSet<ReplicaId> = self.core.membership.all_peers().collect();
+        let timeout = self.core.config.tree.replication_timeout;
+        // All at once: a peer that is down costs one timeout, not one each.
+        let calls = peers.iter().map(|&peer| async move {
+            let answer = self
+                .core
+                .transport
+                .call(peer, Request::Healthcheck, timeout);
+            (peer, answer.await)
+        });
+        for (peer, answer) in futures::future::join_all(calls).await {
+            let error = match answer {
+                Ok(Response::Health { replica_id }) if replica_id == peer => continue,
+                Ok(Response::Health { replica_id }) => Error::WrongPeer {
+                    expected: peer,
+                    answered: replica_id,
+                },
+                Ok(other) => page::unexpected_answer(peer, "Healthcheck", &other),
+                Err(error) => error,
+            };
+            if let Error::WrongPeer { .. } = error {
+                tracing::error!(%error, "peer not pulled from: it answers as another replica");
+                self.core.trust.note(&error);
+                self.counters
+                    .sync_peer_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                failed_peers.insert(peer);
+            } else {
+                // Left to the round's own calls, which may still get
+                // through (a lost datagram, a peer just restarting).
+                tracing::debug!(%error, peer, "peer did not say who it is");
+            }
         }
     }
 
@@ -344,6 +386,17 @@ impl Puller {
 
     pub fn core(&self) -> &Core {
         &self.core
+    }
+
+    /// The pull cursors ahead of their durable copies, with positions.
+    pub fn lagging_cursors(&self) -> Vec<((TreeKey, ReplicaId), u64)> {
+        let cursors = self.cursors.lock().expect("pull cursors");
+        cursors
+            .by_pair
+            .iter()
+            .filter(|(_, (cursor, _))| cursor.lagging())
+            .map(|(key, (cursor, _))| (key.clone(), cursor.position()))
+            .collect()
     }
 
     /// Pull cursors held in memory.
@@ -486,15 +539,17 @@ impl Puller {
         let held = self
             .core
             .forest
-            .stored_stamps(tree, &timestamps)
+            .held_digests(tree, &timestamps)
             .inspect_err(|error| self.core.note_error(error))?;
         assert_eq!(held.len(), stamps.len(), "one answer per stamp");
-        let missing: Vec<u64> = stamps
-            .iter()
-            .zip(held)
-            .filter(|(_, held)| !held)
-            .map(|(stamp, _)| stamp.height)
-            .collect();
+        let mut missing = Vec::new();
+        for (stamp, held) in stamps.iter().zip(held) {
+            match held {
+                None => missing.push(stamp.height),
+                Some(digest) if digest == stamp.digest => {}
+                Some(_) => self.stamp_conflict(tree, peer, stamp),
+            }
+        }
         let mut pulled = Pulled {
             applied_to: from,
             fresh: 0,
@@ -511,6 +566,21 @@ impl Puller {
         }
         pulled.reach(stamps.last().expect("a page is not empty").height + 1);
         Ok(pulled)
+    }
+
+    /// A timestamp held here with another op than `peer` holds under it:
+    /// neither replica can repair that, so it is counted and reported, and
+    /// the pull passes over it (docs/design.md §9).
+    fn stamp_conflict(&self, tree: &TreeKey, peer: ReplicaId, stamp: &LogStamp) {
+        let error = Error::StampConflict(stamp.ts);
+        self.core.trust.note(&error);
+        tracing::error!(
+            peer,
+            ts = stamp.ts,
+            height = stamp.height,
+            ?tree,
+            "a peer holds another op under a timestamp held here"
+        );
     }
 
     /// Fetches and applies heights `first..=last` of `peer`'s log, moving
@@ -589,15 +659,38 @@ impl Puller {
                     Ok(WriteOutcome::Applied { fresh: true }) => fresh += 1,
                     Ok(_) => {}
                     Err(error) if error.is_transient() => {
-                        return Ok((applied_to, fresh, Some(error)))
+                        self.core.trust.note(&error);
+                        return Ok((applied_to, fresh, Some(error)));
                     }
-                    Err(error) => tracing::warn!(%error, height, ?tree, "peer op refused"),
+                    Err(error) => {
+                        self.core.trust.note(&error);
+                        tracing::warn!(%error, height, ?tree, "peer op refused")
+                    }
                 }
             }
             applied_to = height + 1;
         }
         assert!(results.next().is_none(), "one result per request");
         Ok((applied_to, fresh, None))
+    }
+
+    /// A pulled op must be stamped by a replica of its container: a peer
+    /// holds and hands out others' ops, but only ever those of the
+    /// container's replicas (docs/design.md §9).
+    fn check_origin(&self, tree: &TreeKey, op: &Move) -> Result<()> {
+        let origin = timestamp_replica(op.ts());
+        let members = &self.core.membership;
+        if origin == members.own() || members.peers_of(&tree.cid).contains(&origin) {
+            return Ok(());
+        }
+        self.core
+            .trust
+            .ops_refused_foreign
+            .fetch_add(1, Ordering::Relaxed);
+        Err(Error::InvalidOp(format!(
+            "op {} stamped by replica {origin}, which does not hold the container",
+            op.ts()
+        )))
     }
 
     /// Which entries of a pulled page go to the batcher: the valid ones the
@@ -608,7 +701,8 @@ impl Puller {
         let limits = self.core.config.limits.input();
         let mut submit = Vec::with_capacity(entries.len());
         for entry in entries {
-            let valid = validate::replicated(&entry.op, limits);
+            let valid =
+                validate::replicated(&entry.op, limits).and(self.check_origin(tree, &entry.op));
             if let Err(error) = &valid {
                 tracing::warn!(%error, height = entry.height, ?tree, "skipping invalid op from peer");
             }

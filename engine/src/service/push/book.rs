@@ -586,6 +586,21 @@ impl PushBook {
         pair.cursor.map(|c| c.position())
     }
 
+    /// The pairs whose cursor is ahead of its durable copy, with their
+    /// positions.
+    pub fn lagging_cursors(&self) -> Vec<(PushKey, u64)> {
+        let book = self.lock();
+        let mut lagging = Vec::new();
+        for (tree, tracked) in &book.trees {
+            for pair in &tracked.pairs {
+                if let Some(cursor) = pair.cursor.filter(|c| c.lagging()) {
+                    lagging.push(((tree.clone(), pair.peer), cursor.position()));
+                }
+            }
+        }
+        lagging
+    }
+
     pub fn sizes(&self) -> BookSizes {
         let book = self.lock();
         BookSizes {

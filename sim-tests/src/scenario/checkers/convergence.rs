@@ -4,6 +4,7 @@
 
 use super::{check_at, liveness, Checker, Checkpoint};
 use crate::failure::{Failure, FailureKind};
+use crate::scenario::intruder::CHECKER_CLIENT;
 use crate::scenario::ledger::Ledger;
 use crate::scenario::workload::read_request;
 use crate::world::transport::RequestKind;
@@ -292,7 +293,8 @@ async fn read_everywhere(
         let request = read_request(tree.clone(), path.to_vec(), latest_only);
         let answer = world
             .on_node(replica, |service| async move {
-                service.handle(&Caller::Anonymous, request).await
+                let checker = Caller::Client(CHECKER_CLIENT.into());
+                service.handle(&checker, request).await
             })
             .await
             .ok_or_else(|| {

@@ -13,6 +13,7 @@
 pub mod answers;
 pub mod convergence;
 pub mod durability;
+pub mod intruder;
 pub mod invariants;
 pub mod liveness;
 
@@ -62,11 +63,14 @@ pub trait Checker: Send + Sync {
     fn check<'a>(&'a self, at: &'a Checkpoint<'a>) -> BoxFuture<'a, Result<(), Failure>>;
 }
 
-/// The checkers of every checkpoint, in the order they run: a divergence
-/// is reported before the writes it lost, and both before reads that
-/// differ because of them.
+/// The checkers of every checkpoint, in the order they run: what the
+/// replicas detected themselves (stamp conflicts, a replica id twice) and
+/// the intruder's traces before the divergence they cause; a divergence
+/// before the writes it lost, and both before reads that differ because
+/// of them.
 pub fn standard() -> Vec<Box<dyn Checker>> {
     vec![
+        Box::new(intruder::IntruderLeftNoTrace),
         Box::new(convergence::SameState),
         Box::new(answers::ModelState),
         Box::new(durability::AckedWrites),

@@ -266,10 +266,10 @@ impl SyncWatch {
             let held = from + stamps.len() as u64;
             return Err(format!("cursor {upto} beyond the peer's {held} ops"));
         }
-        let Ok(held) = forest.stored_stamps(pass.tree, &stamps) else {
+        let Ok(held) = forest.held_digests(pass.tree, &stamps) else {
             return Ok(());
         };
-        if let Some(at) = held.iter().position(|h| !h) {
+        if let Some(at) = held.iter().position(|h| h.is_none()) {
             return Err(format!(
                 "the peer's op {} at height {} is not here",
                 stamps[at],

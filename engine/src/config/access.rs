@@ -1,0 +1,231 @@
+//! The `access:` section: which clients may do what with which container
+//! (docs/design.md §7, §9). Clients are named as the transport reports
+//! them (the name a client certificate carries). Replicas need no entry:
+//! a container's configured replicas may replicate it.
+//!
+//! ```yaml
+//! access:
+//!   anonymous: none           # none | reader | writer | owner | trusted
+//!   default:                  # containers not listed below
+//!     readers: [auditor]
+//!   containers:
+//!     - cid: "<64 hex digits>"
+//!       owners: [gateway-1]
+//!       writers: [gateway-2]
+//!       readers: []
+//! ```
+
+use super::parse::{container_items, Section};
+use crate::error::{Error, Result};
+use crate::types::ContainerId;
+use std::collections::BTreeSet;
+
+/// What a client may do with a container's trees; each role includes the
+/// ones below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// GetNodeByPath, GetMeta, GetSubTree, TreeList.
+    Reader,
+    /// Add, AddByPath, Move, Remove, and reading.
+    Writer,
+    /// Everything a client can call: writing, reading, Drop, and reading
+    /// the op log (GetOpLog, GetOpLogStamps) for operator tooling.
+    Owner,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Writer => "writer",
+            Role::Owner => "owner",
+        }
+    }
+}
+
+/// The clients holding each role on one container (or on the unlisted
+/// ones).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grants {
+    pub owners: Vec<String>,
+    pub writers: Vec<String>,
+    pub readers: Vec<String>,
+}
+
+impl Grants {
+    /// The highest role `client` holds here.
+    pub fn role_of(&self, client: &str) -> Option<Role> {
+        let holds = |names: &[String]| names.iter().any(|n| n == client);
+        if holds(&self.owners) {
+            Some(Role::Owner)
+        } else if holds(&self.writers) {
+            Some(Role::Writer)
+        } else if holds(&self.readers) {
+            Some(Role::Reader)
+        } else {
+            None
+        }
+    }
+
+    /// Grants `role` on these containers to `client` (tests, the
+    /// simulator's configs).
+    pub fn grant(&mut self, role: Role, client: &str) {
+        let names = match role {
+            Role::Owner => &mut self.owners,
+            Role::Writer => &mut self.writers,
+            Role::Reader => &mut self.readers,
+        };
+        names.push(client.to_string());
+    }
+}
+
+/// The rights of one listed container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerAccess {
+    pub cid: ContainerId,
+    pub grants: Grants,
+}
+
+/// `access:` section. Empty by default: no client and no anonymous
+/// caller may do anything but `Healthcheck`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccessConfig {
+    /// The role every caller without credentials holds on every container
+    /// (plaintext listeners); `None`: nothing.
+    pub anonymous: Option<Role>,
+    /// `anonymous: trusted`: every caller without credentials is also
+    /// taken for a replica of every container (may `Apply` ops of the
+    /// container's replicas, read op logs). What a plaintext cluster
+    /// needs, whose peers cannot prove who they are; never set it where
+    /// an untrusted process can reach the port (docs/security.md).
+    pub anonymous_replicates: bool,
+    /// The rights on containers not listed in `containers`.
+    pub default: Grants,
+    /// Containers with their own rights, which replace `default` for them.
+    pub containers: Vec<ContainerAccess>,
+}
+
+impl AccessConfig {
+    /// `anonymous: trusted`: every caller may do everything (in-process
+    /// tests, plaintext loopback clusters).
+    pub fn trusting_everyone() -> Self {
+        Self {
+            anonymous: Some(Role::Owner),
+            anonymous_replicates: true,
+            ..Self::default()
+        }
+    }
+
+    /// The grants that apply to `cid`.
+    pub fn grants_of(&self, cid: &ContainerId) -> &Grants {
+        self.containers
+            .iter()
+            .find(|c| c.cid == *cid)
+            .map_or(&self.default, |c| &c.grants)
+    }
+
+    /// A container listed twice or a role naming nobody is refused.
+    pub fn validate(&self) -> Result<()> {
+        let mut cids = BTreeSet::new();
+        for container in &self.containers {
+            if !cids.insert(container.cid) {
+                return Err(Error::Config(format!(
+                    "access.containers: cid {} listed twice",
+                    container.cid
+                )));
+            }
+        }
+        let all = self.containers.iter().map(|c| &c.grants);
+        for grants in all.chain([&self.default]) {
+            let names = grants.owners.iter().chain(&grants.writers);
+            if names.chain(&grants.readers).any(|n| n.is_empty()) {
+                return Err(Error::Config("access: an empty client name".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn parse_access(mut s: Section) -> Result<AccessConfig> {
+    let (anonymous, anonymous_replicates) = match s.string("anonymous")?.as_deref() {
+        None | Some("none") => (None, false),
+        Some("reader") => (Some(Role::Reader), false),
+        Some("writer") => (Some(Role::Writer), false),
+        Some("owner") => (Some(Role::Owner), false),
+        Some("trusted") => (Some(Role::Owner), true),
+        Some(_) => {
+            return Err(Error::Config(format!(
+                "{}: expected none, reader, writer, owner or trusted",
+                s.key("anonymous")
+            )))
+        }
+    };
+    let default = parse_grants(s.section("default")?)?;
+    let mut containers = Vec::new();
+    for (cid, c) in container_items(&mut s)? {
+        let grants = parse_grants(c)?;
+        containers.push(ContainerAccess { cid, grants });
+    }
+    s.finish()?;
+    Ok(AccessConfig {
+        anonymous,
+        anonymous_replicates,
+        default,
+        containers,
+    })
+}
+
+/// `owners`, `writers` and `readers` of one mapping, which must hold
+/// nothing else.
+fn parse_grants(mut s: Section) -> Result<Grants> {
+    let grants = Grants {
+        owners: s.strings("owners")?,
+        writers: s.strings("writers")?,
+        readers: s.strings("readers")?,
+    };
+    s.finish()?;
+    Ok(grants)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    const CID: &str = "abababababababababababababababababababababababababababababababab";
+
+    fn parse(access: &str) -> Result<AccessConfig> {
+        let text = format!("node:\n  replica_id: 1\naccess:\n{access}");
+        Config::from_yaml_str(&text).map(|c| c.access)
+    }
+
+    #[test]
+    fn the_access_section_names_roles_per_container() {
+        let access = parse(&format!(
+            "  anonymous: reader\n  default:\n    writers: [w]\n  containers:\n    - cid: \"{CID}\"\n      owners: [o]\n"
+        ))
+        .unwrap();
+        assert_eq!(access.anonymous, Some(Role::Reader));
+        assert!(!access.anonymous_replicates);
+        let listed = ContainerId::from_hex(CID).unwrap();
+        assert_eq!(access.grants_of(&listed).role_of("o"), Some(Role::Owner));
+        assert_eq!(access.grants_of(&listed).role_of("w"), None);
+        let other = ContainerId([1; 32]);
+        assert_eq!(access.grants_of(&other).role_of("w"), Some(Role::Writer));
+        let trusted = parse("  anonymous: trusted\n").unwrap();
+        assert_eq!(trusted, AccessConfig::trusting_everyone());
+        let absent = Config::from_yaml_str("node:\n  replica_id: 1\n").unwrap();
+        assert_eq!(absent.access, AccessConfig::default());
+    }
+
+    #[test]
+    fn access_errors_name_the_key() {
+        let error = |text: &str| parse(text).unwrap_err().to_string();
+        assert!(error("  anonymous: root\n").contains("access.anonymous"));
+        assert!(error("  default:\n    admins: [x]\n").contains("access.default.admins"));
+        assert!(error("  default:\n    owners: [1]\n").contains("access.default.owners[0]"));
+        let twice = format!("  containers:\n    - cid: \"{CID}\"\n    - cid: \"{CID}\"\n");
+        assert!(error(&twice).contains("listed twice"));
+        assert!(error("  containers:\n    - owners: [x]\n").contains("access.containers[0].cid"));
+    }
+}

@@ -1,0 +1,389 @@
+//! The dialling side: one connection per call in flight, pooled per peer.
+//! Every connection a node or the gateway opens first checks who answered
+//! (docs/design.md §9): over TLS the server's certificate must name the
+//! replica dialled, of this cluster; then `Hello` says who the dialler is,
+//! and the answer must name that same replica and cluster. A connection
+//! that fails either check is never used.
+
+use super::{io_error, read_frame, write_frame, Stream};
+use crate::config::{Config, DEFAULT_CLUSTER_ID};
+use crate::error::{Error, Result};
+use crate::net::Transport;
+use crate::proto::{self, Request, Response};
+use crate::runtime::BoxFuture;
+use crate::tls::{server_name, CertIdentity, TlsContext};
+use crate::types::ReplicaId;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// How a process dials nodes and who it says it is.
+#[derive(Clone, Debug)]
+pub struct Dialer {
+    pub cluster_id: String,
+    /// This node's replica id; `None` for a client.
+    pub replica_id: Option<ReplicaId>,
+    pub tls: Option<Arc<TlsContext>>,
+    pub connect_timeout: Duration,
+    pub max_message_bytes: usize,
+    /// Open every connection with `Hello` (nodes and the gateway do).
+    pub hello: bool,
+}
+
+impl Dialer {
+    /// Plain TCP, no `Hello`: an anonymous client.
+    pub fn plaintext(connect_timeout: Duration, max_message_bytes: usize) -> Self {
+        Self {
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            replica_id: None,
+            tls: None,
+            connect_timeout,
+            max_message_bytes,
+            hello: false,
+        }
+    }
+
+    /// A node dialling its peers, as `config` says it is.
+    pub fn for_node(config: &Config, tls: Option<Arc<TlsContext>>) -> Self {
+        Self {
+            cluster_id: config.node.cluster_id.clone(),
+            replica_id: Some(config.node.replica_id),
+            tls,
+            connect_timeout: config.limits.connect_timeout,
+            max_message_bytes: config.limits.max_message_bytes,
+            hello: true,
+        }
+    }
+
+    /// A client of the cluster its certificate names (or of
+    /// `config`'s cluster without TLS), with `Hello`.
+    pub fn for_client(config: &Config, tls: Option<Arc<TlsContext>>) -> Self {
+        let cluster_id = match &tls {
+            Some(tls) => tls.identity().cluster_id().to_string(),
+            None => config.node.cluster_id.clone(),
+        };
+        Self {
+            cluster_id,
+            replica_id: None,
+            tls,
+            connect_timeout: config.limits.connect_timeout,
+            max_message_bytes: config.limits.max_message_bytes,
+            hello: true,
+        }
+    }
+}
+
+/// One client connection: one request at a time, answers matched by id.
+pub struct Connection {
+    stream: Box<dyn Stream>,
+    next_id: u64,
+    max_message_bytes: usize,
+}
+
+impl Connection {
+    /// Connects within `connect_timeout`, plain TCP, no `Hello`.
+    pub async fn connect(
+        address: &str,
+        connect_timeout: Duration,
+        max_message_bytes: usize,
+    ) -> Result<Self> {
+        let dialer = Dialer::plaintext(connect_timeout, max_message_bytes);
+        Self::open(address, None, &dialer).await
+    }
+
+    /// Connects to `address` as `dialer` says, expecting replica `expect`
+    /// (any replica of the cluster when `None`) to answer.
+    pub async fn open(address: &str, expect: Option<ReplicaId>, dialer: &Dialer) -> Result<Self> {
+        let timeout = dialer.connect_timeout;
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+            .await
+            .map_err(|_| Error::Network(format!("connect to {address} timed out")))?
+            .map_err(|e| Error::Network(format!("connect to {address}: {e}")))?;
+        stream.set_nodelay(true).map_err(io_error)?;
+        let stream: Box<dyn Stream> = match &dialer.tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                let handshake = tls.connector().connect(server_name(), stream);
+                let stream = tokio::time::timeout(timeout, handshake)
+                    .await
+                    .map_err(|_| Error::Network(format!("TLS handshake with {address} timed out")))?
+                    .map_err(|e| Error::Network(format!("TLS handshake with {address}: {e}")))?;
+                let certs = stream.get_ref().1.peer_certificates().unwrap_or_default();
+                let named = certs
+                    .first()
+                    .ok_or_else(|| Error::IdentityRefused(format!("{address} sent no certificate")))
+                    .and_then(|cert| CertIdentity::from_certificate(cert))?;
+                check_answerer(address, &dialer.cluster_id, expect, &named)?;
+                Box::new(stream)
+            }
+        };
+        let mut connection = Self {
+            stream,
+            next_id: 1,
+            max_message_bytes: dialer.max_message_bytes,
+        };
+        if dialer.hello {
+            connection.hello(address, expect, dialer).await?;
+        }
+        Ok(connection)
+    }
+
+    /// Says who this end is and checks who the other end says it is.
+    async fn hello(
+        &mut self,
+        address: &str,
+        expect: Option<ReplicaId>,
+        dialer: &Dialer,
+    ) -> Result<()> {
+        let request = Request::Hello {
+            cluster_id: dialer.cluster_id.clone(),
+            replica_id: dialer.replica_id,
+        };
+        let call = tokio::time::timeout(dialer.connect_timeout, self.call(&request));
+        let answer = call.await.map_err(|_| Error::Timeout)??;
+        match answer {
+            Response::Hello {
+                cluster_id,
+                replica_id,
+            } => {
+                let named = CertIdentity::Replica {
+                    cluster_id,
+                    replica_id,
+                };
+                check_answerer(address, &dialer.cluster_id, expect, &named)?;
+                if dialer.replica_id == Some(replica_id) {
+                    return Err(Error::IdentityRefused(format!(
+                        "{address} is replica {replica_id}, this node's own id: two nodes share one node.replica_id"
+                    )));
+                }
+                Ok(())
+            }
+            Response::Error(error) => Err(error),
+            other => Err(Error::Malformed(format!(
+                "{address} answered Hello with {other:?}"
+            ))),
+        }
+    }
+
+    /// Sends one request and reads its response. After an error the
+    /// connection must not be reused.
+    pub async fn call(&mut self, request: &Request) -> Result<Response> {
+        let id = self.next_id;
+        self.next_id += 1;
+        write_frame(&mut self.stream, &proto::encode(id, request)).await?;
+        let body = read_frame(&mut self.stream, self.max_message_bytes)
+            .await?
+            .ok_or_else(|| Error::Network("connection closed by peer".into()))?;
+        let envelope = proto::decode::<Response>(&body, self.max_message_bytes)?;
+        if envelope.id != id {
+            // Id 0 is the server's answer to a frame it could not read.
+            if let Response::Error(error) = envelope.body {
+                return Err(error);
+            }
+            return Err(Error::Malformed(format!(
+                "response id {} for request {id}",
+                envelope.id
+            )));
+        }
+        Ok(envelope.body)
+    }
+}
+
+/// The other end must be a replica of `cluster_id`, and `expect` if given.
+fn check_answerer(
+    address: &str,
+    cluster_id: &str,
+    expect: Option<ReplicaId>,
+    named: &CertIdentity,
+) -> Result<()> {
+    let refuse = |why: String| Err(Error::IdentityRefused(format!("{address}: {why}")));
+    match named {
+        CertIdentity::Replica {
+            cluster_id: theirs, ..
+        } if theirs != cluster_id => refuse(format!(
+            "{named} is of cluster {theirs:?}, not {cluster_id:?}"
+        )),
+        CertIdentity::Replica { replica_id, .. } if expect.is_some_and(|e| e != *replica_id) => {
+            refuse(format!(
+                "{named} answered where replica {} was dialled",
+                expect.unwrap_or_default()
+            ))
+        }
+        CertIdentity::Replica { .. } => Ok(()),
+        CertIdentity::Client { .. } => refuse(format!("{named} is a client, not a replica")),
+    }
+}
+
+/// A pooled connection and when it was last used.
+struct Idle {
+    connection: Connection,
+    since: Instant,
+}
+
+/// `net::Transport` over TCP with a small pool of idle connections per peer.
+///
+/// A call that fails on a pooled connection (the peer may have restarted
+/// since) is retried once on a fresh one. The service only sends
+/// idempotent requests to peers (Apply, GetOpLog, TreeList), so a duplicate
+/// is harmless.
+pub struct TcpTransport {
+    addresses: BTreeMap<ReplicaId, String>,
+    /// Calls in flight per peer, so that this node alone never takes more
+    /// than its share of a peer's `max_connections`.
+    slots: BTreeMap<ReplicaId, Arc<Semaphore>>,
+    pool: Arc<Mutex<BTreeMap<ReplicaId, Vec<Idle>>>>,
+    /// Idle connections kept per peer for reuse (`tree.cache_size`, the
+    /// modelled system's client connection cache); 0 disables reuse.
+    idle_per_peer: usize,
+    /// A pooled connection idle this long is not reused: the peer closes
+    /// connections idle for `limits.idle_connection_timeout`.
+    reuse_within: Duration,
+    dialer: Arc<Dialer>,
+    calls: AtomicU64,
+    refused: Arc<AtomicU64>,
+}
+
+impl TcpTransport {
+    /// A node's transport to its peers, as `config` says it is.
+    pub fn new(config: &Config, tls: Option<Arc<TlsContext>>) -> Self {
+        Self::with_dialer(config, Dialer::for_node(config, tls))
+    }
+
+    /// A transport to the peers of `config` that dials as `dialer` says
+    /// (the gateway: a client).
+    pub fn with_dialer(config: &Config, dialer: Dialer) -> Self {
+        let addresses = config
+            .node
+            .peers
+            .iter()
+            .map(|p| (p.replica_id, p.address.clone()))
+            .collect();
+        let share = outbound_share(config);
+        let slots = config
+            .node
+            .peers
+            .iter()
+            .map(|p| (p.replica_id, Arc::new(Semaphore::new(share))))
+            .collect();
+        Self {
+            addresses,
+            slots,
+            pool: Arc::default(),
+            idle_per_peer: config.tree.cache_size,
+            reuse_within: config.limits.idle_connection_timeout / 2,
+            dialer: Arc::new(dialer),
+            calls: AtomicU64::new(0),
+            refused: Arc::default(),
+        }
+    }
+
+    /// Calls made so far (for diagnostics).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Idle pooled connections to `peer` right now.
+    pub fn idle_connections(&self, peer: ReplicaId) -> usize {
+        let pool = self.pool.lock().expect("pool lock");
+        pool.get(&peer).map_or(0, Vec::len)
+    }
+}
+
+impl Transport for TcpTransport {
+    fn call(
+        &self,
+        peer: ReplicaId,
+        request: Request,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Response>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let Some(address) = self.addresses.get(&peer).cloned() else {
+            return Box::pin(async move { Err(Error::Network(format!("unknown peer {peer}"))) });
+        };
+        let pool = Pool {
+            idle: self.pool.clone(),
+            idle_per_peer: self.idle_per_peer,
+            reuse_within: self.reuse_within,
+        };
+        let dialer = self.dialer.clone();
+        let refused = self.refused.clone();
+        let slots = self.slots[&peer].clone();
+        Box::pin(async move {
+            let call = async {
+                let _slot = slots.acquire().await.map_err(|_| Error::ShuttingDown)?;
+                let result = call_pooled(&pool, peer, &address, &request, &dialer).await;
+                if let Err(error @ Error::IdentityRefused(_)) = &result {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(peer, %address, %error, "peer connection refused");
+                }
+                result
+            };
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(Error::Timeout))
+        })
+    }
+
+    fn identities_refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// Concurrent calls to one peer: half of a node's inbound connection limit,
+/// split between the peers that may all call it at once; clients keep the
+/// other half.
+pub fn outbound_share(config: &Config) -> usize {
+    let callers = config.node.peers.len().max(1);
+    (config.limits.max_connections / 2 / callers).max(1)
+}
+
+/// The idle connections of a transport and their bounds.
+struct Pool {
+    idle: Arc<Mutex<BTreeMap<ReplicaId, Vec<Idle>>>>,
+    idle_per_peer: usize,
+    reuse_within: Duration,
+}
+
+impl Pool {
+    /// The most recently used connection to `peer` still fresh enough.
+    fn take(&self, peer: ReplicaId) -> Option<Connection> {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let idle = idle.get_mut(&peer)?;
+        idle.retain(|entry| entry.since.elapsed() < self.reuse_within);
+        idle.pop().map(|entry| entry.connection)
+    }
+
+    fn give_back(&self, peer: ReplicaId, connection: Connection) {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let idle = idle.entry(peer).or_default();
+        if idle.len() < self.idle_per_peer {
+            idle.push(Idle {
+                connection,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+async fn call_pooled(
+    pool: &Pool,
+    peer: ReplicaId,
+    address: &str,
+    request: &Request,
+    dialer: &Dialer,
+) -> Result<Response> {
+    if let Some(mut connection) = pool.take(peer) {
+        if let Ok(response) = connection.call(request).await {
+            pool.give_back(peer, connection);
+            return Ok(response);
+        }
+    }
+    let mut connection = Connection::open(address, Some(peer), dialer).await?;
+    let response = connection.call(request).await?;
+    pool.give_back(peer, connection);
+    Ok(response)
+}

@@ -1,0 +1,117 @@
+//! The production network: length-prefixed frames over TCP, with mutual
+//! TLS when the node has certificates (`tls`).
+//!
+//! A frame is `[length: u32 big-endian][body]`, the body being
+//! `proto::encode` output. The length is checked against the message limit
+//! before anything is read, and a body is read as it arrives rather than
+//! allocated from the claimed length, so a lying header costs nothing.
+//! A malformed, truncated or oversized frame gets one error response (id 0)
+//! and the connection is closed: after a bad frame the byte stream cannot be
+//! trusted to be in step. Other connections are unaffected.
+//!
+//! `server` accepts connections and bounds what they may hold (count, idle
+//! time, handshake time, bytes of partly received frames); `client` dials
+//! peers, checks who answered and pools connections.
+
+mod budget;
+mod client;
+mod server;
+
+pub use budget::FrameBudget;
+pub use client::{outbound_share, Connection, Dialer, TcpTransport};
+pub use server::{listen, serve, Server, ServerHandle, ServerOptions, ServerStats};
+
+use crate::error::{Error, Result};
+use crate::identity::Caller;
+use crate::proto::{Request, Response};
+use crate::runtime::BoxFuture;
+use crate::service::Service;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Answers requests; the service in production, anything in tests.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers `request` from `caller`, as the connection authenticated it.
+    fn handle<'a>(&'a self, caller: &'a Caller, request: Request) -> BoxFuture<'a, Response>;
+}
+
+impl Handler for Service {
+    fn handle<'a>(&'a self, caller: &'a Caller, request: Request) -> BoxFuture<'a, Response> {
+        Box::pin(Service::handle(self, caller, request))
+    }
+}
+
+/// Reads one frame. `Ok(None)` is a clean end of stream between frames.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_bytes: usize,
+) -> Result<Option<Vec<u8>>> {
+    let mut header = [0u8; 4];
+    let mut filled = 0;
+    while filled < header.len() {
+        let n = reader.read(&mut header[filled..]).await.map_err(io_error)?;
+        if n == 0 {
+            return match filled {
+                0 => Ok(None),
+                _ => Err(Error::Malformed("truncated frame header".into())),
+            };
+        }
+        filled += n;
+    }
+    let length = check_length(u32::from_be_bytes(header), max_bytes)?;
+    // Grows with the bytes that actually arrive, never with the claim.
+    let mut body = Vec::new();
+    reader
+        .take(length as u64)
+        .read_to_end(&mut body)
+        .await
+        .map_err(io_error)?;
+    if body.len() != length {
+        return Err(truncated(body.len(), length));
+    }
+    Ok(Some(body))
+}
+
+/// The length a frame header claims, if it is within the limit.
+fn check_length(length: u32, max_bytes: usize) -> Result<usize> {
+    let length = length as usize;
+    if length > max_bytes {
+        return Err(Error::TooLarge {
+            what: "frame".into(),
+            size: length as u64,
+            limit: max_bytes as u64,
+        });
+    }
+    Ok(length)
+}
+
+fn truncated(got: usize, length: usize) -> Error {
+    Error::Malformed(format!("truncated frame: {got} of {length} bytes"))
+}
+
+/// Writes one frame.
+pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, body: &[u8]) -> Result<()> {
+    writer.write_all(&frame(body)?).await.map_err(io_error)?;
+    writer.flush().await.map_err(io_error)
+}
+
+/// The length header followed by `body`.
+fn frame(body: &[u8]) -> Result<Vec<u8>> {
+    let length = u32::try_from(body.len()).map_err(|_| Error::TooLarge {
+        what: "frame".into(),
+        size: body.len() as u64,
+        limit: u32::MAX as u64,
+    })?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&length.to_be_bytes());
+    frame.extend_from_slice(body);
+    Ok(frame)
+}
+
+fn io_error(e: std::io::Error) -> Error {
+    Error::Network(e.to_string())
+}
+
+/// A byte stream a connection runs over: plain TCP or TLS over TCP.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Stream for S {}

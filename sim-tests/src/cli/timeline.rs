@@ -1,0 +1,584 @@
+//! `replay --html FILE`: one self-contained HTML page (inline SVG, no
+//! network) drawing a run over simulated time: one lane per replica and
+//! per client; client ops from send to answer (acknowledged, failed or
+//! never answered); partitions, crashes, restarts, disk-error windows and
+//! the other faults; sync rounds the checks start; check phases; and the
+//! failure, with the ops its message names highlighted. Everything comes
+//! from the run's trace, so a timeline shows exactly what a replay prints.
+
+use crate::scenario::Report;
+use crate::trace::Event;
+use crate::world::transport::{RequestKind, WireCall};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+const LABEL_W: f64 = 120.0;
+const PLOT_W: f64 = 1100.0;
+const LANE_H: f64 = 30.0;
+const TOP: f64 = 70.0;
+/// Most op bars drawn: a standard-size run has about 2,000 ops.
+const OPS_DRAWN_MAX: usize = 20_000;
+/// Most pushes and pulls drawn.
+const WIRE_DRAWN_MAX: usize = 20_000;
+/// Events listed under the drawing.
+const EVENTS_LISTED_MAX: usize = 60;
+
+/// One client op from send to answer.
+struct Op {
+    number: u64,
+    client: String,
+    replica: Option<String>,
+    sent: Duration,
+    answered: Option<(Duration, bool)>,
+    summary: String,
+}
+
+/// A fault window on some lanes.
+struct Window {
+    start: Duration,
+    end: Duration,
+    lanes: Vec<String>,
+    label: String,
+    color: &'static str,
+}
+
+/// The HTML page of `report`'s run.
+pub fn html(report: &Report) -> String {
+    let events = &report.events;
+    let end = events
+        .last()
+        .map_or(Duration::from_secs(1), |e| e.at)
+        .max(Duration::from_millis(1));
+    let lanes = lanes(events);
+    let scale = Scale { end, lanes: &lanes };
+    let ops = ops(events);
+    let named = named_ops(report, &ops);
+    let mut svg = String::new();
+    let height = TOP + LANE_H * lanes.len() as f64 + 30.0;
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="monospace" font-size="11">"#,
+        LABEL_W + PLOT_W + 20.0
+    );
+    draw_lanes(&mut svg, &scale);
+    draw_axis(&mut svg, &scale, height);
+    for window in windows(events) {
+        draw_window(&mut svg, &scale, &window);
+    }
+    for call in report.wire.iter().take(WIRE_DRAWN_MAX) {
+        draw_wire(&mut svg, &scale, call);
+    }
+    for op in ops.iter().take(OPS_DRAWN_MAX) {
+        draw_op(&mut svg, &scale, op, named.contains(&op.number));
+    }
+    draw_marks(&mut svg, &scale, events, height);
+    draw_final_failure(&mut svg, &scale, report, height);
+    svg.push_str("</svg>");
+    page(report, &svg, events, &named)
+}
+
+struct Scale<'a> {
+    end: Duration,
+    lanes: &'a [String],
+}
+
+impl Scale<'_> {
+    fn x(&self, at: Duration) -> f64 {
+        LABEL_W + PLOT_W * at.as_secs_f64() / self.end.as_secs_f64()
+    }
+
+    fn lane_y(&self, lane: &str) -> Option<f64> {
+        let i = self.lanes.iter().position(|l| l == lane)?;
+        Some(TOP + LANE_H * i as f64)
+    }
+}
+
+/// Replicas, then clients (by number), then the nemesis and the world.
+fn lanes(events: &[Event]) -> Vec<String> {
+    let names: BTreeSet<&str> = events.iter().map(|e| e.node.as_str()).collect();
+    let mut lanes: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    lanes.sort_by_key(|name| {
+        let rank = match name.split('-').next() {
+            Some("replica") => 0,
+            Some("client") => 1,
+            _ if name == "nemesis" => 2,
+            _ => 3,
+        };
+        let number: u64 = name
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        (rank, number, name.clone())
+    });
+    if !lanes.iter().any(|l| l == "nemesis") {
+        lanes.push("nemesis".into());
+    }
+    lanes
+}
+
+fn op_number(what: &str) -> Option<(u64, &str)> {
+    let rest = what.strip_prefix("op#")?;
+    let digits = rest.find(' ').unwrap_or(rest.len());
+    Some((rest[..digits].parse().ok()?, rest[digits..].trim_start()))
+}
+
+fn ops(events: &[Event]) -> Vec<Op> {
+    let mut ops: BTreeMap<(String, u64), Op> = BTreeMap::new();
+    for event in events.iter().filter(|e| e.node.starts_with("client-")) {
+        let Some((number, rest)) = op_number(&event.what) else {
+            continue;
+        };
+        let key = (event.node.clone(), number);
+        if let Some(op) = ops.get_mut(&key).filter(|op| op.answered.is_none()) {
+            if rest.starts_with("ok") {
+                op.answered = Some((event.at, true));
+                op.summary.push_str(&format!(" / {rest}"));
+            } else if rest.starts_with("failed") {
+                op.answered = Some((event.at, false));
+                op.summary.push_str(&format!(" / {rest}"));
+            }
+            continue;
+        }
+        let replica = rest
+            .rsplit("-> ")
+            .next()
+            .filter(|r| r.starts_with("replica-"));
+        ops.insert(
+            key,
+            Op {
+                number,
+                client: event.node.clone(),
+                replica: replica.map(str::to_string),
+                sent: event.at,
+                answered: None,
+                summary: rest.to_string(),
+            },
+        );
+    }
+    ops.into_values().collect()
+}
+
+/// The numbers that follow each `marker` in `text`.
+fn numbers_after(text: &str, marker: &str) -> Vec<u64> {
+    text.match_indices(marker)
+        .filter_map(|(i, _)| {
+            let rest = text[i + marker.len()..].trim_start_matches(['#', ' ']);
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+/// The op a move's tag names: `key: "op", value: [49, 55]` is op 17.
+fn tagged_ops(text: &str) -> Vec<u64> {
+    let marker = "key: \"op\", value: [";
+    text.match_indices(marker)
+        .filter_map(|(i, _)| {
+            let rest = &text[i + marker.len()..];
+            let bytes: Vec<u8> = rest[..rest.find(']')?]
+                .split(", ")
+                .map(|b| b.trim().parse().ok())
+                .collect::<Option<_>>()?;
+            String::from_utf8(bytes).ok()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Ops the failure's message names: by number ("op 17", "op#17", a
+/// move's op tag) or by a node they created or moved ("id: 65537",
+/// "child: 65537").
+fn named_ops(report: &Report, ops: &[Op]) -> BTreeSet<u64> {
+    let Some(failure) = &report.failure else {
+        return BTreeSet::new();
+    };
+    let text = &failure.detail;
+    let mut named: BTreeSet<u64> = numbers_after(text, "op").into_iter().collect();
+    named.extend(tagged_ops(text));
+    let nodes: BTreeSet<u64> = ["id: ", "child: "]
+        .iter()
+        .flat_map(|m| numbers_after(text, m))
+        .collect();
+    for op in ops {
+        let answer = op.summary.rsplit(" / ").next().unwrap_or("");
+        let mentions = answer
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse::<u64>().ok())
+            .any(|n| nodes.contains(&n));
+        if op.answered.is_some_and(|(_, ok)| ok) && mentions {
+            named.insert(op.number);
+        }
+    }
+    named
+}
+
+/// Parses the `Debug` form of a `Duration` ("1.5s", "300ms", "20µs").
+fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "s" => value,
+        "ms" => value / 1e3,
+        "µs" | "us" => value / 1e6,
+        "ns" => value / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(seconds))
+}
+
+/// Replica numbers named in a nemesis note: "replica-3" and "(1, 2)".
+fn replicas_named(text: &str) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    for (i, _) in text.match_indices("replica-") {
+        let digits: String = text[i + 8..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        named.insert(format!("replica-{digits}"));
+    }
+    if let (Some(open), Some(close)) = (text.find('['), text.find(']')) {
+        for part in text[open + 1..close].split(|c: char| !c.is_ascii_digit()) {
+            if !part.is_empty() {
+                named.insert(format!("replica-{part}"));
+            }
+        }
+    }
+    named
+}
+
+fn fault_style(what: &str) -> (&'static str, &'static str) {
+    let styles = [
+        ("partition", "partition", "#f4a261"),
+        ("clog", "one-way", "#e9c46a"),
+        ("packet loss", "packet loss", "#a8dadc"),
+        ("latency", "latency", "#bde0fe"),
+        ("crash", "down", "#e63946"),
+        ("disk errors", "disk errors", "#9d4edd"),
+        ("drop pushes", "push blackout", "#90be6d"),
+    ];
+    styles
+        .iter()
+        .find(|(prefix, _, _)| what.starts_with(prefix))
+        .map_or(("fault", "#cccccc"), |(_, label, color)| (*label, *color))
+}
+
+/// Fault windows from the nemesis's notes ("... for 1.2s").
+fn windows(events: &[Event]) -> Vec<Window> {
+    let mut windows = Vec::new();
+    for event in events.iter().filter(|e| e.node == "nemesis") {
+        let Some((head, tail)) = event.what.rsplit_once(" for ") else {
+            continue;
+        };
+        let Some(length) = parse_duration(tail) else {
+            continue;
+        };
+        let (label, color) = fault_style(head);
+        let mut lanes: Vec<String> = replicas_named(head).into_iter().collect();
+        lanes.push("nemesis".into());
+        windows.push(Window {
+            start: event.at,
+            end: event.at + length,
+            lanes,
+            label: format!("{label}: {}", event.what),
+            color,
+        });
+    }
+    windows
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn draw_lanes(svg: &mut String, scale: &Scale) {
+    for (i, lane) in scale.lanes.iter().enumerate() {
+        let y = TOP + LANE_H * i as f64;
+        let fill = if i % 2 == 0 { "#f8f9fa" } else { "#ffffff" };
+        let _ = write!(
+            svg,
+            r#"<rect x="0" y="{y}" width="{}" height="{LANE_H}" fill="{fill}"/><text x="4" y="{}">{}</text>"#,
+            LABEL_W + PLOT_W,
+            y + LANE_H / 2.0 + 4.0,
+            escape(lane)
+        );
+    }
+}
+
+fn draw_axis(svg: &mut String, scale: &Scale, height: f64) {
+    let seconds = scale.end.as_secs_f64();
+    let step = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]
+        .into_iter()
+        .find(|s| seconds / s <= 20.0)
+        .unwrap_or(120.0);
+    let mut t = 0.0;
+    while t <= seconds {
+        let x = scale.x(Duration::from_secs_f64(t));
+        let _ = write!(
+            svg,
+            r##"<line x1="{x}" y1="{}" x2="{x}" y2="{}" stroke="#dddddd"/><text x="{x}" y="{}" text-anchor="middle" fill="#555">{t:.1}s</text>"##,
+            TOP - 4.0,
+            height - 26.0,
+            height - 12.0
+        );
+        t += step;
+    }
+}
+
+fn draw_window(svg: &mut String, scale: &Scale, window: &Window) {
+    let (x1, x2) = (scale.x(window.start), scale.x(window.end.min(scale.end)));
+    for lane in &window.lanes {
+        let Some(y) = scale.lane_y(lane) else {
+            continue;
+        };
+        let _ = write!(
+            svg,
+            r#"<rect x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}" opacity="0.55"><title>{}</title></rect>"#,
+            y + 2.0,
+            (x2 - x1).max(1.5),
+            LANE_H - 4.0,
+            window.color,
+            escape(&window.label)
+        );
+    }
+}
+
+fn draw_op(svg: &mut String, scale: &Scale, op: &Op, named: bool) {
+    let Some(y) = scale.lane_y(&op.client) else {
+        return;
+    };
+    let (end, color) = match op.answered {
+        Some((at, true)) => (at, "#2a9d8f"),
+        Some((at, false)) => (at, "#d62828"),
+        None => (scale.end, "#6c757d"),
+    };
+    let (x1, x2) = (scale.x(op.sent), scale.x(end));
+    let stroke = if named {
+        r##" stroke="#000" stroke-width="2.5""##
+    } else {
+        ""
+    };
+    let _ = write!(
+        svg,
+        r##"<rect x="{x1:.1}" y="{:.1}" width="{:.1}" height="8" fill="{color}"{stroke}><title>op#{} {}</title></rect>"##,
+        y + 11.0,
+        (x2 - x1).max(1.5),
+        op.number,
+        escape(&op.summary)
+    );
+    if let Some(ry) = op.replica.as_deref().and_then(|r| scale.lane_y(r)) {
+        let _ = write!(
+            svg,
+            r#"<line x1="{x2:.1}" y1="{:.1}" x2="{x2:.1}" y2="{:.1}" stroke="{color}" stroke-width="{}"/>"#,
+            ry + LANE_H - 9.0,
+            ry + LANE_H - 2.0,
+            if named { 3 } else { 1 }
+        );
+    }
+}
+
+/// A push or sync pull as a tick at the top of the sender's lane (faint
+/// when the message filter dropped it).
+fn draw_wire(svg: &mut String, scale: &Scale, call: &WireCall) {
+    let Some(y) = scale.lane_y(&format!("replica-{}", call.from)) else {
+        return;
+    };
+    let (color, top, what) = match call.kind {
+        RequestKind::Push => ("#1d3557", 1.0, "push"),
+        _ => ("#8338ec", 4.0, "sync pull"),
+    };
+    let x = scale.x(call.at);
+    let opacity = if call.dropped { 0.25 } else { 0.8 };
+    let _ = write!(
+        svg,
+        r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{color}" opacity="{opacity}"><title>{what} replica-{} -> replica-{}{}</title></line>"#,
+        y + top,
+        y + top + 5.0,
+        call.from,
+        call.to,
+        if call.dropped { " (dropped)" } else { "" }
+    );
+}
+
+/// Point events: crashes, restarts, sync rounds, check phases, the failure.
+fn draw_marks(svg: &mut String, scale: &Scale, events: &[Event], height: f64) {
+    for event in events {
+        let x = scale.x(event.at);
+        if event.node == "world" {
+            draw_world_mark(svg, x, event, height);
+            continue;
+        }
+        let Some(y) = scale.lane_y(&event.node) else {
+            continue;
+        };
+        let color = match event.what.as_str() {
+            w if w.starts_with("crash") => "#e63946",
+            w if w.contains("restart") => "#f77f00",
+            "up" => "#2a9d8f",
+            "sync_now" => "#457b9d",
+            _ if event.node.starts_with("replica-") => "#adb5bd",
+            _ => continue,
+        };
+        let _ = write!(
+            svg,
+            r#"<circle cx="{x:.1}" cy="{:.1}" r="3.5" fill="{color}"><title>{}</title></circle>"#,
+            y + 7.0,
+            escape(&event.to_string())
+        );
+    }
+}
+
+/// A failure the final checks found is not in the trace as an event: it
+/// is marked at the run's end.
+fn draw_final_failure(svg: &mut String, scale: &Scale, report: &Report, height: f64) {
+    let Some(failure) = &report.failure else {
+        return;
+    };
+    if report.events.iter().any(|e| e.what.starts_with("FAILURE")) {
+        return;
+    }
+    let event = Event {
+        at: scale.end,
+        node: "world".into(),
+        what: format!("FAILURE {failure}"),
+    };
+    draw_world_mark(svg, scale.x(scale.end), &event, height);
+}
+
+fn draw_world_mark(svg: &mut String, x: f64, event: &Event, height: f64) {
+    let failure = event.what.starts_with("FAILURE");
+    let (color, width) = if failure {
+        ("#d00000", 3)
+    } else {
+        ("#6c757d", 1)
+    };
+    let _ = write!(
+        svg,
+        r#"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="{color}" stroke-width="{width}" stroke-dasharray="{}"><title>{}</title></line>"#,
+        TOP - 10.0,
+        height - 26.0,
+        if failure { "none" } else { "4 3" },
+        escape(&event.to_string())
+    );
+    if failure {
+        let anchor = if x > LABEL_W + PLOT_W * 0.6 {
+            "end"
+        } else {
+            "start"
+        };
+        let _ = write!(
+            svg,
+            r#"<text x="{x:.1}" y="{}" fill="{color}" font-weight="bold" text-anchor="{anchor}">{}</text>"#,
+            TOP - 14.0,
+            escape(&truncate(&event.what, 150))
+        );
+    }
+}
+
+fn truncate(text: &str, chars: usize) -> String {
+    if text.chars().count() <= chars {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(chars).collect();
+    cut.push('…');
+    cut
+}
+
+fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> String {
+    let title = match &report.failure {
+        Some(failure) => format!("seed {}: {failure}", report.seed),
+        None => format!("seed {} passed", report.seed),
+    };
+    let start = events.len().saturating_sub(EVENTS_LISTED_MAX);
+    let listed: Vec<String> = events[start..]
+        .iter()
+        .map(|e| escape(&e.to_string()))
+        .collect();
+    let named: Vec<String> = named.iter().map(|n| format!("op#{n}")).collect();
+    format!(
+        r#"<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>arbor-sim timeline: {title}</title>
+<style>body{{font-family:sans-serif;margin:16px}} pre{{font-size:11px;background:#f4f4f4;padding:8px;overflow-x:auto}} .legend span{{display:inline-block;margin-right:14px}} .sw{{display:inline-block;width:12px;height:12px;vertical-align:middle;margin-right:4px}}</style>
+</head><body>
+<h2>{heading}</h2>
+<p>{swarm}</p>
+<p>ops sent {sent}, acknowledged {acked}; faults {faults}; simulated {simulated:?}; trace {hash:016x}. Ops the failure names: {named}</p>
+<div class="legend">
+<span><i class="sw" style="background:#2a9d8f"></i>op acknowledged</span><span><i class="sw" style="background:#d62828"></i>op failed</span><span><i class="sw" style="background:#6c757d"></i>op never answered</span><span><i class="sw" style="border:2.5px solid #000"></i>named by the failure</span>
+<span><i class="sw" style="background:#f4a261"></i>partition</span><span><i class="sw" style="background:#e9c46a"></i>one-way</span><span><i class="sw" style="background:#e63946"></i>crash / down</span><span><i class="sw" style="background:#f77f00"></i>restart</span><span><i class="sw" style="background:#9d4edd"></i>disk errors</span><span><i class="sw" style="background:#90be6d"></i>push blackout</span><span><i class="sw" style="background:#a8dadc"></i>packet loss</span><span><i class="sw" style="background:#bde0fe"></i>latency</span><span><i class="sw" style="background:#457b9d"></i>check's sync round</span><span><i class="sw" style="background:#1d3557"></i>push (tick, lane top)</span><span><i class="sw" style="background:#8338ec"></i>sync pull</span><span>dashed: check phase; red: the failure</span>
+</div>
+{svg}
+<h3>Last events</h3>
+<pre>{events}</pre>
+</body></html>
+"#,
+        heading = escape(&truncate(&title, 160)),
+        title = escape(&title),
+        swarm = escape(&report.swarm.to_string()).replace('\n', "<br>"),
+        sent = report.ops_sent,
+        acked = report.ops_acked,
+        faults = report.faults_injected,
+        simulated = report.simulated,
+        hash = report.trace_hash,
+        named = if named.is_empty() {
+            "none".to_string()
+        } else {
+            named.join(", ")
+        },
+        events = listed.join("\n"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_debug_form() {
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("300ms"), Some(Duration::from_millis(300)));
+        assert_eq!(parse_duration("20µs"), Some(Duration::from_micros(20)));
+        assert_eq!(parse_duration("soon"), None);
+    }
+
+    #[test]
+    fn move_tags_name_their_op() {
+        let text = r#"KeyValue { key: "op", value: [49, 55] }, id: 5"#;
+        assert_eq!(tagged_ops(text), vec![17]);
+        assert_eq!(numbers_after(text, "id: "), vec![5]);
+    }
+
+    #[test]
+    fn notes_name_their_replicas() {
+        let named = replicas_named("partition [(1, 3), (3, 1)]");
+        assert_eq!(named.len(), 2);
+        assert!(named.contains("replica-3"));
+        assert_eq!(replicas_named("crash replica-2").len(), 1);
+    }
+
+    #[test]
+    fn ops_pair_send_and_answer() {
+        let at = Duration::from_millis;
+        let event = |t, what: &str| Event {
+            at: at(t),
+            node: "client-1".into(),
+            what: what.into(),
+        };
+        let events = vec![
+            event(1, "op#4 Add x under 0 -> replica-2"),
+            event(5, "op#4 ok Added"),
+            event(6, "op#5 Remove x 3 -> replica-1"),
+            event(9, "op#5 failed: timeout"),
+        ];
+        let ops = ops(&events);
+        assert_eq!(ops.len(), 2);
+        assert_eq!(ops[0].answered, Some((at(5), true)));
+        assert_eq!(ops[0].replica.as_deref(), Some("replica-2"));
+        assert_eq!(ops[1].answered, Some((at(9), false)));
+    }
+}

@@ -1,0 +1,222 @@
+//! Failure capsules: one JSON file holding everything a run read (the
+//! plan: configuration, fault schedule, client streams and budgets), the
+//! seed madsim ran it on, the canary, the commit, and what the run gave
+//! (failure kind, trace fingerprint). `arbor-sim replay --capsule FILE`
+//! reruns it exactly; an edited capsule (a fault or a client deleted, a
+//! budget cut) still runs, because the run reads its faults and ops from
+//! the plan.
+
+use super::plan::{Plan, PlanError};
+use super::{run_plan, Options, Report};
+use crate::failure::FailureKind;
+use arbor::canary::Canary;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The capsule format this build reads and writes.
+pub const CAPSULE_FORMAT: u32 = 1;
+/// Largest capsule file read: a plan with every limit at its maximum is
+/// far below it.
+pub const CAPSULE_BYTES_MAX: u64 = 16 << 20;
+
+/// One run, as data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Capsule {
+    pub format: u32,
+    /// The madsim seed (network and scheduling randomness); also the
+    /// seed the plan was drawn from before any edit.
+    pub seed: u64,
+    /// The commit of the build that wrote the capsule.
+    pub commit: String,
+    /// "standard", "small" or "custom" (the plan holds the numbers).
+    pub size: String,
+    pub faults: bool,
+    /// The planted bug switched on (engine/src/canary.rs), by name.
+    pub canary: Option<String>,
+    /// What the run gave when the capsule was written.
+    pub outcome: Outcome,
+    pub plan: Plan,
+}
+
+/// What a run gave.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// `None` when the run passed.
+    pub failure_kind: Option<String>,
+    pub failure: Option<String>,
+    pub trace_fingerprint: String,
+    pub faults_injected: u64,
+    pub ops_sent: u64,
+}
+
+/// Why a capsule cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CapsuleError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {size} bytes, over the limit of {CAPSULE_BYTES_MAX}")]
+    TooLarge { path: PathBuf, size: u64 },
+    #[error("{path}: not a capsule: {source}")]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: capsule format {found}, this build reads {CAPSULE_FORMAT}")]
+    Format { path: PathBuf, found: u32 },
+    #[error("{path}: unknown canary {name:?}")]
+    Canary { path: PathBuf, name: String },
+    #[error("{path}: {source}")]
+    Plan { path: PathBuf, source: PlanError },
+}
+
+impl Outcome {
+    pub fn of(report: &Report) -> Outcome {
+        Outcome {
+            failure_kind: report.failure.as_ref().map(|f| f.kind.name().to_string()),
+            failure: report.failure.as_ref().map(|f| f.detail.clone()),
+            trace_fingerprint: format!("{:016x}", report.trace_hash),
+            faults_injected: report.faults_injected,
+            ops_sent: report.ops_sent,
+        }
+    }
+
+    /// True when `kind` is the kind this outcome failed with.
+    pub fn failed_with(&self, kind: Option<FailureKind>) -> bool {
+        self.failure_kind.as_deref() == kind.map(FailureKind::name)
+    }
+}
+
+impl Capsule {
+    /// The capsule of a finished run.
+    pub fn of(report: &Report, faults: bool, commit: &str) -> Capsule {
+        Capsule {
+            format: CAPSULE_FORMAT,
+            seed: report.seed,
+            commit: commit.to_string(),
+            size: crate::cli::records::size_name(report.plan.swarm.size).to_string(),
+            faults,
+            canary: report.canary.map(|c| format!("{c:?}")),
+            outcome: Outcome::of(report),
+            plan: report.plan.clone(),
+        }
+    }
+
+    /// Reads and checks a capsule; every problem is a typed error.
+    pub fn read(path: &Path) -> Result<Capsule, CapsuleError> {
+        let io = |source| CapsuleError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(io)?.len();
+        if size > CAPSULE_BYTES_MAX {
+            return Err(CapsuleError::TooLarge {
+                path: path.to_path_buf(),
+                size,
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        Capsule::parse(&text).map_err(|e| e.at(path))
+    }
+
+    /// Parses and checks a capsule's text (errors name no path yet).
+    pub fn parse(text: &str) -> Result<Capsule, CapsuleError> {
+        let path = PathBuf::new();
+        let capsule: Capsule = serde_json::from_str(text).map_err(|source| CapsuleError::Json {
+            path: path.clone(),
+            source,
+        })?;
+        if capsule.format != CAPSULE_FORMAT {
+            return Err(CapsuleError::Format {
+                path,
+                found: capsule.format,
+            });
+        }
+        capsule.canary()?;
+        capsule
+            .plan
+            .validate()
+            .map_err(|source| CapsuleError::Plan { path, source })?;
+        Ok(capsule)
+    }
+
+    /// The canary the capsule names.
+    pub fn canary(&self) -> Result<Option<Canary>, CapsuleError> {
+        match &self.canary {
+            None => Ok(None),
+            Some(name) => {
+                crate::cli::parse_canary(name)
+                    .map(Some)
+                    .map_err(|_| CapsuleError::Canary {
+                        path: PathBuf::new(),
+                        name: name.clone(),
+                    })
+            }
+        }
+    }
+
+    /// The options the run needs besides its plan.
+    pub fn options(&self, echo_trace: bool) -> Options {
+        Options {
+            profile: self.plan.swarm.profile,
+            size: self.plan.swarm.size,
+            faults: self.faults,
+            canary: self.canary().ok().flatten(),
+            echo_trace,
+        }
+    }
+
+    /// Reruns the capsule on madsim seed `self.seed`.
+    pub fn run(&self, echo_trace: bool) -> Report {
+        let mut plan = self.plan.clone();
+        // The madsim seed is the capsule's; the plan's own seed field
+        // also seeds the disks, and an edit may not change it apart.
+        plan.swarm.seed = self.seed;
+        run_plan(&plan, &self.options(echo_trace))
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a capsule always serializes")
+    }
+
+    /// Writes the capsule to `path`, creating its directory.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut file = crate::cli::records::create_file(path)?;
+        file.write_all(self.to_json().as_bytes())?;
+        file.write_all(b"\n")
+    }
+
+    /// A file name that says what the capsule holds.
+    pub fn file_name(&self, suffix: &str) -> String {
+        let canary = self.canary.as_deref().unwrap_or("no-canary");
+        format!(
+            "{}-{canary}-seed-{}{suffix}.json",
+            self.plan.swarm.profile.name(),
+            self.seed
+        )
+    }
+}
+
+impl CapsuleError {
+    fn at(self, path: &Path) -> CapsuleError {
+        let path = path.to_path_buf();
+        match self {
+            CapsuleError::Json { source, .. } => CapsuleError::Json { path, source },
+            CapsuleError::Format { found, .. } => CapsuleError::Format { path, found },
+            CapsuleError::Canary { name, .. } => CapsuleError::Canary { path, name },
+            CapsuleError::Plan { source, .. } => CapsuleError::Plan { path, source },
+            other => other,
+        }
+    }
+}
+
+/// The command that replays a capsule file.
+pub fn replay_command(path: &Path) -> String {
+    format!(
+        "cargo run --release -p arbor-sim -- replay --capsule {}",
+        path.display()
+    )
+}

@@ -1,0 +1,89 @@
+//! Trust: the intruder (`scenario::intruder`) got nothing and left
+//! nothing, and no two replicas hold different ops under one timestamp.
+//! Every call it made was refused or went unanswered; no replica's log
+//! holds an op it forged or wrote (each carries `INTRUDER_TAG_KEY`); a
+//! Drop it sent would show as lost acknowledged writes
+//! (`durability::AckedWrites`). A stamp conflict or a peer answering as
+//! another replica, counted by any replica, fails the run
+//! (docs/design.md §9).
+
+use super::{Checker, Checkpoint};
+use crate::failure::{Failure, FailureKind};
+use crate::scenario::intruder::INTRUDER_TAG_KEY;
+use arbor::forest::records::LogView;
+use arbor::runtime::BoxFuture;
+
+type Result<T = ()> = std::result::Result<T, Failure>;
+
+/// See the module documentation.
+pub struct IntruderLeftNoTrace;
+
+impl Checker for IntruderLeftNoTrace {
+    fn check<'a>(&'a self, at: &'a Checkpoint<'a>) -> BoxFuture<'a, Result> {
+        Box::pin(async move {
+            nothing_served(at)?;
+            no_forged_op(at)?;
+            no_stamp_conflict(at)
+        })
+    }
+}
+
+fn nothing_served(at: &Checkpoint) -> Result {
+    let record = &at.ledger.intruder;
+    match record.served.first() {
+        None => Ok(()),
+        Some(first) => Err(Failure::new(
+            FailureKind::Intrusion,
+            format!(
+                "{} of the intruder's {} calls were served, first: {first}",
+                record.served.len(),
+                record.sent
+            ),
+        )),
+    }
+}
+
+fn no_forged_op(at: &Checkpoint) -> Result {
+    for (replica, trees) in &at.contents {
+        for (tree, content) in trees {
+            for (ts, op) in content.ops() {
+                let op = LogView::parse_op(op).map_err(|e| {
+                    let what = format!("{:?}/{}: op {ts}: {e}", tree.cid, tree.tree);
+                    Failure::new(FailureKind::TreeInvariant, what)
+                })?;
+                if op
+                    .items()
+                    .any(|(key, _)| key == INTRUDER_TAG_KEY.as_bytes())
+                {
+                    return Err(Failure::new(
+                        FailureKind::Intrusion,
+                        format!(
+                            "replica-{replica} holds the intruder's op {ts} in {:?}/{} {}",
+                            tree.cid, tree.tree, at.when
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn no_stamp_conflict(at: &Checkpoint) -> Result {
+    for replica in at.world.replica_ids() {
+        let Some(service) = at.world.node(replica).service() else {
+            continue;
+        };
+        let stats = service.stats();
+        if stats.stamp_conflicts > 0 || stats.peer_identity_mismatches > 0 {
+            return Err(Failure::new(
+                FailureKind::StampConflict,
+                format!(
+                    "replica-{replica} counted {} stamp conflicts and {} peers answering as another replica {}",
+                    stats.stamp_conflicts, stats.peer_identity_mismatches, at.when
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
