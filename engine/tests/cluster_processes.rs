@@ -446,7 +446,8 @@ async fn sigterm_commits_what_was_acknowledged_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("data/tree.db");
     let address = format!("127.0.0.1:{}", free_port());
-    let config = lone_config(dir.path(), &db, &address, "");
+    // Plaintext on loopback: the anonymous test client needs the rights.
+    let config = lone_config(dir.path(), &db, &address, "access:\n  anonymous: trusted\n");
     let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
         .args(["node", "--config"])
         .arg(&config)
