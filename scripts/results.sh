@@ -99,6 +99,8 @@ readonly CANARIES=(
     "ResultsToWrongCallers|standard|two callers of one commit get each other's results"
     "MovesNoOp|standard|a move is logged but leaves its node where it was"
     "DefiniteFailureApplied|standard|a write refused for its input is applied anyway"
+    "DropKeepsPullCursors|sync-heavy|a drop keeps the tree's pull cursors in memory"
+    "DropForgetsMarks|sync-heavy|a tree created again after a drop restarts its counter and heights at zero"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only)
 

@@ -36,10 +36,17 @@ pub enum Canary {
     MovesNoOp = 13,
     /// A write refused with a definite error is applied anyway.
     DefiniteFailureApplied = 14,
+    /// A drop keeps the dropped tree's pull cursors in memory: the tree
+    /// created again passes over peers' ops it no longer holds.
+    DropKeepsPullCursors = 15,
+    /// A tree created again after a drop starts its counter and heights
+    /// from zero: its stamps repeat the dropped incarnation's, and peers'
+    /// pull cursors of the old log pass over its first ops.
+    DropForgetsMarks = 16,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 14] = [
+    pub const ALL: [Canary; 16] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -54,6 +61,8 @@ impl Canary {
         Canary::ResultsToWrongCallers,
         Canary::MovesNoOp,
         Canary::DefiniteFailureApplied,
+        Canary::DropKeepsPullCursors,
+        Canary::DropForgetsMarks,
     ];
 }
 

@@ -708,7 +708,12 @@ fn trees_list_and_drop() {
         f.log_rows().unwrap(),
         f.dump(&tree()).unwrap().log.len() as u64
     );
-    // A dropped tree starts again from scratch.
+    // A dropped tree starts again with nothing of its own, but above the
+    // counter and height its dropped incarnation reached: a peer may still
+    // hold that incarnation's op 1 of replica 1, so a new op under the same
+    // stamp would be a stamp conflict there (this asserted ts(1, 1) before
+    // the dropped marks were kept), and a peer's pull cursor of the old log
+    // would pass over the new log's first heights.
     let key = TreeKey::new(cid, "a");
     let res = f
         .write_batch(&[WriteRequest {
@@ -724,11 +729,25 @@ fn trees_list_and_drop() {
     assert_eq!(
         res[0],
         Ok(WriteOutcome::Moved {
-            node: ts(1, 1),
-            ts: ts(1, 1)
+            node: ts(2, 1),
+            ts: ts(2, 1)
         })
     );
     assert_eq!(f.dump(&key).unwrap().nodes.len(), 1);
+    assert_eq!(
+        f.next_height(&key),
+        Ok(2),
+        "heights go on from the dropped log's"
+    );
+    let page = f.get_op_log_stamps(&key, 0, 10).unwrap();
+    let heights: Vec<u64> = page.stamps.iter().map(|s| s.height).collect();
+    assert_eq!(
+        heights,
+        vec![1],
+        "a page from below starts at the log's first height"
+    );
+    assert_eq!(f.get_op_log(&key, 0, 10).unwrap()[0].height, 1);
+    f.check_invariants(&key).unwrap();
 }
 
 #[test]

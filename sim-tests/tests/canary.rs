@@ -146,3 +146,13 @@ fn moves_no_op() {
 fn definite_failure_applied() {
     caught(Canary::DefiniteFailureApplied);
 }
+
+#[test]
+fn drop_keeps_pull_cursors() {
+    caught(Canary::DropKeepsPullCursors);
+}
+
+#[test]
+fn drop_forgets_marks() {
+    caught(Canary::DropForgetsMarks);
+}

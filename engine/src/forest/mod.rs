@@ -413,5 +413,6 @@ fn open_all_tables(txn: &redb::WriteTransaction) -> Result<()> {
     txn.open_table(TREES)?;
     txn.open_table(ROWS)?;
     txn.open_table(CURSORS)?;
+    txn.open_table(DROPPED)?;
     Ok(())
 }

@@ -49,7 +49,8 @@ fn remembered_tree_numbers_never_name_another_tree() {
     forest.tree_drop(&a.cid, Some("a")).unwrap();
     assert_eq!(forest.next_height(&a), Ok(0));
     add(&forest, &a);
-    assert_eq!(forest.next_height(&a), Ok(1));
+    assert_eq!(forest.next_height(&a), Ok(2), "heights go on past the drop");
+    assert_eq!(forest.dump(&a).unwrap().log.len(), 1);
     forest.check_invariants(&a).unwrap();
     forest.check_invariants(&b).unwrap();
 }

@@ -54,6 +54,30 @@ impl Forest {
         Ok(out)
     }
 
+    /// The tree's number, `None` when it does not exist: a tree created
+    /// again after a drop has another one (numbers are never reused while
+    /// the forest lives), so it tells incarnations apart.
+    pub fn tree_incarnation(&self, tree: &TreeKey) -> Result<Option<u64>> {
+        match self.read_tree_number(tree) {
+            Ok((_, number)) => Ok(Some(number)),
+            Err(Error::TreeNotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every tree key ever dropped here, with the next height its
+    /// dropped incarnations reached (see [`DROPPED`]), ascending.
+    pub fn dropped_heights(&self) -> Result<Vec<(TreeKey, u64)>> {
+        let txn = self.begin_read()?;
+        let dropped = txn.open_table(DROPPED)?;
+        let mut out = Vec::new();
+        for row in dropped.iter()? {
+            let (key, marks) = row?;
+            out.push((decode_tree_key(key.value())?, marks.value().1));
+        }
+        Ok(out)
+    }
+
     pub fn tree_exists(&self, tree: &TreeKey) -> Result<bool> {
         match self.read_tree_number(tree) {
             Ok(_) => Ok(true),
@@ -86,6 +110,7 @@ impl Forest {
         dirs.clear();
         let txn = self.begin_write()?;
         for (key, number) in &victims {
+            remember_marks(&txn, key, *number)?;
             delete_tree_rows(&txn, key, *number)?;
         }
         txn.commit()?;
@@ -202,6 +227,7 @@ impl Forest {
         txn.delete_table(META)?;
         txn.delete_table(ROWS)?;
         txn.delete_table(CURSORS)?;
+        txn.delete_table(DROPPED)?;
         // Recreated at once: reads never meet a missing table.
         open_all_tables(&txn)?;
         let committed = txn.commit();
@@ -210,6 +236,21 @@ impl Forest {
         self.tree_numbers.new_epoch();
         committed
     }
+}
+
+/// Keeps the counter and height a dropped tree reached (see [`DROPPED`]),
+/// never lowering what an earlier incarnation left.
+fn remember_marks(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
+    let rec = super::read::tree_state(&txn.open_table(ROWS)?, t)?;
+    let mut dropped = txn.open_table(DROPPED)?;
+    let key = tree_key_bytes(key);
+    let (counter, height) = dropped.get(key.as_slice())?.map_or((0, 0), |g| g.value());
+    assert!(
+        rec.max_counter >= counter && rec.next_height >= height,
+        "a tree went below the marks of its dropped incarnation"
+    );
+    dropped.insert(key.as_slice(), (rec.max_counter, rec.next_height))?;
+    Ok(())
 }
 
 fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {

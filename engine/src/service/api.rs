@@ -210,7 +210,9 @@ impl Service {
         .await?;
         let dropped: BTreeSet<TreeKey> = trees.into_iter().collect();
         self.pusher.forget(&dropped);
-        self.puller.forget(&dropped);
+        if !canary::active(Canary::DropKeepsPullCursors) {
+            self.puller.forget(&dropped);
+        }
         Ok(Response::Done)
     }
 }

@@ -43,13 +43,20 @@ pub enum Coverage {
     GetOpLogStamps,
     /// Pull passes whose cursor was checked against the peer's log.
     PullPassChecked,
+    /// Drops of one tree carried out, and of a whole container.
+    DropTree,
+    DropContainer,
+    /// Writes acknowledged on a tree created again after a drop of it.
+    WriteAfterDrop,
+    /// Acknowledged writes a drop erased (at each checkpoint).
+    ErasedByDrop,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 19] = [
+    pub const ALL: [Coverage; 23] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -69,6 +76,10 @@ impl Coverage {
         Coverage::GetOpLog,
         Coverage::GetOpLogStamps,
         Coverage::PullPassChecked,
+        Coverage::DropTree,
+        Coverage::DropContainer,
+        Coverage::WriteAfterDrop,
+        Coverage::ErasedByDrop,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +103,10 @@ impl Coverage {
             Coverage::GetOpLog => "GetOpLog answers",
             Coverage::GetOpLogStamps => "GetOpLogStamps answers",
             Coverage::PullPassChecked => "pull passes checked",
+            Coverage::DropTree => "trees dropped",
+            Coverage::DropContainer => "containers dropped",
+            Coverage::WriteAfterDrop => "writes after a drop",
+            Coverage::ErasedByDrop => "writes erased by drops",
         }
     }
 }

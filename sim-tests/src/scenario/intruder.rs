@@ -38,7 +38,8 @@ pub struct IntruderRecord {
 }
 
 /// The rights of the scenario: the workload's clients (`client-1` ..
-/// `client-{clients}`) write every container, the in-process checker
+/// `client-{clients}`) own every container (they write, read logs and
+/// drop trees), the in-process checker (an owner too, for the op log)
 /// reads them; nobody else, the intruder and anonymous callers included,
 /// holds anything.
 pub fn access_config(clients: usize) -> arbor::config::AccessConfig {
@@ -47,9 +48,9 @@ pub fn access_config(clients: usize) -> arbor::config::AccessConfig {
     for index in 1..=clients {
         access
             .default
-            .grant(Role::Writer, &format!("client-{index}"));
+            .grant(Role::Owner, &format!("client-{index}"));
     }
-    access.default.grant(Role::Reader, CHECKER_CLIENT);
+    access.default.grant(Role::Owner, CHECKER_CLIENT);
     access
 }
 

@@ -3,7 +3,7 @@
 //! target and the load evaluator's sim mode all record into one.
 
 use arbor::proto::{Request, Response};
-use arbor::{Error, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
+use arbor::{ContainerId, Error, KeyValue, NodeId, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The meta key whose unique value tags a move, so the checkers can tell
@@ -35,6 +35,16 @@ pub enum Acked {
         node: NodeId,
         acker: ReplicaId,
     },
+}
+
+impl Acked {
+    pub fn tree(&self) -> &TreeKey {
+        match self {
+            Acked::Created { tree, .. }
+            | Acked::Moved { tree, .. }
+            | Acked::Removed { tree, .. } => tree,
+        }
+    }
 }
 
 /// What the caller of a creation sent: the node's meta, and its parent
@@ -95,6 +105,48 @@ pub struct Ledger {
     pub ops_failed: u64,
     /// What the intruder's calls got (`scenario::intruder`).
     pub intruder: super::intruder::IntruderRecord,
+    /// The drops of the run (`Drops`).
+    pub drops: Drops,
+}
+
+/// What a drop covers: one tree of a container, or all of them (`None`).
+pub type DropScope = (ContainerId, Option<String>);
+
+/// The drops clients sent, to tell an acknowledged write that a drop may
+/// have erased from a lost one (docs/design.md §6: a drop deletes one
+/// replica's copy and every op in it). A drop may erase a write unless
+/// it was answered before the write was sent; a drop left unanswered (a
+/// timeout) may take effect any time later, so it may erase every write
+/// to its trees.
+#[derive(Clone, Debug, Default)]
+pub struct Drops {
+    /// Drops sent, per scope.
+    pub sent: BTreeMap<DropScope, u64>,
+    /// Drops answered (done or refused), per scope.
+    pub answered: BTreeMap<DropScope, u64>,
+    /// Per index into `Ledger::acked`: the drops of its tree answered
+    /// before the write was sent. Writes recorded without it (by the
+    /// recorders that never drop) are never erasable.
+    pub answered_before: BTreeMap<usize, u64>,
+    /// Drops answered `Done`.
+    pub done: u64,
+}
+
+impl Drops {
+    fn count(counts: &BTreeMap<DropScope, u64>, tree: &TreeKey) -> u64 {
+        let of = |scope: DropScope| counts.get(&scope).copied().unwrap_or(0);
+        of((tree.cid, None)) + of((tree.cid, Some(tree.tree.clone())))
+    }
+
+    /// Drops of `tree` answered so far: a write sent now is safe from them.
+    pub fn answered_of(&self, tree: &TreeKey) -> u64 {
+        Self::count(&self.answered, tree)
+    }
+
+    /// Drops of `tree` sent so far.
+    pub fn sent_of(&self, tree: &TreeKey) -> u64 {
+        Self::count(&self.sent, tree)
+    }
 }
 
 impl Ledger {
@@ -204,6 +256,44 @@ impl Ledger {
         }
     }
 
+    /// `record`, for a write sent when `answered_before` drops of its
+    /// tree had been answered (`Drops::answered_of`).
+    pub fn record_after_drops(
+        &mut self,
+        acker: ReplicaId,
+        request: &Request,
+        response: &Response,
+        answered_before: u64,
+    ) -> Vec<NodeId> {
+        let first = self.acked.len();
+        let touched = self.record(acker, request, response);
+        for index in first..self.acked.len() {
+            self.drops.answered_before.insert(index, answered_before);
+        }
+        touched
+    }
+
+    /// Whether a drop may have erased the acknowledged write at `index`:
+    /// some drop of its tree was not answered before the write was sent.
+    pub fn erasable(&self, index: usize) -> bool {
+        let Some(&before) = self.drops.answered_before.get(&index) else {
+            return false;
+        };
+        self.drops.sent_of(self.acked[index].tree()) > before
+    }
+
+    /// Records a drop about to be sent.
+    pub fn drop_sent(&mut self, scope: DropScope) {
+        *self.drops.sent.entry(scope).or_default() += 1;
+    }
+
+    /// Records a drop's answer: `done` when it was carried out. A drop
+    /// left without an answer is never recorded here.
+    pub fn drop_answered(&mut self, scope: DropScope, done: bool) {
+        *self.drops.answered.entry(scope).or_default() += 1;
+        self.drops.done += u64::from(done);
+    }
+
     fn created(&mut self, tree: &TreeKey, node: NodeId, acker: ReplicaId, sent: Sent) {
         self.acked.push(Acked::Created {
             tree: tree.clone(),
@@ -268,5 +358,35 @@ mod tests {
             .collect();
         assert_eq!(tags, ["17"]);
         assert_eq!(ledger.acked.len(), 3);
+    }
+
+    /// A write is erasable by a drop of its tree (or container) that was
+    /// not answered before the write was sent, and by no other drop.
+    #[test]
+    fn only_drops_not_answered_before_a_write_may_erase_it() {
+        let cid = ContainerId([1; 32]);
+        let tree = TreeKey::new(cid, "t");
+        let other = TreeKey::new(cid, "u");
+        let add = |tree: &TreeKey| Request::Add {
+            tree: tree.clone(),
+            parent: ROOT,
+            items: vec![KeyValue::new(ATTR_FILE_NAME, b"x".to_vec())],
+        };
+        let mut ledger = Ledger::default();
+        ledger.drop_sent((cid, Some("t".into())));
+        ledger.drop_answered((cid, Some("t".into())), true);
+        let before = ledger.drops.answered_of(&tree);
+        ledger.record_after_drops(1, &add(&tree), &Response::Added { node: 5 }, before);
+        let before = ledger.drops.answered_of(&other);
+        ledger.record_after_drops(1, &add(&other), &Response::Added { node: 6 }, before);
+        ledger.record(1, &add(&tree), &Response::Added { node: 7 });
+        assert!(!ledger.erasable(0), "the drop was answered before");
+        ledger.drop_sent((cid, Some("u".into())));
+        assert!(!ledger.erasable(0), "another tree's drop");
+        assert!(ledger.erasable(1), "its tree's drop, never answered");
+        ledger.drop_sent((cid, None));
+        ledger.drop_answered((cid, None), true);
+        assert!(ledger.erasable(0), "its container's later drop");
+        assert!(!ledger.erasable(2), "recorded without its drops");
     }
 }

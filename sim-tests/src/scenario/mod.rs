@@ -186,6 +186,8 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::MovesNoOp => "moves_no_op",
         Canary::DefiniteFailureApplied => "definite_failure_applied",
         Canary::AuthorizationSkipped => "authorization_skipped",
+        Canary::DropKeepsPullCursors => "drop_keeps_pull_cursors",
+        Canary::DropForgetsMarks => "drop_forgets_marks",
     }
 }
 

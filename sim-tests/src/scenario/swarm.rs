@@ -62,7 +62,10 @@ impl Profile {
     pub fn for_canary(canary: Canary) -> Profile {
         match canary {
             Canary::ReplicationDropsOnFullQueue => Profile::PushOnly,
-            Canary::SharedSyncCursor | Canary::SyncDropsTreeOnPeerError => Profile::SyncHeavy,
+            Canary::SharedSyncCursor
+            | Canary::SyncDropsTreeOnPeerError
+            | Canary::DropKeepsPullCursors
+            | Canary::DropForgetsMarks => Profile::SyncHeavy,
             Canary::FailedBatchHangs => Profile::StorageErrors,
             Canary::PullCursorPastFailedPage | Canary::PullCursorPersistedEarly => {
                 Profile::SyncOnly

@@ -5,6 +5,7 @@
 //! acknowledged write goes into the ledger the checkers hold the cluster to.
 
 use super::checkers::invariants;
+use super::coverage::Coverage;
 use super::ledger::{self, Ledger, MOVE_TAG_KEY};
 use super::plan::client_rng;
 use crate::failure::Verdict;
@@ -201,6 +202,7 @@ async fn random_op(workload: &Workload, client: &Client) {
         70..=74 => cycle_race(workload, client, pick_tree(cid), op).await,
         75..=81 => remove_random(workload, client, replica, pick_tree(cid), op).await,
         82..=83 => refused_add(workload, client, replica, version_tree(cid), op).await,
+        84 => drop_random(workload, client, cid, op).await,
         _ => read_random(workload, client, replica, op).await,
     }
 }
@@ -301,21 +303,42 @@ pub fn summarize_response(response: &Response) -> String {
     }
 }
 
-/// Records what `replica` acknowledged, then checks on it the part of
-/// the tree invariant the write could break
-/// (`checkers::invariants::after_write`).
-fn acknowledged(workload: &Workload, replica: ReplicaId, request: &Request, response: &Response) {
-    let touched = workload
-        .ledger
-        .lock()
-        .unwrap()
-        .record(replica, request, response);
-    let tree = match request {
+/// Records what `replica` acknowledged to a write sent after
+/// `drops_answered` drops of its tree had been answered.
+fn acknowledged(
+    workload: &Workload,
+    replica: ReplicaId,
+    request: &Request,
+    response: &Response,
+    drops_answered: u64,
+) {
+    let mut ledger = workload.ledger.lock().unwrap();
+    ledger.record_after_drops(replica, request, response, drops_answered);
+}
+
+/// The tree a write goes to.
+fn written_tree(request: &Request) -> Option<&TreeKey> {
+    match request {
         Request::AddByPath { tree, .. }
         | Request::Add { tree, .. }
         | Request::Move { tree, .. }
-        | Request::Remove { tree, .. } => tree,
-        _ => return,
+        | Request::Remove { tree, .. } => Some(tree),
+        _ => None,
+    }
+}
+
+/// Checks on the acking replica the part of the tree invariant the write
+/// could break (`checkers::invariants::after_write`).
+fn check_after_write(
+    workload: &Workload,
+    replica: ReplicaId,
+    request: &Request,
+    response: &Response,
+) {
+    // The nodes the write touched, as a ledger records them.
+    let touched = Ledger::default().record(replica, request, response);
+    let Some(tree) = written_tree(request) else {
+        return;
     };
     if let Err(failure) = invariants::after_write(&workload.world, replica, tree, &touched) {
         workload.verdict.fail(failure);
@@ -331,8 +354,24 @@ async fn write(
     op: u64,
     request: Request,
 ) -> Option<Response> {
+    let tree = written_tree(&request).cloned();
+    let drops_before = |ledger: &Ledger| {
+        tree.as_ref().map_or((0, 0), |tree| {
+            (ledger.drops.answered_of(tree), ledger.drops.sent_of(tree))
+        })
+    };
+    let before = drops_before(&workload.ledger.lock().unwrap());
     let response = call(workload, client, replica, op, request.clone()).await?;
-    acknowledged(workload, replica, &request, &response);
+    let after = drops_before(&workload.ledger.lock().unwrap());
+    acknowledged(workload, replica, &request, &response, before.0);
+    // A drop sent meanwhile, or still unanswered, may have taken the tree
+    // the write went to (then there is nothing to check) or its nodes.
+    if before.1 == after.1 && after.0 == after.1 {
+        check_after_write(workload, replica, &request, &response);
+    }
+    if before.0 > 0 {
+        workload.world.hooks.coverage.hit(Coverage::WriteAfterDrop);
+    }
     Some(response)
 }
 
@@ -469,6 +508,71 @@ async fn refused_add(
             crate::failure::FailureKind::BrokenPromise,
             format!("replica-{replica} accepted an AddByPath by attribute Name: {response:?}"),
         ));
+    }
+}
+
+/// Drops a tree (or, one time in four, the whole container) the way a
+/// gateway deletes a bucket: on every replica of the container at once,
+/// or, one time in three, on one replica only, whose copy sync then
+/// restores from the others (docs/design.md §6). Other clients go on
+/// writing to the tree, which comes back as a new incarnation. Only where
+/// sync runs: pushes carry each replica's own ops once, so without sync a
+/// replica that dropped its copy never gets the others' ops back.
+async fn drop_random(workload: &Workload, client: &Client, cid: ContainerId, op: u64) {
+    if !workload.world.sync_configured() {
+        return;
+    }
+    let tree = match client_rng().gen_range(0..4) {
+        0 => None,
+        1 => Some(version_tree(cid).tree),
+        _ => Some(system_tree(cid).tree),
+    };
+    let replicas = match client_rng().gen_range(0..3) {
+        0 => vec![workload.random_replica(&cid)],
+        _ => workload.replicas_of(&cid),
+    };
+    let drops = replicas.into_iter().map(|replica| {
+        let tree = tree.clone();
+        async move { drop_on(workload, client, replica, cid, tree, op).await }
+    });
+    futures::future::join_all(drops).await;
+}
+
+/// One Drop on one replica, recorded in the ledger before it is sent and
+/// when it is answered.
+async fn drop_on(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    cid: ContainerId,
+    tree: Option<String>,
+    op: u64,
+) {
+    let scope = (cid, tree.clone());
+    workload.ledger.lock().unwrap().drop_sent(scope.clone());
+    let request = Request::Drop { cid, tree };
+    workload.trace.record(
+        &client.name,
+        format!("op#{op} {request:?} -> replica-{replica}"),
+    );
+    let answer = client.call(replica, request, workload.call_timeout).await;
+    let (answered, done) = match &answer {
+        Ok(Response::Done) => (true, true),
+        Ok(Response::Error(e)) => (ledger::definite(e), false),
+        Ok(_) | Err(_) => (false, false),
+    };
+    workload
+        .trace
+        .record(&client.name, format!("op#{op} drop: {answer:?}"));
+    let what = match &scope.1 {
+        Some(_) => Coverage::DropTree,
+        None => Coverage::DropContainer,
+    };
+    if answered {
+        workload.ledger.lock().unwrap().drop_answered(scope, done);
+    }
+    if done {
+        workload.world.hooks.coverage.hit(what);
     }
 }
 

@@ -284,13 +284,17 @@ impl World {
 
     /// Ops stored per tree on a live replica, `None` when down or its
     /// database cannot be read (poisoned by an I/O error).
+    /// A dropped tree counts with the height it had reached when dropped
+    /// (a tree created again goes on from there): a drop may come between
+    /// two of these reads, and loses nothing a restart is answerable for.
     pub fn stored_heights(&self, replica: ReplicaId) -> Option<Heights> {
         let service = self.node(replica).service()?;
         let forest = service.forest();
-        let mut heights = BTreeMap::new();
+        let mut heights: Heights = forest.dropped_heights().ok()?.into_iter().collect();
         for tree in forest.all_trees().ok()? {
             let height = forest.next_height(&tree).ok()?;
-            heights.insert(tree, height);
+            let reached = heights.entry(tree).or_default();
+            *reached = height.max(*reached);
         }
         Some(heights)
     }

@@ -302,7 +302,8 @@ fn check_acyclic(nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
     Ok(())
 }
 
-/// Heights number the log densely from 0 and agree with the log records
+/// Heights number the log densely from its first height (0, or the height
+/// a dropped incarnation of the tree reached) and agree with the log records
 /// and their digests (`heights_by_ts`, from `scan_log`).
 fn check_heights(
     heights: &impl ReadableTable<RowKey, &'static [u8]>,
@@ -310,10 +311,14 @@ fn check_heights(
     heights_by_ts: &[(Timestamp, u64, u64)],
 ) -> Result<Result<(), String>> {
     let t = rec.number;
-    let mut expected = 0u64;
+    let mut first = None;
+    let mut expected = 0;
     // Runs are keyed newest first: backwards is oldest first.
     for row in heights.range(region_range(t, RowKind::Height))?.rev() {
         let (key, stamps) = row?;
+        // The oldest run starts the log: 0, or where a drop left it.
+        let start = *first.get_or_insert(height_of_key(key.value()));
+        expected = expected.max(start);
         if height_of_key(key.value()) != expected {
             return Ok(Err(format!("height {expected} missing")));
         }
@@ -336,9 +341,11 @@ fn check_heights(
         }
     }
     let log_len = heights_by_ts.len() as u64;
-    if expected != rec.next_height || log_len != expected {
+    let first = first.unwrap_or(rec.next_height);
+    if expected.max(first) != rec.next_height || rec.next_height.checked_sub(first) != Some(log_len)
+    {
         return Ok(Err(format!(
-            "{expected} heights, {log_len} log entries, next height {}",
+            "heights {first}..{expected}, {log_len} log entries, next height {}",
             rec.next_height
         )));
     }

@@ -29,6 +29,13 @@ use serde::{Deserialize, Serialize};
 /// the tree is created: the tree's changing bookkeeping lives in [`ROWS`]
 /// (a [`TreeRecord`] under [`state_key`]), next to the rows a batch writes.
 pub const TREES: TableDefinition<&[u8], u64> = TableDefinition::new("trees");
+/// `cid ++ tree id` (as in [`TREES`]) -> the marks the dropped
+/// incarnations of that tree reached: `(largest counter, next height)`.
+/// A tree created again under the key starts from both, so its stamps
+/// never repeat one its dropped incarnation gave (a peer may still hold
+/// it) and its heights never go below a peer's pull cursor of the old
+/// log (docs/design.md §6). One row per tree key ever dropped.
+pub const DROPPED: TableDefinition<&[u8], (u64, u64)> = TableDefinition::new("dropped");
 /// Forest-wide counters, e.g. [`NEXT_TREE_NUMBER`].
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 

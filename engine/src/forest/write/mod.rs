@@ -195,7 +195,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         let stored = self.stored_tree(key)?;
         let current = match stored {
             Some(record) => record,
-            None if create => self.new_tree_record()?,
+            None if create => self.new_tree_record(key)?,
             None => return Ok(None),
         };
         self.states
@@ -226,7 +226,9 @@ impl<'txn, 'c> Writer<'txn, 'c> {
 
     /// The counter table is opened only here: most batches create no tree,
     /// and a table a transaction opens costs it a lookup even unchanged.
-    fn new_tree_record(&mut self) -> Result<TreeRecord> {
+    /// A tree created again after a drop starts at the marks its dropped
+    /// incarnations reached ([`DROPPED`]).
+    fn new_tree_record(&mut self, key: &TreeKey) -> Result<TreeRecord> {
         let mut meta = self.txn.open_table(META)?;
         let number = meta.get(NEXT_TREE_NUMBER)?.map_or(1, |g| g.value());
         if number == 0 {
@@ -237,10 +239,16 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         }
         meta.insert(NEXT_TREE_NUMBER, number + 1)?;
         self.changed = true;
+        let marks = self.txn.open_table(DROPPED)?;
+        let (max_counter, next_height) = match marks.get(tree_key_bytes(key).as_slice())? {
+            // Planted bug: the dropped incarnation's marks are ignored.
+            Some(_) if canary::active(Canary::DropForgetsMarks) => (0, 0),
+            found => found.map_or((0, 0), |g| g.value()),
+        };
         Ok(TreeRecord {
             number,
-            max_counter: 0,
-            next_height: 0,
+            max_counter,
+            next_height,
             node_count: 0,
             max_parent: 0,
         })

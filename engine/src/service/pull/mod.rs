@@ -412,11 +412,14 @@ impl Puller {
         cursor: &mut LazyCursor,
     ) -> Result<()> {
         for _ in 0..MAX_PULL_PAGES_PER_ROUND {
-            let from = cursor.position();
-            let stamps = match self.fetch_stamps(tree, peer, from).await? {
+            let asked = cursor.position();
+            let stamps = match self.fetch_stamps(tree, peer, asked).await? {
                 Some(stamps) if !stamps.is_empty() => stamps,
                 _ => return Ok(()),
             };
+            // Above `asked` only when the peer's log starts above it (a
+            // tree created again after a drop): nothing lies between.
+            let from = stamps[0].height;
             let end = stamps.last().expect("a page is not empty").height + 1;
             if canary::active(Canary::PullCursorPersistedEarly) {
                 // Planted bug: the cursor is made durable before the page.
@@ -518,7 +521,8 @@ impl Puller {
             Some(answer) => P::from_answer(answer)
                 .map_err(|other| page::unexpected_answer(peer, P::REQUEST, &other))?,
         };
-        check_page(peer, from_height, page.iter().map(P::height), limit)?;
+        let heights = page.iter().map(P::height);
+        check_page(peer, from_height, heights, limit, P::MAY_START_ABOVE)?;
         assert!(page.len() <= limit, "checked above");
         Ok(Some(page))
     }

@@ -1,5 +1,7 @@
 //! Durability: nothing acknowledged is lost. Every acknowledged write is
-//! in the replicas' common log at every checkpoint, and what a replica had
+//! in the replicas' common log at every checkpoint, unless a drop of its
+//! tree may have erased it (`Ledger::erasable`; counted as erased), and
+//! what a replica had
 //! stored before a crash or a process restart is still there after it
 //! (commits are durable, `Durability::Immediate`).
 
@@ -88,7 +90,8 @@ fn acked_present(at: &Checkpoint) -> Result {
             .and_then(|ops| ops.get(node))
             .map_or(&[], Vec::as_slice)
     };
-    for acked in &at.ledger.acked {
+    let mut erased = 0;
+    for (index, acked) in at.ledger.acked.iter().enumerate() {
         let present = match acked {
             Acked::Created { tree, node, .. } => {
                 timestamps.get(tree).is_some_and(|ts| ts.contains(node))
@@ -106,6 +109,10 @@ fn acked_present(at: &Checkpoint) -> Result {
                 .iter()
                 .any(|op| op.parent == TRASH && timestamp_replica(op.ts) == *acker),
         };
+        if !present && at.ledger.erasable(index) {
+            erased += 1;
+            continue;
+        }
         if !present {
             return Err(Failure::new(
                 FailureKind::LostWrite,
@@ -113,6 +120,7 @@ fn acked_present(at: &Checkpoint) -> Result {
             ));
         }
     }
+    (at.world.hooks.coverage).add(crate::scenario::coverage::Coverage::ErasedByDrop, erased);
     Ok(())
 }
 

@@ -83,6 +83,9 @@ pub fn check_read(
 /// model; transient errors and refused oversized answers are not judged.
 fn check_error(request: &Request, error: &Error, view: Option<&TreeView>) -> Checked {
     match (error, view) {
+        // Refused before the tree was looked at: the rights are for the
+        // intruder's checker and the access tests to judge, not the model.
+        (Error::PermissionDenied { .. }, _) => Checked::Skipped,
         (Error::TreeNotFound, None) => Checked::Skipped,
         (Error::TreeNotFound, Some(view)) => {
             Checked::Wrong(format!("TreeNotFound for a tree of {} ops", view.log.len()))
@@ -166,8 +169,8 @@ pub fn subtree(view: &TreeView, root: NodeId, depth: u32) -> Option<Vec<NodeInfo
     Some(out)
 }
 
-/// A page of the log in storage order: heights from `from_height` on
-/// without a gap, each op the logged op of its timestamp and none twice;
+/// A page of the log in storage order: heights from `from_height` (or the
+/// log's first height, if higher) on without a gap, each op the logged op of its timestamp and none twice;
 /// `next_height` after the last; an empty page only at the log's end.
 fn check_op_log(from_height: u64, response: &Response, view: &TreeView) -> Checked {
     let Response::OpLog {
@@ -216,15 +219,21 @@ fn page_problem(
     view: &TreeView,
 ) -> Option<String> {
     let log_len = view.log.len() as u64;
-    let mut expected = from_height;
+    // Heights below the log's first one (a tree created again after a
+    // drop) hold nothing: a page from there starts at the first one.
+    let start = from_height.max(view.first_height);
+    let end = view.first_height + log_len;
+    let mut expected = start;
     for height in heights {
         if height != expected {
             return Some(format!("height {height} where {expected} belongs"));
         }
         expected += 1;
     }
-    if stamps.is_empty() && from_height < log_len {
-        return Some(format!("an empty page inside a log of {log_len} ops"));
+    if stamps.is_empty() && start < end {
+        return Some(format!(
+            "an empty page inside a log of heights {start}..{end}"
+        ));
     }
     if !stamps.is_empty() && next_height != expected {
         return Some(format!(
@@ -232,8 +241,8 @@ fn page_problem(
             expected - 1
         ));
     }
-    if expected > log_len.max(from_height) {
-        return Some(format!("height {} in a log of {log_len} ops", expected - 1));
+    if expected > end.max(from_height) {
+        return Some(format!("height {} in a log ending at {end}", expected - 1));
     }
     let distinct: BTreeSet<_> = stamps.iter().collect();
     if distinct.len() != stamps.len() {

@@ -23,6 +23,11 @@ use std::sync::OnceLock;
 pub struct TreeView {
     pub log: Vec<Move>,
     pub nodes: Vec<NodeInfo>,
+    /// The height of the log's first op: 0, or the height the tree's
+    /// dropped incarnations reached (docs/design.md §6).
+    pub first_height: u64,
+    /// Which incarnation of the tree this is (`Forest::tree_incarnation`).
+    pub incarnation: u64,
     model: OnceLock<TreeModel>,
     /// The model's nodes by parent, ascending ids.
     children: OnceLock<BTreeMap<NodeId, Vec<NodeInfo>>>,
@@ -31,18 +36,30 @@ pub struct TreeView {
 
 impl TreeView {
     /// The tree on `forest`; `Ok(None)` when the replica has no such tree.
+    /// Its reads are synchronous, so no other task of the simulation runs
+    /// between them: they see one state of the tree.
     pub fn read(forest: &Forest, tree: &TreeKey) -> Result<Option<TreeView>, arbor::Error> {
-        match forest.dump(tree) {
-            Ok(dump) => Ok(Some(TreeView {
-                log: dump.log,
-                nodes: dump.nodes,
-                model: OnceLock::new(),
-                children: OnceLock::new(),
-                timestamps: OnceLock::new(),
-            })),
-            Err(arbor::Error::TreeNotFound) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let dump = match forest.dump(tree) {
+            Ok(dump) => dump,
+            Err(arbor::Error::TreeNotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let next_height = forest.next_height(tree)?;
+        let Some(incarnation) = forest.tree_incarnation(tree)? else {
+            return Ok(None);
+        };
+        let first_height = next_height
+            .checked_sub(dump.log.len() as u64)
+            .expect("a log holds no more ops than heights");
+        Ok(Some(TreeView {
+            log: dump.log,
+            nodes: dump.nodes,
+            first_height,
+            incarnation,
+            model: OnceLock::new(),
+            children: OnceLock::new(),
+            timestamps: OnceLock::new(),
+        }))
     }
 
     /// The model of this log: every op applied in timestamp order.

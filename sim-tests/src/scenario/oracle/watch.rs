@@ -36,10 +36,12 @@ fn is_log_read(request: &Request) -> bool {
 /// Ops read per page of a peer's log when a pull pass is checked.
 const PEER_LOG_PAGE: usize = 1024;
 
-/// A client's session with one replica and tree: the ops the replica must
-/// still hold at the client's next read there (its acknowledged
-/// creations, and everything an earlier read was answered from).
-type Sessions = BTreeMap<(String, ReplicaId, TreeKey), BTreeSet<Timestamp>>;
+/// A client's session with one replica and tree: the incarnation of the
+/// tree it is about, and the ops the replica must still hold at the
+/// client's next read there (its acknowledged creations, and everything an
+/// earlier read was answered from). A drop ends the session: a read of
+/// another incarnation starts a new one (docs/design.md §6).
+type Sessions = BTreeMap<(String, ReplicaId, TreeKey), (u64, BTreeSet<Timestamp>)>;
 
 /// The last view read of each (replica, tree), with the log height it
 /// was read at: a log of the same height is the same log (a replica's log
@@ -82,7 +84,11 @@ impl AnswerOracle {
         let Some(view) = TreeView::read(forest, tree)? else {
             return Ok(None);
         };
-        assert_eq!(view.log.len() as u64, height, "one read, one log");
+        assert_eq!(
+            view.first_height + view.log.len() as u64,
+            height,
+            "one read, one log"
+        );
         let view = Arc::new(view);
         self.views
             .lock()
@@ -108,20 +114,30 @@ impl AnswerOracle {
             _ => return,
         };
         let leaf = *created.last().expect("a creation names its node");
-        if let Ok(Some(node)) = service.forest().get_node(tree, leaf) {
-            if node.meta.time == leaf && node.meta.items != *items {
-                self.verdict.fail(Failure::new(
-                    FailureKind::BrokenPromise,
-                    format!(
-                        "replica-{replica} answered {client} with node {leaf}, which carries {:?}; the caller sent {items:?}",
-                        node.meta.items
-                    ),
-                ));
-            }
+        let forest = service.forest();
+        // A drop since the write leaves nothing of it to check, or to hold.
+        let Ok(Some(node)) = forest.get_node(tree, leaf) else {
+            return;
+        };
+        let Ok(Some(incarnation)) = forest.tree_incarnation(tree) else {
+            return;
+        };
+        if node.meta.time == leaf && node.meta.items != *items {
+            self.verdict.fail(Failure::new(
+                FailureKind::BrokenPromise,
+                format!(
+                    "replica-{replica} answered {client} with node {leaf}, which carries {:?}; the caller sent {items:?}",
+                    node.meta.items
+                ),
+            ));
         }
         let key = (client.to_string(), replica, tree.clone());
         let mut sessions = self.sessions.lock().unwrap();
-        sessions.entry(key).or_default().extend(created);
+        let session = sessions.entry(key).or_default();
+        if session.0 != incarnation {
+            *session = (incarnation, BTreeSet::new());
+        }
+        session.1.extend(created);
     }
 
     /// Read-your-writes and monotonic reads: the log this read was
@@ -132,7 +148,10 @@ impl AnswerOracle {
         let key = (client.to_string(), replica, tree.clone());
         let mut sessions = self.sessions.lock().unwrap();
         let session = sessions.entry(key).or_default();
-        if let Some(lost) = session.difference(now).next() {
+        if session.0 != view.incarnation {
+            *session = (view.incarnation, BTreeSet::new());
+        }
+        if let Some(lost) = session.1.difference(now).next() {
             self.verdict.fail(Failure::new(
                 FailureKind::SessionGuarantee,
                 format!(
@@ -142,7 +161,7 @@ impl AnswerOracle {
                 ),
             ));
         }
-        session.clone_from(now);
+        session.1.clone_from(now);
     }
 }
 
@@ -224,17 +243,23 @@ impl SyncWatch {
         }
     }
 
-    /// The peer's ops at heights `from..to`; `None` when they cannot be
-    /// read (the peer is down or its database poisoned).
+    /// The peer's next height, and its ops at heights `from..to` with
+    /// their heights (none below its log's first height: a tree created
+    /// again after a drop); `None` when they cannot be read (the peer is
+    /// down, its database poisoned, or it holds no such tree).
     fn peer_stamps(
         &self,
         peer: ReplicaId,
         tree: &TreeKey,
         from: u64,
         to: u64,
-    ) -> Option<Vec<Timestamp>> {
+    ) -> Option<(u64, Vec<(u64, Timestamp)>)> {
         let world = self.world.upgrade()?;
         let service = world.node(peer).service()?;
+        if !service.forest().tree_exists(tree).ok()? {
+            return None;
+        }
+        let next_height = service.forest().next_height(tree).ok()?;
         let mut stamps = Vec::new();
         let mut at = from;
         while at < to {
@@ -244,9 +269,10 @@ impl SyncWatch {
                 break;
             }
             at = page.last().expect("not empty").height + 1;
-            stamps.extend(page.iter().map(|e| e.op.ts()));
+            let below = page.iter().take_while(|e| e.height < to);
+            stamps.extend(below.map(|e| (e.height, e.op.ts())));
         }
-        Some(stamps)
+        Some((next_height, stamps))
     }
 
     fn check(&self, puller: ReplicaId, forest: &Forest, pass: &PullPass) -> Result<(), String> {
@@ -259,22 +285,21 @@ impl SyncWatch {
         if upto <= from {
             return Ok(());
         }
-        let Some(stamps) = self.peer_stamps(pass.peer, pass.tree, from, upto) else {
+        let Some((peer_next, stamps)) = self.peer_stamps(pass.peer, pass.tree, from, upto) else {
             return Ok(());
         };
-        if (stamps.len() as u64) < upto - from {
-            let held = from + stamps.len() as u64;
-            return Err(format!("cursor {upto} beyond the peer's {held} ops"));
+        if peer_next < upto {
+            return Err(format!(
+                "cursor {upto} beyond the peer's log, which ends at {peer_next}"
+            ));
         }
-        let Ok(held) = forest.held_digests(pass.tree, &stamps) else {
+        let timestamps: Vec<Timestamp> = stamps.iter().map(|&(_, ts)| ts).collect();
+        let Ok(held) = forest.held_digests(pass.tree, &timestamps) else {
             return Ok(());
         };
         if let Some(at) = held.iter().position(|h| h.is_none()) {
-            return Err(format!(
-                "the peer's op {} at height {} is not here",
-                stamps[at],
-                from + at as u64
-            ));
+            let (height, ts) = stamps[at];
+            return Err(format!("the peer's op {ts} at height {height} is not here"));
         }
         self.checked.lock().unwrap().insert(key, upto);
         self.coverage.hit(Coverage::PullPassChecked);
