@@ -43,10 +43,11 @@ const PEER_LOG_PAGE: usize = 1024;
 /// another incarnation starts a new one (docs/design.md §6).
 type Sessions = BTreeMap<(String, ReplicaId, TreeKey), (u64, BTreeSet<Timestamp>)>;
 
-/// The last view read of each (replica, tree), with the log height it
-/// was read at: a log of the same height is the same log (a replica's log
-/// only grows), so the view, and the model built for it, serve again.
-type Views = BTreeMap<(ReplicaId, TreeKey), (u64, Arc<TreeView>)>;
+/// The last view read of each (replica, tree), with the incarnation and
+/// log height it was read at: within one incarnation a log of the same
+/// height is the same log (a replica's log only grows), so the view, and
+/// the model built for it, serve again.
+type Views = BTreeMap<(ReplicaId, TreeKey), ((Option<u64>, u64), Arc<TreeView>)>;
 
 pub struct AnswerOracle {
     verdict: Verdict,
@@ -74,10 +75,13 @@ impl AnswerOracle {
         forest: &Forest,
         tree: &TreeKey,
     ) -> Result<Option<Arc<TreeView>>, arbor::Error> {
-        let height = forest.next_height(tree)?;
+        // A re-created tree may reach a height its dropped incarnation was
+        // seen at: the incarnation is part of what a cached view is of.
+        let at_now = (forest.tree_incarnation(tree)?, forest.next_height(tree)?);
+        let height = at_now.1;
         let key = (replica, tree.clone());
         if let Some((at, view)) = self.views.lock().unwrap().get(&key) {
-            if *at == height {
+            if *at == at_now {
                 return Ok(Some(view.clone()));
             }
         }
@@ -93,7 +97,7 @@ impl AnswerOracle {
         self.views
             .lock()
             .unwrap()
-            .insert(key, (height, view.clone()));
+            .insert(key, (at_now, view.clone()));
         Ok(Some(view))
     }
 
