@@ -19,8 +19,8 @@ use std::time::Duration;
 /// hold an op with it.
 pub const INTRUDER_TAG_KEY: &str = "intruder";
 
-/// The name the simulated checkers call replicas in-process as (a reader
-/// of every container).
+/// The name the simulated checkers call replicas in-process as (an owner
+/// of every container, so it may page through op logs; it never writes).
 pub const CHECKER_CLIENT: &str = "checker";
 
 /// Calls the intruder makes in one run.
@@ -38,18 +38,20 @@ pub struct IntruderRecord {
 }
 
 /// The rights of the scenario: the workload's clients (`client-1` ..
-/// `client-{clients}`) write every container, the in-process checker
-/// reads them; nobody else, the intruder and anonymous callers included,
-/// holds anything.
+/// `client-{clients}`) and the in-process checker own every container
+/// (clients read op-log pages, which needs the owner right); nobody else,
+/// the intruder and anonymous callers included, holds anything. Which
+/// role allows which call is tested in the engine (`service_authz.rs`).
 pub fn access_config(clients: usize) -> arbor::config::AccessConfig {
     use arbor::config::{AccessConfig, Role};
     let mut access = AccessConfig::default();
     for index in 1..=clients {
         access
             .default
-            .grant(Role::Writer, &format!("client-{index}"));
+            .grant(Role::Owner, &format!("client-{index}"));
     }
-    access.default.grant(Role::Reader, CHECKER_CLIENT);
+    // The checker pages through op logs, which clients may do as owners.
+    access.default.grant(Role::Owner, CHECKER_CLIENT);
     access
 }
 
