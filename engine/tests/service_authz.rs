@@ -443,3 +443,53 @@ async fn a_large_subtree_read_stops_at_the_limit() {
         "built {size} for a limit of {limit}"
     );
 }
+
+/// Many large versions under one path: `GetNodeByPath` is refused as soon
+/// as its answer passes the message budget, like `GetSubTree`; asking for
+/// the names alone gets every version.
+#[tokio::test(start_paused = true)]
+async fn a_large_path_read_stops_at_the_limit() {
+    let net = LocalNet::new();
+    let mut configs = configs(1, &strict_access());
+    configs[0].limits.max_message_bytes = 1 << 20;
+    let meta_bytes = 32 << 10;
+    configs[0].limits.max_meta_bytes = meta_bytes + 1024;
+    let nodes = start_cluster(&net, configs);
+    let t = tree("t");
+    let count = 200;
+    for _ in 0..count {
+        let mut items = file("v");
+        items.push(KeyValue::new("blob", vec![7u8; meta_bytes]));
+        let add = Request::AddByPath {
+            tree: t.clone(),
+            attr: ATTR_FILE_NAME.into(),
+            path: vec!["dir".into()],
+            items,
+        };
+        let answer = nodes[0].handle(&client("writer"), add).await;
+        assert!(matches!(answer, Response::AddedByPath { .. }), "{answer:?}");
+    }
+    let read = |all_attributes| Request::GetNodeByPath {
+        tree: t.clone(),
+        attr: ATTR_FILE_NAME.into(),
+        path: vec!["dir".into(), "v".into()],
+        attributes: vec![ATTR_FILE_NAME.into()],
+        latest_only: false,
+        all_attributes,
+    };
+    let answer = nodes[0].handle(&client("reader"), read(true)).await;
+    let Response::Error(Error::TooLarge { size, limit, .. }) = answer else {
+        panic!("{answer:?}");
+    };
+    assert!(limit < (count * meta_bytes) as u64);
+    let one_node = (meta_bytes + 1024) as u64;
+    assert!(
+        size > limit && size <= limit + one_node,
+        "built {size} for {limit}"
+    );
+    let names = nodes[0].handle(&client("reader"), read(false)).await;
+    let Response::Nodes(found) = names else {
+        panic!("{names:?}");
+    };
+    assert_eq!(found.len(), count);
+}
