@@ -363,6 +363,48 @@ async fn the_next_stamp_forgery_is_refused_or_detected() {
     assert_eq!(timestamp_replica(forged.ts()), 2);
 }
 
+/// A push the peer refuses with `StampConflict` is not retried for good:
+/// after `limits.push_conflict_passes_max` passes in a row the (tree,
+/// peer) pair is parked, reported in the stats, and the pusher calls that
+/// peer for that tree no more; the tree's other peer still gets every op.
+#[tokio::test(start_paused = true)]
+async fn a_push_refused_by_a_stamp_conflict_is_parked() {
+    let t = tree("t");
+    let net = LocalNet::new();
+    let configs = configs(3, &AccessConfig::trusting_everyone());
+    let passes_max = configs[1].limits.push_conflict_passes_max as u64;
+    let nodes = start_cluster(&net, configs);
+    let forged = Request::Apply {
+        tree: t.clone(),
+        ops: vec![op(1, 2, "forged")],
+    };
+    let answer = nodes[0].handle(&Caller::Anonymous, forged).await;
+    assert_eq!(answer, Response::Applied { fresh: 1 });
+    add_as(&nodes[1], &Caller::Anonymous, &t, "real").await;
+    eventually("the pair is parked", PATIENCE, || {
+        nodes[1].stats().push_pairs_parked == 1
+    })
+    .await;
+    let parked = nodes[1].stats();
+    assert!(parked.push_failures >= passes_max, "{parked:?}");
+    add_as(&nodes[1], &Caller::Anonymous, &t, "later").await;
+    eventually("the other peer gets every op", PATIENCE, || {
+        dump(&nodes[2], &t).is_some_and(|d| d.log.len() == 2)
+    })
+    .await;
+    tokio::time::sleep(PATIENCE).await;
+    let later = nodes[1].stats();
+    assert_eq!(later.push_pairs_parked, 1, "{later:?}");
+    assert_eq!(
+        later.push_failures, parked.push_failures,
+        "retried: {later:?}"
+    );
+    assert_eq!(
+        dump(&nodes[0], &t).unwrap().log[0].meta.items,
+        file("forged")
+    );
+}
+
 /// Add or Move under a parent that does not exist or under TRASH is
 /// refused with `ParentNotLive`, storing nothing.
 #[tokio::test(start_paused = true)]
