@@ -447,11 +447,7 @@ async fn add_under_a_missing_parent_or_trash_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn a_large_subtree_read_stops_at_the_limit() {
     let net = LocalNet::new();
-    let mut configs = configs(1, &strict_access());
-    configs[0].limits.max_message_bytes = 1 << 20;
-    let meta_bytes = 32 << 10;
-    configs[0].limits.max_meta_bytes = meta_bytes + 1024;
-    let nodes = start_cluster(&net, configs);
+    let (nodes, meta_bytes) = large_meta_node(&net);
     let t = tree("t");
     let count = 200;
     for i in 0..count {
@@ -473,15 +469,29 @@ async fn a_large_subtree_read_stops_at_the_limit() {
         depth: 0,
     };
     let answer = nodes[0].handle(&client("reader"), read).await;
-    let Response::Error(Error::TooLarge { size, limit, .. }) = answer else {
+    assert_stopped_at_limit(&answer, meta_bytes, count);
+}
+
+/// One node whose messages hold 1 MiB and whose metas may hold 32 KiB
+/// (and a name): the node and that meta size.
+fn large_meta_node(net: &Arc<LocalNet>) -> (Vec<Arc<Service>>, usize) {
+    let mut configs = configs(1, &strict_access());
+    configs[0].limits.max_message_bytes = 1 << 20;
+    let meta_bytes = 32 << 10;
+    configs[0].limits.max_meta_bytes = meta_bytes + 1024;
+    (start_cluster(net, configs), meta_bytes)
+}
+
+/// `answer` refuses an answer of `count` metas of `meta_bytes` after
+/// building at most the limit plus one node, not the whole answer.
+fn assert_stopped_at_limit(answer: &Response, meta_bytes: usize, count: usize) {
+    let Response::Error(Error::TooLarge { size, limit, .. }) = *answer else {
         panic!("{answer:?}");
     };
-    let whole = (count * meta_bytes) as u64;
-    assert!(limit < whole);
-    assert!(size > limit, "{size} > {limit}");
+    assert!(limit < (count * meta_bytes) as u64);
     let one_node = (meta_bytes + 1024) as u64;
     assert!(
-        size <= limit + one_node,
+        size > limit && size <= limit + one_node,
         "built {size} for a limit of {limit}"
     );
 }
@@ -492,11 +502,7 @@ async fn a_large_subtree_read_stops_at_the_limit() {
 #[tokio::test(start_paused = true)]
 async fn a_large_path_read_stops_at_the_limit() {
     let net = LocalNet::new();
-    let mut configs = configs(1, &strict_access());
-    configs[0].limits.max_message_bytes = 1 << 20;
-    let meta_bytes = 32 << 10;
-    configs[0].limits.max_meta_bytes = meta_bytes + 1024;
-    let nodes = start_cluster(&net, configs);
+    let (nodes, meta_bytes) = large_meta_node(&net);
     let t = tree("t");
     let count = 200;
     for _ in 0..count {
@@ -520,15 +526,7 @@ async fn a_large_path_read_stops_at_the_limit() {
         all_attributes,
     };
     let answer = nodes[0].handle(&client("reader"), read(true)).await;
-    let Response::Error(Error::TooLarge { size, limit, .. }) = answer else {
-        panic!("{answer:?}");
-    };
-    assert!(limit < (count * meta_bytes) as u64);
-    let one_node = (meta_bytes + 1024) as u64;
-    assert!(
-        size > limit && size <= limit + one_node,
-        "built {size} for {limit}"
-    );
+    assert_stopped_at_limit(&answer, meta_bytes, count);
     let names = nodes[0].handle(&client("reader"), read(false)).await;
     let Response::Nodes(found) = names else {
         panic!("{names:?}");
