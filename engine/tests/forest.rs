@@ -182,6 +182,58 @@ fn duplicate_names_and_latest_only() {
     assert_eq!(latest[0].id, leaves[0]);
 }
 
+/// Many large versions under one path: a bounded lookup refuses as soon
+/// as its answer passes the bound, having built at most the bound plus one
+/// version (the size it reports), not every version; the attribute filter
+/// applies before counting, so a filtered answer of the same matches fits.
+#[test]
+fn path_lookup_stops_building_at_its_bound() {
+    let f = forest();
+    let (versions, blob_bytes) = (120, 32 << 10);
+    for _ in 0..versions {
+        let mut items = name("f");
+        items.push(KeyValue::new("blob", vec![9u8; blob_bytes]));
+        add_by_path(&f, &["dir"], items).unwrap();
+    }
+    let bounds = AnswerBounds {
+        bytes_max: 256 << 10,
+        node_overhead_bytes: 64,
+        ..AnswerBounds::UNBOUNDED
+    };
+    let lookup = |keep: &dyn Fn(&KeyValue) -> bool| {
+        let answer = PathAnswer { keep, bounds };
+        f.get_by_path_bounded(&tree(), ATTR_FILE_NAME, &path(&["dir", "f"]), false, answer)
+    };
+    let Err(Error::TooLarge { what, size, limit }) = lookup(&|_| true) else {
+        panic!("an answer of {versions} versions of {blob_bytes} bytes fit");
+    };
+    assert_eq!((what.as_str(), limit), ("nodes", 256 << 10));
+    let one_version = (blob_bytes + 1024) as u64;
+    assert!(size > limit && size <= limit + one_version, "built {size}");
+    assert!(size < (versions * blob_bytes) as u64 / 4);
+    let names_only = lookup(&|kv: &KeyValue| kv.key == ATTR_FILE_NAME).unwrap();
+    assert_eq!(names_only.len(), versions);
+    assert!(names_only.iter().all(|n| n.meta.items.len() == 1));
+    let few = AnswerBounds {
+        nodes_max: 3,
+        ..AnswerBounds::UNBOUNDED
+    };
+    let answer = PathAnswer {
+        keep: &|_| true,
+        bounds: few,
+    };
+    let refused =
+        f.get_by_path_bounded(&tree(), ATTR_FILE_NAME, &path(&["dir", "f"]), false, answer);
+    assert!(matches!(
+        refused,
+        Err(Error::TooLarge {
+            size: 4,
+            limit: 3,
+            ..
+        })
+    ));
+}
+
 #[test]
 fn concurrent_same_name_dirs_resolve_to_the_smallest_id() {
     // Replica 2 and replica 3 both create /d before seeing each other.

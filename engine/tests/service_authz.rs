@@ -363,6 +363,48 @@ async fn the_next_stamp_forgery_is_refused_or_detected() {
     assert_eq!(timestamp_replica(forged.ts()), 2);
 }
 
+/// A push the peer refuses with `StampConflict` is not retried for good:
+/// after `limits.push_conflict_passes_max` passes in a row the (tree,
+/// peer) pair is parked, reported in the stats, and the pusher calls that
+/// peer for that tree no more; the tree's other peer still gets every op.
+#[tokio::test(start_paused = true)]
+async fn a_push_refused_by_a_stamp_conflict_is_parked() {
+    let t = tree("t");
+    let net = LocalNet::new();
+    let configs = configs(3, &AccessConfig::trusting_everyone());
+    let passes_max = configs[1].limits.push_conflict_passes_max as u64;
+    let nodes = start_cluster(&net, configs);
+    let forged = Request::Apply {
+        tree: t.clone(),
+        ops: vec![op(1, 2, "forged")],
+    };
+    let answer = nodes[0].handle(&Caller::Anonymous, forged).await;
+    assert_eq!(answer, Response::Applied { fresh: 1 });
+    add_as(&nodes[1], &Caller::Anonymous, &t, "real").await;
+    eventually("the pair is parked", PATIENCE, || {
+        nodes[1].stats().push_pairs_parked == 1
+    })
+    .await;
+    let parked = nodes[1].stats();
+    assert!(parked.push_failures >= passes_max, "{parked:?}");
+    add_as(&nodes[1], &Caller::Anonymous, &t, "later").await;
+    eventually("the other peer gets every op", PATIENCE, || {
+        dump(&nodes[2], &t).is_some_and(|d| d.log.len() == 2)
+    })
+    .await;
+    tokio::time::sleep(PATIENCE).await;
+    let later = nodes[1].stats();
+    assert_eq!(later.push_pairs_parked, 1, "{later:?}");
+    assert_eq!(
+        later.push_failures, parked.push_failures,
+        "retried: {later:?}"
+    );
+    assert_eq!(
+        dump(&nodes[0], &t).unwrap().log[0].meta.items,
+        file("forged")
+    );
+}
+
 /// Add or Move under a parent that does not exist or under TRASH is
 /// refused with `ParentNotLive`, storing nothing.
 #[tokio::test(start_paused = true)]
@@ -405,11 +447,7 @@ async fn add_under_a_missing_parent_or_trash_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn a_large_subtree_read_stops_at_the_limit() {
     let net = LocalNet::new();
-    let mut configs = configs(1, &strict_access());
-    configs[0].limits.max_message_bytes = 1 << 20;
-    let meta_bytes = 32 << 10;
-    configs[0].limits.max_meta_bytes = meta_bytes + 1024;
-    let nodes = start_cluster(&net, configs);
+    let (nodes, meta_bytes) = large_meta_node(&net);
     let t = tree("t");
     let count = 200;
     for i in 0..count {
@@ -431,15 +469,67 @@ async fn a_large_subtree_read_stops_at_the_limit() {
         depth: 0,
     };
     let answer = nodes[0].handle(&client("reader"), read).await;
-    let Response::Error(Error::TooLarge { size, limit, .. }) = answer else {
+    assert_stopped_at_limit(&answer, meta_bytes, count);
+}
+
+/// One node whose messages hold 1 MiB and whose metas may hold 32 KiB
+/// (and a name): the node and that meta size.
+fn large_meta_node(net: &Arc<LocalNet>) -> (Vec<Arc<Service>>, usize) {
+    let mut configs = configs(1, &strict_access());
+    configs[0].limits.max_message_bytes = 1 << 20;
+    let meta_bytes = 32 << 10;
+    configs[0].limits.max_meta_bytes = meta_bytes + 1024;
+    (start_cluster(net, configs), meta_bytes)
+}
+
+/// `answer` refuses an answer of `count` metas of `meta_bytes` after
+/// building at most the limit plus one node, not the whole answer.
+fn assert_stopped_at_limit(answer: &Response, meta_bytes: usize, count: usize) {
+    let Response::Error(Error::TooLarge { size, limit, .. }) = *answer else {
         panic!("{answer:?}");
     };
-    let whole = (count * meta_bytes) as u64;
-    assert!(limit < whole);
-    assert!(size > limit, "{size} > {limit}");
+    assert!(limit < (count * meta_bytes) as u64);
     let one_node = (meta_bytes + 1024) as u64;
     assert!(
-        size <= limit + one_node,
+        size > limit && size <= limit + one_node,
         "built {size} for a limit of {limit}"
     );
+}
+
+/// Many large versions under one path: `GetNodeByPath` is refused as soon
+/// as its answer passes the message budget, like `GetSubTree`; asking for
+/// the names alone gets every version.
+#[tokio::test(start_paused = true)]
+async fn a_large_path_read_stops_at_the_limit() {
+    let net = LocalNet::new();
+    let (nodes, meta_bytes) = large_meta_node(&net);
+    let t = tree("t");
+    let count = 200;
+    for _ in 0..count {
+        let mut items = file("v");
+        items.push(KeyValue::new("blob", vec![7u8; meta_bytes]));
+        let add = Request::AddByPath {
+            tree: t.clone(),
+            attr: ATTR_FILE_NAME.into(),
+            path: vec!["dir".into()],
+            items,
+        };
+        let answer = nodes[0].handle(&client("writer"), add).await;
+        assert!(matches!(answer, Response::AddedByPath { .. }), "{answer:?}");
+    }
+    let read = |all_attributes| Request::GetNodeByPath {
+        tree: t.clone(),
+        attr: ATTR_FILE_NAME.into(),
+        path: vec!["dir".into(), "v".into()],
+        attributes: vec![ATTR_FILE_NAME.into()],
+        latest_only: false,
+        all_attributes,
+    };
+    let answer = nodes[0].handle(&client("reader"), read(true)).await;
+    assert_stopped_at_limit(&answer, meta_bytes, count);
+    let names = nodes[0].handle(&client("reader"), read(false)).await;
+    let Response::Nodes(found) = names else {
+        panic!("{names:?}");
+    };
+    assert_eq!(found.len(), count);
 }

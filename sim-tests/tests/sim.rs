@@ -88,11 +88,31 @@ fn fault_free_run_acks_almost_everything() {
     println!("{report}");
     assert!(report.passed());
     assert_eq!(report.faults_injected, 0);
-    // Without faults only overload could refuse a write.
+    // Without faults a write fails only when its input is refused (the
+    // workload sends some on purpose: a Move under a removed parent, an
+    // AddByPath by the wrong attribute) or, rarely, for overload; never by
+    // timeout or a lost connection.
+    let refused_input = |what: &str| {
+        what.contains("is removed or not reachable")
+            || what.contains("is not the path attribute")
+            || what.contains("cycle")
+    };
+    let failures: Vec<&str> = report
+        .events
+        .iter()
+        .filter_map(|e| e.what.split_once(" failed: ").map(|(_, why)| why))
+        .collect();
+    let other: Vec<&&str> = failures.iter().filter(|why| !refused_input(why)).collect();
     assert!(
-        report.ops_acked * 10 >= report.ops_sent * 9,
-        "{} of {}",
+        other.len() * 20 <= report.ops_sent as usize,
+        "{} failures other than refused input: {other:?}",
+        other.len()
+    );
+    assert!(
+        report.ops_acked as usize + failures.len() >= report.ops_sent as usize,
+        "{} sent, {} acked, {} failed: some never answered",
+        report.ops_sent,
         report.ops_acked,
-        report.ops_sent
+        failures.len()
     );
 }

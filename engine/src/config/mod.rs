@@ -128,6 +128,10 @@ pub struct Limits {
     /// Heights of the local log a pusher looks at per page while it skips
     /// the ops other replicas originated (it sends only its own).
     pub push_scan_heights: usize,
+    /// Push passes in a row a peer may refuse with `StampConflict` before
+    /// the (tree, peer) pair is parked: no retry can resolve a conflict,
+    /// only an operator (the pair resumes after a restart or a Drop).
+    pub push_conflict_passes_max: usize,
     /// Stamps (height and timestamp, no op) per GetOpLogStamps page: a
     /// sync pull lists a peer's log this way and asks only for the ops it
     /// lacks.
@@ -206,6 +210,7 @@ impl Default for Limits {
             max_commit_size: 1000,
             sync_page_size: 1000,
             push_scan_heights: 16_000,
+            push_conflict_passes_max: 3,
             sync_stamp_page_size: 16_384,
             push_window_ops: 4096,
             max_subtree_nodes: 100_000,
@@ -291,6 +296,10 @@ impl Config {
             ("limits.max_commit_size", self.limits.max_commit_size),
             ("limits.sync_page_size", self.limits.sync_page_size),
             ("limits.push_scan_heights", self.limits.push_scan_heights),
+            (
+                "limits.push_conflict_passes_max",
+                self.limits.push_conflict_passes_max,
+            ),
             (
                 "limits.sync_stamp_page_size",
                 self.limits.sync_stamp_page_size,

@@ -78,6 +78,9 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
         max_commit_size: s.usize("max_commit_size")?.unwrap_or(d.max_commit_size),
         sync_page_size: s.usize("sync_page_size")?.unwrap_or(d.sync_page_size),
         push_scan_heights: s.usize("push_scan_heights")?.unwrap_or(d.push_scan_heights),
+        push_conflict_passes_max: s
+            .usize("push_conflict_passes_max")?
+            .unwrap_or(d.push_conflict_passes_max),
         sync_stamp_page_size: s
             .usize("sync_stamp_page_size")?
             .unwrap_or(d.sync_stamp_page_size),

@@ -30,7 +30,7 @@ use std::sync::{Mutex, MutexGuard};
 pub use batch::{CheckedBatch, CommitSummary, Committed, InvariantCheck};
 pub use check::{Recheck, ReplicaContent};
 pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
-pub use query::SubtreeBounds;
+pub use query::{AnswerBounds, PathAnswer};
 pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
 
 /// Limits and identity of one forest.

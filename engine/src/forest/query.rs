@@ -19,9 +19,29 @@ impl Forest {
         path: &[String],
         latest_only: bool,
     ) -> Result<Vec<NodeInfo>> {
+        let everything = PathAnswer {
+            keep: &|_| true,
+            bounds: AnswerBounds::UNBOUNDED,
+        };
+        self.get_by_path_bounded(tree, attr, path, latest_only, everything)
+    }
+
+    /// [`Forest::get_by_path`] that keeps only the items `answer.keep`
+    /// accepts and stops, with `TooLarge`, as soon as the answer passes
+    /// `answer.bounds`: a match's meta is read only when it is its turn to
+    /// join the answer, so a refused read costs at most the bound plus one
+    /// node, never every version under the path (docs/design.md §4).
+    pub fn get_by_path_bounded(
+        &self,
+        tree: &TreeKey,
+        attr: &str,
+        path: &[String],
+        latest_only: bool,
+        answer: PathAnswer,
+    ) -> Result<Vec<NodeInfo>> {
         validate::path(attr, path, self.options.input_limits())?;
         let read = self.read_tree(tree)?;
-        path_lookup(&read, path, latest_only)
+        path_lookup(&read, path, latest_only, answer)
     }
 
     /// `get_by_path` for many `(path, latest_only)` queries against one
@@ -40,7 +60,13 @@ impl Forest {
         let read = self.read_tree(tree)?;
         queries
             .iter()
-            .map(|&(path, latest_only)| path_lookup(&read, path, latest_only))
+            .map(|&(path, latest_only)| {
+                let everything = PathAnswer {
+                    keep: &|_| true,
+                    bounds: AnswerBounds::UNBOUNDED,
+                };
+                path_lookup(&read, path, latest_only, everything)
+            })
             .collect()
     }
 
@@ -84,10 +110,9 @@ impl Forest {
         depth: u32,
         limit: usize,
     ) -> Result<Vec<NodeInfo>> {
-        let bounds = SubtreeBounds {
+        let bounds = AnswerBounds {
             nodes_max: limit,
-            bytes_max: usize::MAX,
-            node_overhead_bytes: 0,
+            ..AnswerBounds::UNBOUNDED
         };
         self.get_subtree_bounded(tree, root, depth, bounds)
     }
@@ -102,7 +127,7 @@ impl Forest {
         tree: &TreeKey,
         root: NodeId,
         depth: u32,
-        bounds: SubtreeBounds,
+        bounds: AnswerBounds,
     ) -> Result<Vec<NodeInfo>> {
         let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
         let t = rec.number;
@@ -110,13 +135,11 @@ impl Forest {
             return Err(Error::NodeNotFound(root));
         }
         let mut out = Vec::new();
-        let mut bytes = 0usize;
+        let mut budget = AnswerBudget::new("subtree", bounds);
         // Ids only: a wide level costs 8 bytes a child until its turn.
         let mut stack = vec![(root, 1u32)];
         while let Some((id, level)) = stack.pop() {
-            if out.len() == bounds.nodes_max {
-                return Err(too_large("subtree", bounds.nodes_max + 1, bounds.nodes_max));
-            }
+            budget.count_node()?;
             let info = match id {
                 ROOT | TRASH if id == root => NodeInfo {
                     id,
@@ -127,10 +150,7 @@ impl Forest {
                     read::node_info(&rows, t, id)?.expect("children index points at a stored node")
                 }
             };
-            bytes = bytes.saturating_add(info.meta.size_bytes() + bounds.node_overhead_bytes);
-            if bytes > bounds.bytes_max {
-                return Err(too_large("subtree", bytes, bounds.bytes_max));
-            }
+            budget.count_meta(&info.meta)?;
             // Planted bug `SubtreeDepthOffByOne`: one level too deep.
             let deeper = u32::from(canary::active(Canary::SubtreeDepthOffByOne));
             if depth == 0 || level < depth + deeper {
@@ -319,7 +339,12 @@ impl Forest {
 }
 
 /// The body of `get_by_path` on an open snapshot (`path` already checked).
-fn path_lookup(read: &TreeRead, path: &[String], latest_only: bool) -> Result<Vec<NodeInfo>> {
+fn path_lookup(
+    read: &TreeRead,
+    path: &[String],
+    latest_only: bool,
+    answer: PathAnswer,
+) -> Result<Vec<NodeInfo>> {
     let (rows, number) = (&read.rows, read.rec.number);
     let (dirs, last) = path.split_at(path.len() - 1);
     let (dir, found) = read::resolve_dirs(rows, number, dirs)?;
@@ -333,25 +358,84 @@ fn path_lookup(read: &TreeRead, path: &[String], latest_only: bool) -> Result<Ve
         matches.sort_by_key(|&(id, time, _)| (std::cmp::Reverse(time), id));
         matches.truncate(1);
     }
-    let mut out = Vec::with_capacity(matches.len());
+    let mut budget = AnswerBudget::new("nodes", answer.bounds);
+    let mut out = Vec::new();
     for (id, time, _) in matches {
-        let items = read::log_record(rows, number, time)?.body.items;
+        budget.count_node()?;
+        let mut items = read::log_record(rows, number, time)?.body.items;
+        items.retain(|kv| (answer.keep)(kv));
+        let meta = Meta { time, items };
+        budget.count_meta(&meta)?;
         out.push(NodeInfo {
             id,
             parent: dir,
-            meta: Meta { time, items },
+            meta,
         });
     }
     Ok(out)
 }
 
-/// What one subtree answer may hold.
+/// What one read answer (a subtree, the matches of a path) may hold.
 #[derive(Clone, Copy, Debug)]
-pub struct SubtreeBounds {
+pub struct AnswerBounds {
     pub nodes_max: usize,
     pub bytes_max: usize,
     /// Counted per node besides its meta (ids, framing).
     pub node_overhead_bytes: usize,
+}
+
+impl AnswerBounds {
+    pub const UNBOUNDED: Self = Self {
+        nodes_max: usize::MAX,
+        bytes_max: usize::MAX,
+        node_overhead_bytes: 0,
+    };
+}
+
+/// How a path lookup shapes its answer: which meta items it keeps
+/// (the request's attribute filter) and how large the kept answer may be.
+pub struct PathAnswer<'a> {
+    pub keep: &'a dyn Fn(&KeyValue) -> bool,
+    pub bounds: AnswerBounds,
+}
+
+/// The running size of one answer while it is built.
+struct AnswerBudget {
+    what: &'static str,
+    bounds: AnswerBounds,
+    nodes: usize,
+    bytes: usize,
+}
+
+impl AnswerBudget {
+    fn new(what: &'static str, bounds: AnswerBounds) -> Self {
+        Self {
+            what,
+            bounds,
+            nodes: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Called before a node is read: one more node must fit.
+    fn count_node(&mut self) -> Result<()> {
+        let max = self.bounds.nodes_max;
+        if self.nodes == max {
+            return Err(too_large(self.what, max.saturating_add(1), max));
+        }
+        self.nodes += 1;
+        Ok(())
+    }
+
+    /// Called once a node's meta is read, before it joins the answer.
+    fn count_meta(&mut self, meta: &Meta) -> Result<()> {
+        let size = meta.size_bytes() + self.bounds.node_overhead_bytes;
+        self.bytes = self.bytes.saturating_add(size);
+        if self.bytes > self.bounds.bytes_max {
+            return Err(too_large(self.what, self.bytes, self.bounds.bytes_max));
+        }
+        Ok(())
+    }
 }
 
 fn too_large(what: &str, size: usize, limit: usize) -> Error {

@@ -6,7 +6,7 @@ use super::push::ITEM_OVERHEAD_BYTES;
 use super::{Core, Service};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
-use crate::forest::{SubtreeBounds, WriteOp, WriteOutcome, WriteRequest};
+use crate::forest::{AnswerBounds, PathAnswer, WriteOp, WriteOutcome, WriteRequest};
 use crate::identity::Caller;
 use crate::proto::{Request, Response};
 use crate::runtime::blocking;
@@ -232,14 +232,12 @@ impl Core {
             } => {
                 validate::path(&attr, &path, self.config.limits.input())?;
                 self.check_tree_key(&tree)?;
+                let answer = PathAnswer {
+                    keep: &|kv| all_attributes || attributes.contains(&kv.key),
+                    bounds: self.answer_bounds(),
+                };
                 let forest = &self.forest;
-                let mut nodes = forest.get_by_path(&tree, &attr, &path, latest_only)?;
-                if !all_attributes {
-                    for node in &mut nodes {
-                        node.meta.items.retain(|kv| attributes.contains(&kv.key));
-                    }
-                }
-                self.check_answer_size("nodes", &nodes)?;
+                let nodes = forest.get_by_path_bounded(&tree, &attr, &path, latest_only, answer)?;
                 Ok(Response::Nodes(nodes))
             }
             Request::GetMeta { tree, node } => {
@@ -251,10 +249,9 @@ impl Core {
             }
             Request::GetSubTree { tree, root, depth } => {
                 self.check_tree_key(&tree)?;
-                let bounds = SubtreeBounds {
+                let bounds = AnswerBounds {
                     nodes_max: self.config.limits.max_subtree_nodes,
-                    bytes_max: self.answer_budget_bytes(),
-                    node_overhead_bytes: ITEM_OVERHEAD_BYTES,
+                    ..self.answer_bounds()
                 };
                 let nodes = (self.forest).get_subtree_bounded(&tree, root, depth, bounds)?;
                 Ok(Response::Nodes(nodes))
@@ -332,16 +329,13 @@ impl Core {
         validate::tree_id(tree)
     }
 
-    fn check_answer_size(&self, what: &str, nodes: &[NodeInfo]) -> Result<()> {
-        let size: usize = nodes
-            .iter()
-            .map(|n| n.meta.size_bytes() + ITEM_OVERHEAD_BYTES)
-            .sum();
-        let budget = self.answer_budget_bytes();
-        if size > budget {
-            return Err(too_large(what, size, budget));
+    /// What a node read may answer: as many nodes as fit in one message.
+    fn answer_bounds(&self) -> AnswerBounds {
+        AnswerBounds {
+            nodes_max: usize::MAX,
+            bytes_max: self.answer_budget_bytes(),
+            node_overhead_bytes: ITEM_OVERHEAD_BYTES,
         }
-        Ok(())
     }
 }
 

@@ -89,6 +89,10 @@ pub struct ServiceStats {
     pub push_pairs_backlog: u64,
     /// Failed pairs waiting out their backoff now.
     pub push_pairs_delayed: u64,
+    /// Pairs parked after `limits.push_conflict_passes_max` stamp
+    /// conflicts in a row: never 0 but by a fault (two replicas with one
+    /// id, a forged op); they resume after a restart or a Drop.
+    pub push_pairs_parked: u64,
     /// Push workers running now (at most `tree.replication_worker_count`).
     pub push_workers: u64,
     /// Push windows held now (at most `limits.max_tracked_trees`).
@@ -311,6 +315,7 @@ impl Service {
             push_pairs_queued: sizes.queued as u64,
             push_pairs_backlog: sizes.backlog as u64,
             push_pairs_delayed: sizes.delayed as u64,
+            push_pairs_parked: sizes.parked as u64,
             push_workers: sizes.workers as u64,
             push_windows: self.pusher.windows_held() as u64,
             pull_cursors: self.puller.cursors_held() as u64,
@@ -390,6 +395,8 @@ fn book_limits(config: &Config) -> BookLimits {
         queue_max: config.tree.replication_channel_capacity,
         workers_max: config.tree.replication_worker_count,
         backoff_max: config.tree.replication_timeout,
+        conflict_passes_max: u32::try_from(config.limits.push_conflict_passes_max)
+            .unwrap_or(u32::MAX),
     }
 }
 

@@ -5,6 +5,10 @@
 //! the other faults; sync rounds the checks start; check phases; and the
 //! failure, with the ops its message names highlighted. Everything comes
 //! from the run's trace, so a timeline shows exactly what a replay prints.
+//! A few lines of plain JS zoom and pan the plot over simulated time (the
+//! wheel zooms around the pointer, dragging pans; `#t=FROM,TO` in the
+//! address opens a range, in seconds); without JS the page shows the
+//! whole run.
 
 use crate::scenario::Report;
 use crate::trace::Event;
@@ -58,11 +62,20 @@ pub fn html(report: &Report) -> String {
     let height = TOP + LANE_H * lanes.len() as f64 + 30.0;
     let _ = write!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="monospace" font-size="11">"#,
-        LABEL_W + PLOT_W + 20.0
+        r#"<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="monospace" font-size="11" data-label-w="{LABEL_W}" data-plot-w="{PLOT_W}" data-end-s="{}">"#,
+        LABEL_W + PLOT_W + 20.0,
+        end.as_secs_f64()
     );
     draw_lanes(&mut svg, &scale);
+    // Everything placed in time goes in one clipped group, which the
+    // page's script rescales; the axis is redrawn by it.
+    let _ = write!(
+        svg,
+        r#"<defs><clipPath id="plot-clip"><rect x="{LABEL_W}" y="0" width="{}" height="{height}"/></clipPath></defs><g id="plot" clip-path="url(#plot-clip)"><g id="axis">"#,
+        PLOT_W + 20.0
+    );
     draw_axis(&mut svg, &scale, height);
+    svg.push_str("</g>");
     for window in windows(events) {
         draw_window(&mut svg, &scale, &window);
     }
@@ -74,7 +87,7 @@ pub fn html(report: &Report) -> String {
     }
     draw_marks(&mut svg, &scale, events, height);
     draw_final_failure(&mut svg, &scale, report, height);
-    svg.push_str("</svg>");
+    svg.push_str("</g></svg>");
     page(report, &svg, events, &named)
 }
 
@@ -489,6 +502,104 @@ fn truncate(text: &str, chars: usize) -> String {
     cut
 }
 
+/// Zoom and pan over simulated time. Every element of `#plot` keeps the
+/// x coordinates the whole-run drawing gave it and is mapped from them, so
+/// the Rust side draws once; widths grow with the zoom and never go under
+/// 1.5 px, marks keep their size; the axis is redrawn for the range shown.
+const ZOOM_SCRIPT: &str = r#"
+(function () {
+  var svg = document.getElementById('timeline');
+  if (!svg) return;
+  var NS = 'http://www.w3.org/2000/svg';
+  var labelW = +svg.dataset.labelW, plotW = +svg.dataset.plotW, endS = +svg.dataset.endS;
+  var axis = document.getElementById('axis');
+  var axisTop = 0, axisBottom = 0, axisText = 0;
+  var first = axis.querySelector('line'), firstText = axis.querySelector('text');
+  if (first) { axisTop = +first.getAttribute('y1'); axisBottom = +first.getAttribute('y2'); }
+  if (firstText) axisText = +firstText.getAttribute('y');
+  var placed = [];
+  document.querySelectorAll('#plot > :not(#axis)').forEach(function (el) {
+    var base = {};
+    ['x', 'width', 'x1', 'x2', 'cx'].forEach(function (a) {
+      if (el.hasAttribute(a)) base[a] = +el.getAttribute(a);
+    });
+    placed.push([el, base]);
+  });
+  var view = [0, endS];
+  function render() {
+    var k = endS / (view[1] - view[0]);
+    var shift = plotW * view[0] / endS;
+    function map(x) { return labelW + (x - labelW - shift) * k; }
+    placed.forEach(function (p) {
+      var el = p[0], b = p[1];
+      if ('x' in b) el.setAttribute('x', map(b.x).toFixed(1));
+      if ('width' in b) el.setAttribute('width', Math.max(1.5, b.width * k).toFixed(1));
+      if ('x1' in b) el.setAttribute('x1', map(b.x1).toFixed(1));
+      if ('x2' in b) el.setAttribute('x2', map(b.x2).toFixed(1));
+      if ('cx' in b) el.setAttribute('cx', map(b.cx).toFixed(1));
+    });
+    drawAxis();
+    document.getElementById('zoom-range').textContent =
+      view[0].toFixed(3) + 's .. ' + view[1].toFixed(3) + 's of ' + endS.toFixed(3) + 's';
+  }
+  function drawAxis() {
+    while (axis.firstChild) axis.removeChild(axis.firstChild);
+    var span = view[1] - view[0];
+    var steps = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300];
+    var step = steps.find(function (s) { return span / s <= 20; }) || 600;
+    var digits = step < 0.01 ? 3 : step < 0.1 ? 2 : 1;
+    for (var t = Math.ceil(view[0] / step) * step; t <= view[1] + 1e-9; t += step) {
+      var x = labelW + plotW * (t - view[0]) / span;
+      var line = document.createElementNS(NS, 'line');
+      line.setAttribute('x1', x); line.setAttribute('x2', x);
+      line.setAttribute('y1', axisTop); line.setAttribute('y2', axisBottom);
+      line.setAttribute('stroke', '#dddddd');
+      var text = document.createElementNS(NS, 'text');
+      text.setAttribute('x', x); text.setAttribute('y', axisText);
+      text.setAttribute('text-anchor', 'middle'); text.setAttribute('fill', '#555');
+      text.textContent = t.toFixed(digits) + 's';
+      axis.appendChild(line);
+      // A label at the very left edge would be cut in half by the clip.
+      if (x >= labelW + 14) axis.appendChild(text);
+    }
+  }
+  function set(from, to) {
+    var span = Math.min(endS, Math.max(to - from, endS / 1e5, 1e-6));
+    from = Math.min(Math.max(from, 0), endS - span);
+    view = [from, from + span];
+    render();
+  }
+  function zoomAt(t, factor) {
+    set(t - (t - view[0]) * factor, t + (view[1] - t) * factor);
+  }
+  function pointerTime(event) {
+    var box = svg.getBoundingClientRect();
+    var x = (event.clientX - box.left) * svg.width.baseVal.value / box.width;
+    return view[0] + (view[1] - view[0]) * Math.min(Math.max((x - labelW) / plotW, 0), 1);
+  }
+  svg.addEventListener('wheel', function (event) {
+    event.preventDefault();
+    zoomAt(pointerTime(event), event.deltaY < 0 ? 0.8 : 1.25);
+  }, { passive: false });
+  var drag = null;
+  svg.addEventListener('mousedown', function (event) { drag = [event.clientX, view[0], view[1]]; });
+  window.addEventListener('mouseup', function () { drag = null; });
+  window.addEventListener('mousemove', function (event) {
+    if (!drag) return;
+    var box = svg.getBoundingClientRect();
+    var px = (event.clientX - drag[0]) * svg.width.baseVal.value / box.width;
+    var dt = (drag[2] - drag[1]) * px / plotW;
+    set(drag[1] - dt, drag[2] - dt);
+  });
+  function middle() { return (view[0] + view[1]) / 2; }
+  document.getElementById('zoom-in').onclick = function () { zoomAt(middle(), 0.5); };
+  document.getElementById('zoom-out').onclick = function () { zoomAt(middle(), 2); };
+  document.getElementById('zoom-reset').onclick = function () { set(0, endS); };
+  var asked = /[#&]t=([0-9.]+),([0-9.]+)/.exec(location.hash);
+  if (asked && +asked[2] > +asked[1]) set(+asked[1], +asked[2]); else render();
+})();
+"#;
+
 fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> String {
     let title = match &report.failure {
         Some(failure) => format!("seed {}: {failure}", report.seed),
@@ -508,6 +619,7 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 <h2>{heading}</h2>
 <p>{swarm}</p>
 <p>ops sent {sent}, acknowledged {acked}; faults {faults}; simulated {simulated:?}; trace {hash:016x}. Ops the failure names: {named}</p>
+<p id="zoom"><button id="zoom-in">zoom in</button> <button id="zoom-out">zoom out</button> <button id="zoom-reset">whole run</button> <span id="zoom-range"></span> (wheel: zoom at the pointer; drag: pan)</p>
 <div class="legend">
 <span><i class="sw" style="background:#2a9d8f"></i>op acknowledged</span><span><i class="sw" style="background:#d62828"></i>op failed</span><span><i class="sw" style="background:#6c757d"></i>op never answered</span><span><i class="sw" style="border:2.5px solid #000"></i>named by the failure</span>
 <span><i class="sw" style="background:#f4a261"></i>partition</span><span><i class="sw" style="background:#e9c46a"></i>one-way</span><span><i class="sw" style="background:#e63946"></i>crash / down</span><span><i class="sw" style="background:#f77f00"></i>restart</span><span><i class="sw" style="background:#9d4edd"></i>disk errors</span><span><i class="sw" style="background:#90be6d"></i>push blackout</span><span><i class="sw" style="background:#a8dadc"></i>packet loss</span><span><i class="sw" style="background:#bde0fe"></i>latency</span><span><i class="sw" style="background:#457b9d"></i>check's sync round</span><span><i class="sw" style="background:#1d3557"></i>push (tick, lane top)</span><span><i class="sw" style="background:#8338ec"></i>sync pull</span><span>dashed: check phase; red: the failure</span>
@@ -515,8 +627,10 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 {svg}
 <h3>Last events</h3>
 <pre>{events}</pre>
+<script>{script}</script>
 </body></html>
 "#,
+        script = ZOOM_SCRIPT,
         heading = escape(&truncate(&title, 160)),
         title = escape(&title),
         swarm = escape(&report.swarm.to_string()).replace('\n', "<br>"),
@@ -537,6 +651,57 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::plan::Plan;
+    use crate::scenario::swarm::{Profile, Size, Swarm};
+
+    /// The page zooms: every element placed in time is in the plot group
+    /// the script rescales, the script and its controls are there, and
+    /// the lane labels stay outside the group (they do not move).
+    #[test]
+    fn the_page_carries_its_zoom() {
+        let at = Duration::from_millis;
+        let event = |t, node: &str, what: &str| Event {
+            at: at(t),
+            node: node.into(),
+            what: what.into(),
+        };
+        let events = vec![
+            event(1, "client-1", "op#1 Add x under 0 -> replica-1"),
+            event(4, "client-1", "op#1 ok Added"),
+            event(6, "replica-1", "crash replica-1"),
+        ];
+        let svg_start = |page: &str| page.find("<svg").unwrap();
+        let swarm = Swarm::draw(1, Profile::Standard, Size::TEST, true);
+        let report = Report {
+            seed: 1,
+            plan: Plan::draw(swarm.clone()),
+            swarm,
+            canary: None,
+            failure: None,
+            trace_hash: 0,
+            events,
+            ops_sent: 1,
+            ops_acked: 1,
+            faults_injected: 1,
+            simulated: at(6),
+            wire: Vec::new(),
+        };
+        let page = html(&report);
+        let plot = page.find(r#"<g id="plot""#).expect("plot group");
+        let labels = page.find(">client-1</text>").expect("lane label");
+        assert!(svg_start(&page) < labels && labels < plot);
+        let op_bar = page.find("<title>op#1").expect("op bar");
+        let group_end = page.rfind("</g></svg>").expect("group closed");
+        assert!(plot < op_bar && op_bar < group_end);
+        for needle in [
+            r#"data-end-s=""#,
+            "zoom-in",
+            "zoom-reset",
+            "addEventListener('wheel'",
+        ] {
+            assert!(page.contains(needle), "{needle}");
+        }
+    }
 
     #[test]
     fn durations_parse_in_debug_form() {

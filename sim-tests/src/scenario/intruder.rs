@@ -19,8 +19,8 @@ use std::time::Duration;
 /// hold an op with it.
 pub const INTRUDER_TAG_KEY: &str = "intruder";
 
-/// The name the simulated checkers call replicas in-process as (a reader
-/// of every container).
+/// The name the simulated checkers call replicas in-process as (an owner
+/// of every container, so it may page through op logs; it never writes).
 pub const CHECKER_CLIENT: &str = "checker";
 
 /// Calls the intruder makes in one run.
@@ -38,10 +38,10 @@ pub struct IntruderRecord {
 }
 
 /// The rights of the scenario: the workload's clients (`client-1` ..
-/// `client-{clients}`) own every container (they write, read logs and
-/// drop trees), the in-process checker (an owner too, for the op log)
-/// reads them; nobody else, the intruder and anonymous callers included,
-/// holds anything.
+/// `client-{clients}`) and the in-process checker own every container
+/// (clients write, read op-log pages and drop trees, which need the owner
+/// right); nobody else, the intruder and anonymous callers included, holds
+/// anything. Which role allows which call is tested in the engine (`service_authz.rs`).
 pub fn access_config(clients: usize) -> arbor::config::AccessConfig {
     use arbor::config::{AccessConfig, Role};
     let mut access = AccessConfig::default();
@@ -50,6 +50,7 @@ pub fn access_config(clients: usize) -> arbor::config::AccessConfig {
             .default
             .grant(Role::Owner, &format!("client-{index}"));
     }
+    // The checker pages through op logs, which clients may do as owners.
     access.default.grant(Role::Owner, CHECKER_CLIENT);
     access
 }

@@ -310,7 +310,7 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
         .collect();
     // Numbered after every client the size allows, whatever the plan
     // keeps: it holds no right (`intruder::access_config`).
-    let intruder = world.client_numbered(swarm.size.clients + 1);
+    let intruder = world.client_numbered(intruder_index(swarm));
     let world = Arc::new(world);
     let verdict = Verdict::new(trace.clone());
     watch(&world, &verdict, swarm);
@@ -348,9 +348,17 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
 
 /// Sets the oracles that watch the run (`oracle::watch`) and drops the
 /// pushes the seed cuts for the whole run.
+/// The intruder's client number: after every client the size allows,
+/// whatever the plan keeps, so no planned client shares its identity.
+fn intruder_index(swarm: &Swarm) -> usize {
+    swarm.size.clients + 1
+}
+
 fn watch(world: &Arc<World>, verdict: &Verdict, swarm: &Swarm) {
     let coverage = world.hooks.coverage.clone();
-    let answers = oracle::watch::AnswerOracle::new(verdict.clone(), coverage.clone());
+    let intruder = format!("client-{}", intruder_index(swarm));
+    let answers =
+        oracle::watch::AnswerOracle::new(verdict.clone(), coverage.clone()).ignoring(intruder);
     world.hooks.watch_answers(Arc::new(answers));
     let pulls = oracle::watch::SyncWatch::new(world, verdict.clone(), coverage.clone());
     world.hooks.watch_pulls(Arc::new(pulls));

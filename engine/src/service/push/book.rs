@@ -37,6 +37,9 @@ pub(crate) struct BookLimits {
     pub workers_max: usize,
     /// The longest backoff of a failed pair (`tree.replication_timeout`).
     pub backoff_max: Duration,
+    /// Passes in a row the peer refuses with `StampConflict` before the
+    /// pair is parked (`limits.push_conflict_passes_max`).
+    pub conflict_passes_max: u32,
 }
 
 /// What a pass starts from.
@@ -59,6 +62,19 @@ pub(crate) struct PassEnd {
     pub cursor: Option<LazyCursor>,
     /// False when the pass failed (it is retried after a backoff).
     pub ok: bool,
+    /// The peer refused a page with `StampConflict`: it holds another op
+    /// under one of ours, and no retry can change that.
+    pub conflict: bool,
+}
+
+/// What became of a pair at the end of a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PassVerdict {
+    /// Idle, queued again, or backing off.
+    Continues,
+    /// Parked after this many conflicted passes in a row: no more passes
+    /// until the tree is dropped or the node restarts.
+    Parked(u32),
 }
 
 /// Counts a stats call reports.
@@ -70,6 +86,8 @@ pub(crate) struct BookSizes {
     pub queued: usize,
     pub backlog: usize,
     pub delayed: usize,
+    /// Pairs parked by stamp conflicts.
+    pub parked: usize,
     pub workers: usize,
 }
 
@@ -81,6 +99,9 @@ enum Phase {
     Running(u64),
     /// Failed; queued again at this time.
     Delayed(Duration),
+    /// Refused by stamp conflicts `conflict_passes_max` times in a row:
+    /// never queued again (see `PassVerdict::Parked`).
+    Parked,
 }
 
 #[derive(Debug)]
@@ -90,6 +111,8 @@ struct Pair {
     /// Local ops arrived since the pair was last taken.
     dirty: bool,
     failures: u32,
+    /// Passes in a row that ended in a stamp conflict.
+    conflicts: u32,
     cursor: Option<LazyCursor>,
     /// The tree's change count at the start of the last pass that left
     /// nothing to send: while it is current, there is nothing to find.
@@ -103,6 +126,7 @@ impl Pair {
             phase: Phase::Idle,
             dirty: false,
             failures: 0,
+            conflicts: 0,
             cursor: None,
             clean_at: None,
         }
@@ -239,6 +263,7 @@ pub(crate) struct PushBook {
 impl PushBook {
     pub fn new(limits: BookLimits, membership: Arc<Membership>) -> Self {
         assert!(limits.trees_max >= 1 && limits.queue_max >= 1 && limits.workers_max >= 1);
+        assert!(limits.conflict_passes_max >= 1, "a pair gets one pass");
         Self {
             state: Mutex::new(Book {
                 trees: BTreeMap::new(),
@@ -450,7 +475,8 @@ impl PushBook {
 
     /// Records how the pass of `key` that `begin_pass` started ended:
     /// queued again if new ops came meanwhile, backed off if it failed,
-    /// and the tree forgotten once every pair of it is settled.
+    /// parked after too many stamp conflicts in a row, and the tree
+    /// forgotten once every pair of it is settled.
     pub fn end_pass(
         &self,
         key: &PushKey,
@@ -458,7 +484,8 @@ impl PushBook {
         start: &PassStart,
         end: PassEnd,
         now: Duration,
-    ) {
+    ) -> PassVerdict {
+        assert!(!(end.ok && end.conflict), "a clean pass met no conflict");
         let mut book = self.lock();
         let pair = pair_mut(&mut book, key).expect("a running pair stays tracked");
         assert_eq!(
@@ -473,7 +500,14 @@ impl PushBook {
             );
         }
         pair.cursor = end.cursor.or(pair.cursor);
-        if end.ok {
+        pair.conflicts = if end.conflict { pair.conflicts + 1 } else { 0 };
+        let mut verdict = PassVerdict::Continues;
+        if pair.conflicts >= self.limits.conflict_passes_max {
+            pair.failures = pair.failures.saturating_add(1);
+            pair.phase = Phase::Parked;
+            pair.dirty = true;
+            verdict = PassVerdict::Parked(pair.conflicts);
+        } else if end.ok {
             pair.failures = 0;
             pair.clean_at = Some(start.changes);
             if pair.dirty {
@@ -490,6 +524,7 @@ impl PushBook {
         }
         book.mark_if_settled(&key.0);
         self.check(&book);
+        verdict
     }
 
     /// Queues every tracked pair that may have unsent ops or a cursor due
@@ -603,12 +638,15 @@ impl PushBook {
 
     pub fn sizes(&self) -> BookSizes {
         let book = self.lock();
+        let pairs = book.trees.values().flat_map(|tracked| &tracked.pairs);
+        let parked = pairs.filter(|pair| pair.phase == Phase::Parked).count();
         BookSizes {
             trees: book.trees.len(),
             settled: book.settled.len(),
             queued: book.ready.len(),
             backlog: book.backlog.len(),
             delayed: book.delayed.len(),
+            parked,
             workers: book.workers,
         }
     }

@@ -20,7 +20,7 @@ use crate::forest::{CursorKind, OpLogPage};
 use crate::proto::{Request, Response};
 use crate::runtime::BoxFuture;
 use crate::types::*;
-use book::{PassEnd, PassStart, PushBook, PushKey};
+use book::{PassEnd, PassStart, PassVerdict, PushBook, PushKey};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use window::PushWindows;
@@ -143,9 +143,20 @@ impl Pusher {
         let end = PassEnd {
             cursor,
             ok: result.is_ok(),
+            conflict: matches!(result, Err(Error::StampConflict(_))),
         };
         let now = self.core.env.clock.now();
-        self.book.end_pass(key, ticket, &start, end, now);
+        let verdict = self.book.end_pass(key, ticket, &start, end, now);
+        if let PassVerdict::Parked(passes) = verdict {
+            // Retrying cannot help: the peer keeps its op under that stamp
+            // until an operator repairs one side (docs/design.md §9).
+            tracing::error!(
+                peer = key.1,
+                tree = ?key.0,
+                passes,
+                "push parked: the peer holds other ops under our stamps"
+            );
+        }
         if !end.ok {
             self.book.wake.notify_one();
         }

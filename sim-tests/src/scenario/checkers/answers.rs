@@ -19,6 +19,7 @@
 use super::{Checker, Checkpoint};
 use crate::failure::{Failure, FailureKind};
 use crate::scenario::coverage::{Coverage, DEEP_UNDO_OPS};
+use crate::scenario::intruder::CHECKER_CLIENT;
 use crate::scenario::ledger::{Acked, Failed, Sent};
 use crate::scenario::oracle::expect::{check_read, wrong_detail, Checked};
 use crate::scenario::oracle::TreeView;
@@ -236,7 +237,7 @@ async fn reads_on(at: &Checkpoint<'_>, replica: ReplicaId, tree: &TreeKey) -> Re
         .on_node(replica, move |service| async move {
             let mut answers = Vec::new();
             for request in reads {
-                let response = service.handle(&checker(), request.clone()).await;
+                let response = service.handle(&checker_caller(), request.clone()).await;
                 answers.push((request, response));
             }
             let logs = page_through(&service, &key).await;
@@ -291,7 +292,7 @@ async fn page_through(
                     limit,
                 }
             };
-            let response = service.handle(&checker(), request.clone()).await;
+            let response = service.handle(&checker_caller(), request.clone()).await;
             let next = match &response {
                 Response::OpLog {
                     entries,
@@ -557,9 +558,8 @@ fn never_applied(at: &Checkpoint) -> Result {
     Ok(())
 }
 
-/// The identity the checkers call the replicas in process with: it holds
-/// every right a client can hold (`intruder::access_config`), so that its
-/// reads of the op log are answered.
-fn checker() -> Caller {
-    Caller::Client(crate::scenario::intruder::CHECKER_CLIENT.into())
+/// The identity the checker reads with: an owner of every container in the
+/// simulated access config, since client op-log pages need the owner right.
+fn checker_caller() -> Caller {
+    Caller::Client(CHECKER_CLIENT.into())
 }

@@ -83,9 +83,6 @@ pub fn check_read(
 /// model; transient errors and refused oversized answers are not judged.
 fn check_error(request: &Request, error: &Error, view: Option<&TreeView>) -> Checked {
     match (error, view) {
-        // Refused before the tree was looked at: the rights are for the
-        // intruder's checker and the access tests to judge, not the model.
-        (Error::PermissionDenied { .. }, _) => Checked::Skipped,
         (Error::TreeNotFound, None) => Checked::Skipped,
         (Error::TreeNotFound, Some(view)) => {
             Checked::Wrong(format!("TreeNotFound for a tree of {} ops", view.log.len()))

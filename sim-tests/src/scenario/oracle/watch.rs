@@ -55,6 +55,9 @@ pub struct AnswerOracle {
     peer_reads: AtomicU64,
     sessions: Mutex<Sessions>,
     views: Mutex<Views>,
+    /// Clients whose answers are not this oracle's to judge: the intruder
+    /// holds no right, so its refusals are checked by the intruder checker.
+    strangers: BTreeSet<String>,
 }
 
 impl AnswerOracle {
@@ -65,7 +68,14 @@ impl AnswerOracle {
             peer_reads: AtomicU64::new(0),
             sessions: Mutex::default(),
             views: Mutex::default(),
+            strangers: BTreeSet::new(),
         }
+    }
+
+    /// Leaves the calls of client `name` unjudged.
+    pub fn ignoring(mut self, name: String) -> Self {
+        self.strangers.insert(name);
+        self
     }
 
     /// The replica's tree as it is now; `Err` when it cannot be read.
@@ -176,6 +186,7 @@ impl AnswerWatch for AnswerOracle {
             count.is_multiple_of(every)
         };
         match caller {
+            Caller::Client(name) if self.strangers.contains(name) => false,
             Caller::Client(_) if is_log_read(request) => sampled(CLIENT_LOG_READ_SAMPLE),
             Caller::Client(_) => {
                 is_read(request)

@@ -5,6 +5,7 @@ use crate::config::NodeConfig;
 use crate::types::ContainerId;
 
 const PERIOD: Duration = Duration::from_secs(60);
+const CONFLICTS_MAX: u32 = 3;
 
 fn tree(name: &str) -> TreeKey {
     TreeKey::new(ContainerId([4; 32]), name)
@@ -30,6 +31,7 @@ fn book(trees_max: usize, queue_max: usize) -> PushBook {
         queue_max,
         workers_max: 4,
         backoff_max: Duration::from_secs(1),
+        conflict_passes_max: CONFLICTS_MAX,
     };
     let book = PushBook::new(limits, Arc::new(Membership::from_config(&node)));
     book.walk_found(None, &[], true);
@@ -54,7 +56,17 @@ fn end(book: &PushBook, taken: &(PushKey, u64, PassStart), cursor: Option<(u64, 
         cursor
     });
     let (key, ticket, start) = taken;
-    book.end_pass(key, *ticket, start, PassEnd { cursor, ok }, Duration::ZERO);
+    book.end_pass(
+        key,
+        *ticket,
+        start,
+        PassEnd {
+            cursor,
+            ok,
+            conflict: false,
+        },
+        Duration::ZERO,
+    );
 }
 
 /// Takes and finishes every queued pass, cleanly, with cursors at
@@ -197,4 +209,76 @@ fn a_lagging_cursor_keeps_its_tree_until_written() {
     assert_eq!(book.position(&(t.clone(), 2)), Some(3));
     // Due to be written: the sweep queues both pairs.
     assert_eq!(book.sweep(Duration::ZERO, PERIOD), 2);
+}
+
+/// Takes the pair of `key` once its backoff ended and ends its pass as a
+/// stamp conflict; returns the verdict.
+fn conflicted_pass(book: &PushBook, key: &PushKey, now: Duration) -> PassVerdict {
+    book.dispatch(now);
+    let (taken, ticket) = book.take().expect("the pair is queued again");
+    assert_eq!(&taken, key);
+    let start = book.begin_pass(key, ticket).expect("its ticket");
+    let end = PassEnd {
+        cursor: Some(LazyCursor::loaded(0)),
+        ok: false,
+        conflict: true,
+    };
+    book.end_pass(key, ticket, &start, end, now)
+}
+
+/// A pair whose peer refuses it with stamp conflicts is retried with a
+/// backoff `conflict_passes_max` times, then parked: no backoff, sweep or
+/// later commit queues it again, the book reports it, and dropping the
+/// tree forgets it. A failure of another kind in between starts the
+/// count again.
+#[test]
+fn a_pair_refused_by_stamp_conflicts_is_parked() {
+    let book = book(8, 8);
+    let t = tree("t");
+    let (key, ticket, start) = commit_and_take(&book, &t);
+    let end = PassEnd {
+        cursor: Some(LazyCursor::loaded(0)),
+        ok: false,
+        conflict: true,
+    };
+    assert_eq!(
+        book.end_pass(&key, ticket, &start, end, Duration::ZERO),
+        PassVerdict::Continues
+    );
+    // Let the other pair of the tree finish cleanly.
+    let (other, ticket) = book.take().expect("the other peer's pair");
+    let start = book.begin_pass(&other, ticket).expect("its ticket");
+    end_pass_at(&book, &(other, ticket, start), true);
+    let mut now = Duration::from_secs(10);
+    assert_eq!(conflicted_pass(&book, &key, now), PassVerdict::Continues);
+    now += Duration::from_secs(10);
+    // A plain failure resets the count.
+    book.dispatch(now);
+    let (_, ticket) = book.take().expect("queued again");
+    let start = book.begin_pass(&key, ticket).expect("its ticket");
+    end_pass_at(&book, &(key.clone(), ticket, start), false);
+    for _ in 1..CONFLICTS_MAX {
+        now += Duration::from_secs(10);
+        assert_eq!(conflicted_pass(&book, &key, now), PassVerdict::Continues);
+    }
+    now += Duration::from_secs(10);
+    let verdict = conflicted_pass(&book, &key, now);
+    assert_eq!(verdict, PassVerdict::Parked(CONFLICTS_MAX));
+    let sizes = book.sizes();
+    assert_eq!((sizes.parked, sizes.delayed, sizes.queued), (1, 0, 0));
+    commit_local(&book, &t);
+    book.sweep(now + PERIOD * 4, PERIOD);
+    book.dispatch(now + PERIOD * 4);
+    while let Some((taken, ticket)) = book.take() {
+        assert_ne!(taken, key, "a parked pair was queued");
+        let start = book.begin_pass(&taken, ticket).expect("its ticket");
+        end_pass_at(&book, &(taken, ticket, start), true);
+    }
+    assert_eq!(book.sizes().parked, 1);
+    book.forget(&BTreeSet::from([t]));
+    assert_eq!(book.sizes().parked, 0);
+}
+
+fn end_pass_at(book: &PushBook, taken: &(PushKey, u64, PassStart), ok: bool) {
+    end(book, taken, Some((0, 0)), ok);
 }
