@@ -15,7 +15,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep canaries shrink bench fuzz load tls clean-rate grid sim-load)
+readonly SECTIONS=(sweep canaries shrink bench compare fuzz load tls clean-rate grid sim-load)
 
 usage() {
     sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
@@ -30,7 +30,7 @@ Options:
   --readme FILE    whose canary table to rewrite (default README.md)
   --beside-in-process
                    clean-rate: search again with direct in-process calls
-                   beside the TCP search (doubles the section's time)
+                   beside the TCP and TLS searches
   --list           print the sections and their commands, run nothing
 EOF
 }
@@ -66,6 +66,7 @@ if [ "$quick" = 1 ]; then
     sweep_seeds=20
     canary_seeds=10
     bench_args=(-- --ops 20000 --reapply 20000)
+    compare_args=(--ops 20000 --rounds 1)
     fuzz_seconds=10
     load_duration=5s
     search_start=5000; search_duration=3s; search_probes=2
@@ -75,6 +76,7 @@ else
     sweep_seeds=200
     canary_seeds=20
     bench_args=()
+    compare_args=(--ops 100000 --rounds 2)
     fuzz_seconds=40
     load_duration=30s
     search_start=30000; search_duration=30s; search_probes=6
@@ -112,14 +114,16 @@ shrink_cmd() {
     echo "arbor-sim shrink --seed $3 --small --jobs 2 --profile $1 --canary $2 --out sim-tests/regressions/canary-$2.json"
 }
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
+compare_cmd() { echo "cd benches-cmp && cargo run --release -- ${compare_args[*]}"; }
 fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
 load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
 tls_cmd() {
     echo "arbor-sim load --replicas 3 --transport tcp,tls --rate $1 --duration $load_duration --verify"
 }
-# The gateway paths of the clean-rate search: TCP, the path users take, and
-# with --beside-in-process direct calls beside it.
-clean_rate_transport() { [ "$beside" = 1 ] && echo "tcp,in-process" || echo "tcp"; }
+# The gateway paths of the clean-rate search: plaintext TCP, the path users
+# take, and mutual TLS (the replicas replicate over the same transport);
+# with --beside-in-process direct calls beside them.
+clean_rate_transport() { [ "$beside" = 1 ] && echo "tcp,tls,in-process" || echo "tcp,tls"; }
 clean_rate_cmd() {
     echo "arbor-sim matrix --no-grid --replicas $1 --transport $(clean_rate_transport) --search-start $search_start --search-duration $search_duration --search-probes $search_probes"
 }
@@ -133,6 +137,7 @@ if [ "$list" = 1 ]; then
     echo "canaries:   $(canary_cmd P C), for each canary; $(canary_cmd P), for each profile"
     echo "shrink:     $(shrink_cmd P C S), S the first failing seed of $(canary_cmd P C)"
     echo "bench:      $(bench_cmd)"
+    echo "compare:    $(compare_cmd)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
     echo "tls:        $(tls_cmd 5000); $(tls_cmd 1000)"
@@ -223,10 +228,11 @@ title() {
         canaries) echo "Canaries" ;;
         shrink) echo "Shrinking each canary's first failure" ;;
         bench) echo "Engine bench" ;;
+        compare) echo "Arbor beside pilorama's layout and Loro, durable AddByPath" ;;
         fuzz) echo "Fuzzing speed" ;;
         load) echo "Load, real mode over TCP, 5000 requests/s" ;;
         tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 and 1000 requests/s" ;;
-        clean-rate) echo "Highest clean rate, real mode over TCP, 1 and 3 replicas" ;;
+        clean-rate) echo "Highest clean rate, real mode over TCP and TLS, 1 and 3 replicas" ;;
         grid) echo "Reference grid, real mode over TCP" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
     esac
@@ -455,6 +461,32 @@ section_bench() {
     } >"$work/bench.md"
 }
 
+section_compare() {
+    log "Arbor, pilorama layout, Loro"
+    local status="ran"
+    capture compare cargo run --release --manifest-path benches-cmp/Cargo.toml -- \
+        "${compare_args[@]}" || status="failed"
+    {
+        echo "## $(title compare)"
+        echo
+        provenance "built by \`cargo run --release\` in \`benches-cmp/\` (a workspace of its own) in this run"
+        echo "Command: \`$(compare_cmd)\`. The same AddByPath workload as the engine bench (7 meta"
+        echo "fields, 2-3 directories) on three sides, one after the other in each round: Arbor's forest"
+        echo "(durable, one redb transaction per batch), pilorama's key layout re-created on redb"
+        echo "(durable, same batches; \`benches-cmp/src/pilorama.rs\` says what it stores) and Loro's"
+        echo "movable tree in memory (no file, no durability). CPU is the bench thread's; KiB/commit is"
+        echo "what redb handed to the file per batch. The last column is ops/s over Arbor's in the same round."
+        echo
+        if [ "$status" = ran ]; then
+            sed -n 's/^\(ops=.*\)$/Parameters: `\1`./p' "$work/compare.out"
+            echo
+            grep '^|' "$work/compare.out"
+        else
+            command_failed compare "$(compare_cmd)"
+        fi
+    } >"$work/compare.md"
+}
+
 section_fuzz() {
     if ! cargo fuzz --version >/dev/null 2>&1; then
         log "cargo-fuzz is not installed: fuzz section skipped"
@@ -619,8 +651,9 @@ section_clean_rate() {
         echo
         provenance "$binary_note"
         echo "Commands: \`$(clean_rate_cmd 1)\` and \`$(clean_rate_cmd 3)\`, one after the other."
-        echo "The generator reaches the nodes over loopback TCP, as users do; with 3 replicas they"
-        echo "replicate to each other over TCP too. Clean: \`${bar:-p(99)<=100ms, rate==0, dropped==0}\`"
+        echo "The generator reaches the nodes over loopback TCP, as users do, plaintext and then mutual"
+        echo "TLS (certificates made for the run); with 3 replicas they replicate to each other over the"
+        echo "same transport. Each search runs after the previous one on the same machine. Clean: \`${bar:-p(99)<=100ms, rate==0, dropped==0}\`"
         echo "in both the user and the system scenario, and no iteration stuck. The search doubles the"
         echo "rate while probes are clean, then bisects between the best clean and the lowest unclean"
         echo "rate (one probe per rate)."

@@ -68,6 +68,10 @@ pub struct BatcherStats {
     pub rejected: u64,
     /// Writes admitted and not answered yet.
     pub pending: u64,
+    /// Time spent in commit transactions (failed ones too), on the node's
+    /// clock: its growth per second is the share of time the batcher
+    /// spends committing, 1.0 when it is the bottleneck.
+    pub commit_us: u64,
 }
 
 /// Bounds of one batcher.
@@ -154,6 +158,7 @@ struct Counters {
     failed: AtomicU64,
     rejected: AtomicU64,
     pending: AtomicU64,
+    commit_us: AtomicU64,
 }
 
 struct Shared {
@@ -325,6 +330,7 @@ impl Batcher {
             failed: c.failed.load(Ordering::Relaxed),
             rejected: c.rejected.load(Ordering::Relaxed),
             pending: c.pending.load(Ordering::SeqCst),
+            commit_us: c.commit_us.load(Ordering::Relaxed),
         }
     }
 
@@ -491,6 +497,7 @@ impl Worker {
         }
         let commit = self.commit.clone();
         let observer = self.observer.clone();
+        let started = self.env.clock.now();
         let (requests, result) = blocking(&*self.env.runtime, move || {
             let result = commit(&requests);
             let summary = match &result {
@@ -502,6 +509,10 @@ impl Worker {
         })
         .await;
         let counters = &self.shared.counters;
+        let elapsed = self.env.clock.now().saturating_sub(started);
+        counters
+            .commit_us
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
         match result {
             Ok(committed) => {
                 assert_eq!(

@@ -450,6 +450,60 @@ async fn transport_keeps_at_most_cache_size_idle_connections() {
     assert_eq!(idle_after_concurrent_calls(0, 3).await, 0);
 }
 
+/// `connections_opened` counts dials: sequential calls reuse one idle
+/// connection; without idle connections kept, each call dials. The
+/// per-peer overrides replace what the config gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_counts_the_connections_it_opens() {
+    let address = start(8).await;
+    let reusing = transport_to(address).with_idle_per_peer(1);
+    let dialling = transport_to(address).with_idle_per_peer(0);
+    for _ in 0..4 {
+        let health = Ok(Response::Health { replica_id: 9 });
+        assert_eq!(
+            reusing.call(2, Request::Healthcheck, PATIENCE).await,
+            health
+        );
+        assert_eq!(
+            dialling.call(2, Request::Healthcheck, PATIENCE).await,
+            health
+        );
+    }
+    assert_eq!((reusing.calls(), reusing.connections_opened()), (4, 1));
+    assert_eq!((dialling.calls(), dialling.connections_opened()), (4, 4));
+    assert_eq!(dialling.idle_connections(2), 0);
+}
+
+/// `with_calls_per_peer` bounds calls in flight as the config's share does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_calls_per_peer_can_be_set() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (gate, transport) = gated_transport(|config| config.limits.max_connections = 64).await;
+    let transport = Arc::new(
+        Arc::try_unwrap(transport)
+            .ok()
+            .expect("one owner")
+            .with_calls_per_peer(1),
+    );
+    let held = {
+        let t = transport.clone();
+        tokio::spawn(async move { t.call(2, Request::Healthcheck, PATIENCE).await })
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while gate.arrived.load(SeqCst) < 1 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The only slot is busy: a second call waits for it and times out.
+    let second = transport
+        .call(2, Request::Healthcheck, Duration::from_millis(200))
+        .await;
+    assert_eq!(second, Err(Error::Timeout));
+    assert_eq!(gate.arrived.load(SeqCst), 1);
+    gate.release.add_permits(1);
+    assert_eq!(held.await.unwrap(), Ok(Response::Done));
+}
+
 /// Waits until the server's stats satisfy `done`.
 async fn settled(handle: &tcp::ServerHandle, done: impl Fn(&tcp::ServerStats) -> bool) {
     let deadline = tokio::time::Instant::now() + PATIENCE;

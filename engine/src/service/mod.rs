@@ -64,6 +64,8 @@ pub struct ServiceStats {
     /// their caller still waits); a value that stays above 0 on an idle
     /// node means a write hangs.
     pub pending_writes: u64,
+    /// Time the batcher spent in commit transactions (`BatcherStats`).
+    pub commit_us: u64,
     /// Push calls that failed (retried later).
     pub push_failures: u64,
     /// Passes of pushers over the local log (each a read of the log), also
@@ -304,6 +306,7 @@ impl Service {
             ops_pulled: load(&pull.ops_pulled),
             sync_rounds: load(&pull.sync_rounds),
             pending_writes: batcher.pending,
+            commit_us: batcher.commit_us,
             push_failures: load(&push.push_failures),
             push_passes: load(&push.push_passes),
             sync_peer_errors: load(&pull.sync_peer_errors),

@@ -244,6 +244,8 @@ pub struct TcpTransport {
     reuse_within: Duration,
     dialer: Arc<Dialer>,
     calls: AtomicU64,
+    /// Connections dialled (a call that found no idle one opens one).
+    opened: Arc<AtomicU64>,
     refused: Arc<AtomicU64>,
 }
 
@@ -263,22 +265,41 @@ impl TcpTransport {
             .map(|p| (p.replica_id, p.address.clone()))
             .collect();
         let share = outbound_share(config);
-        let slots = config
-            .node
-            .peers
-            .iter()
-            .map(|p| (p.replica_id, Arc::new(Semaphore::new(share))))
-            .collect();
         Self {
             addresses,
-            slots,
+            slots: BTreeMap::new(),
             pool: Arc::default(),
             idle_per_peer: config.tree.cache_size,
             reuse_within: config.limits.idle_connection_timeout / 2,
             dialer: Arc::new(dialer),
             calls: AtomicU64::new(0),
+            opened: Arc::default(),
             refused: Arc::default(),
         }
+        .with_calls_per_peer(share)
+    }
+
+    /// At most `calls` calls in flight to each peer.
+    pub fn with_calls_per_peer(mut self, calls: usize) -> Self {
+        assert!(calls >= 1, "a transport needs a call per peer");
+        self.slots = self
+            .addresses
+            .keys()
+            .map(|&peer| (peer, Arc::new(Semaphore::new(calls))))
+            .collect();
+        self
+    }
+
+    /// At most `idle` idle connections kept per peer (0: none reused).
+    pub fn with_idle_per_peer(mut self, idle: usize) -> Self {
+        self.idle_per_peer = idle;
+        self
+    }
+
+    /// Connections dialled so far: beside `calls`, how often a call found
+    /// no idle connection to reuse.
+    pub fn connections_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
     }
 
     /// Calls made so far (for diagnostics).
@@ -311,11 +332,12 @@ impl Transport for TcpTransport {
         };
         let dialer = self.dialer.clone();
         let refused = self.refused.clone();
+        let opened = self.opened.clone();
         let slots = self.slots[&peer].clone();
         Box::pin(async move {
             let call = async {
                 let _slot = slots.acquire().await.map_err(|_| Error::ShuttingDown)?;
-                let result = call_pooled(&pool, peer, &address, &request, &dialer).await;
+                let result = call_pooled(&pool, peer, &address, &request, &dialer, &opened).await;
                 if let Err(error @ Error::IdentityRefused(_)) = &result {
                     refused.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(peer, %address, %error, "peer connection refused");
@@ -375,6 +397,7 @@ async fn call_pooled(
     address: &str,
     request: &Request,
     dialer: &Dialer,
+    opened: &AtomicU64,
 ) -> Result<Response> {
     if let Some(mut connection) = pool.take(peer) {
         if let Ok(response) = connection.call(request).await {
@@ -382,6 +405,7 @@ async fn call_pooled(
             return Ok(response);
         }
     }
+    opened.fetch_add(1, Ordering::Relaxed);
     let mut connection = Connection::open(address, Some(peer), dialer).await?;
     let response = connection.call(request).await?;
     pool.give_back(peer, connection);

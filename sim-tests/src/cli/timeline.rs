@@ -684,6 +684,7 @@ mod tests {
             ops_acked: 1,
             faults_injected: 1,
             simulated: at(6),
+            coverage: Default::default(),
             wire: Vec::new(),
         };
         let page = html(&report);

@@ -131,6 +131,15 @@ pub struct Common {
     /// Tokio worker threads in real mode.
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Wire gateway: calls in flight to each node (default: a node's
+    /// share of a peer's connections, `limits.max_connections / 2 /
+    /// replicas`; `limits.max_connections / 2` is the clients' half).
+    #[arg(long)]
+    gateway_calls: Option<usize>,
+    /// Wire gateway: idle connections kept per node (default
+    /// `tree.cache_size`).
+    #[arg(long)]
+    gateway_idle: Option<usize>,
     /// Where the databases go (default: a fresh temporary directory).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -142,6 +151,11 @@ pub struct Common {
     json: Option<PathBuf>,
     #[arg(long)]
     no_progress: bool,
+    /// Print each node's per-second counters after the summary (real
+    /// mode): commits and their durations, the batcher's queue,
+    /// replication traffic and backlog, file size. Always in the JSON.
+    #[arg(long)]
+    timeline: bool,
     /// `real` (wall clock, redb files, threads) or `sim` (madsim, simulated
     /// disk and network, one seed).
     #[arg(long, value_enum, default_value_t = Mode::Real)]
@@ -396,6 +410,9 @@ impl Common {
         if self.replicas == 0 {
             return Err("--replicas must be at least 1".into());
         }
+        if self.gateway_calls == Some(0) {
+            return Err("--gateway-calls must be at least 1".into());
+        }
         Ok(RealOptions {
             replicas: self.replicas,
             gateway,
@@ -403,6 +420,8 @@ impl Common {
             data_dir: self.data_dir.clone(),
             worker_threads: self.workers,
             verify: self.verify,
+            gateway_calls: self.gateway_calls,
+            gateway_idle: self.gateway_idle,
         })
     }
 }
@@ -677,6 +696,10 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
 
 fn finish_run(common: &Common, report: &RunReport, html: &Path) -> Result<ExitCode, Stop> {
     println!("{}", report.summary_text());
+    if common.timeline {
+        let user = report.scenario("user").map_or(&[][..], |s| &s.windows[..]);
+        println!("{}", super::timeline::text(&report.timeline, user));
+    }
     if let Some(path) = &common.json {
         report
             .write_json(path)

@@ -4,6 +4,9 @@
 
 use super::metrics::{ScenarioSummary, WindowStats};
 use super::report::{fmt_ms, PathSummary, RunReport};
+use super::timeline::NodeSecond;
+use arbor::types::ReplicaId;
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 const CHART_WIDTH: f64 = 900.0;
@@ -60,6 +63,7 @@ pub fn render(report: &RunReport) -> String {
         body.push_str(&scenario_charts(s));
     }
     body.push_str(&process_chart(report));
+    body.push_str(&node_charts(&report.timeline));
     format!(
         "<!doctype html>\n<html><head><meta charset=utf-8><title>{}</title>\n<style>{}</style></head>\n<body>\n{}</body></html>\n",
         esc(&report.title),
@@ -284,6 +288,52 @@ fn process_chart(report: &RunReport) -> String {
     out
 }
 
+/// What a node chart plots from each row.
+type NodeMeasure = fn(&NodeSecond) -> f64;
+
+/// Colors of the nodes' series, by position.
+const NODE_COLORS: [&str; 5] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"];
+
+/// Each node's timeline (`timeline::NodeSecond`): the share of time its
+/// batcher spent committing, its queue, and what it pushed.
+fn node_charts(timeline: &[NodeSecond]) -> String {
+    if timeline.is_empty() {
+        return String::new();
+    }
+    let replicas: BTreeSet<ReplicaId> = timeline.iter().map(|r| r.replica).collect();
+    let series = |f: NodeMeasure| -> Vec<Series> {
+        replicas
+            .iter()
+            .enumerate()
+            .map(|(i, &replica)| Series {
+                name: format!("node {replica}"),
+                color: NODE_COLORS[i % NODE_COLORS.len()],
+                points: timeline
+                    .iter()
+                    .filter(|r| r.replica == replica)
+                    .map(|r| (r.at_s, f(r)))
+                    .collect(),
+            })
+            .collect()
+    };
+    let mut out = String::from("<h2>nodes</h2>\n");
+    let charts: [(&str, NodeMeasure); 4] = [
+        (
+            "share of each second spent in commits (1 = the batcher never idles)",
+            |r| r.commit_busy,
+        ),
+        ("average commit (ms)", |r| r.commit_ms_avg),
+        ("writes waiting in the batcher (end of each second)", |r| {
+            r.pending_writes as f64
+        }),
+        ("ops pushed to peers per second", |r| r.ops_pushed as f64),
+    ];
+    for (title, f) in charts {
+        out.push_str(&line_chart(title, &series(f), false));
+    }
+    out
+}
+
 /// An SVG line chart with axes, ticks and a legend; `log_y` for latencies
 /// that span microseconds to seconds.
 pub fn line_chart(title: &str, series: &[Series], log_y: bool) -> String {
@@ -495,6 +545,31 @@ mod tests {
         assert!(verdict < html.find("<th>parameter</th>").unwrap());
         assert!(html.contains("iterations in flight (k6&#39;s busy VUs)"));
         assert!(html.contains("VUs allocated"));
+    }
+
+    /// A run with a timeline charts each node as its own series; a run
+    /// without one (sim mode) has no node section.
+    #[test]
+    fn nodes_are_charted_one_series_each() {
+        let row = |at_s: f64, replica: ReplicaId, busy: f64| NodeSecond {
+            at_s,
+            replica,
+            commit_busy: busy,
+            ..Default::default()
+        };
+        let mut report = RunReport::default();
+        assert!(!render(&report).contains("<h2>nodes</h2>"));
+        report.timeline = vec![
+            row(1.0, 1, 0.2),
+            row(1.0, 2, 0.9),
+            row(2.0, 1, 0.3),
+            row(2.0, 2, 1.0),
+        ];
+        let html = render(&report);
+        let nodes = &html[html.find("<h2>nodes</h2>").expect("node section")..];
+        assert!(nodes.contains("node 1") && nodes.contains("node 2"));
+        // Four charts, two series each.
+        assert_eq!(nodes.matches("<polyline").count(), 8);
     }
 
     #[test]

@@ -172,6 +172,9 @@ pub struct WindowStats {
     pub in_flight_max: u64,
     /// The VU pool's size at the window's end.
     pub vus_allocated: u64,
+    /// How late the generator started the window's latest-started
+    /// iteration (the generator falling behind shows here first).
+    pub start_lag_max_ms: f64,
     pub avg_ms: f64,
     pub p50_ms: f64,
     pub p90_ms: f64,
@@ -307,6 +310,7 @@ impl ScenarioRecorder {
         let window = &mut self.current.stats;
         window.in_flight_max = window.in_flight_max.max(in_flight);
         window.vus_allocated = vus_allocated;
+        window.start_lag_max_ms = window.start_lag_max_ms.max(lag.as_secs_f64() * 1000.0);
     }
 
     pub fn record_dropped(&mut self, at: Duration, vus_allocated: u64) {

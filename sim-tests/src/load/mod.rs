@@ -19,3 +19,4 @@ pub mod scenario;
 pub mod sim;
 pub mod target;
 pub mod threshold;
+pub mod timeline;

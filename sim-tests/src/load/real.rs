@@ -7,6 +7,7 @@ use super::driver::{self, RunSpec};
 use super::report::{RunReport, ServiceCounters, Verification};
 use super::scenario::{Scenario, Workload, LOAD_CID};
 use super::target::{GatewayTransport, NoPeers, ServiceTarget, Target, TransportTarget};
+use super::timeline::{self, Watched};
 use arbor::certs::{self, Validity};
 use arbor::config::TlsFiles;
 use arbor::config::{Config, PeerConfig};
@@ -19,6 +20,7 @@ use arbor::tcp::{Dialer, Server, ServerOptions, TcpTransport};
 use arbor::tls::{CertIdentity, TlsContext};
 use arbor::types::{NodeId, ReplicaId, TreeKey};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +62,11 @@ pub struct RealOptions {
     pub data_dir: Option<PathBuf>,
     pub worker_threads: usize,
     pub verify: bool,
+    /// The wire gateway's pool: calls in flight to each node and idle
+    /// connections kept per node; `None`: as a node's transport has them
+    /// (its share of a peer's connections, `tree.cache_size` idle).
+    pub gateway_calls: Option<usize>,
+    pub gateway_idle: Option<usize>,
 }
 
 /// Runs `spec` in real mode and reports.
@@ -91,7 +98,11 @@ pub fn run(spec: &RunSpec, options: &RealOptions) -> Result<RunReport, String> {
 /// The nodes under test and how the gateway reaches them.
 struct Nodes {
     services: Vec<Arc<Service>>,
+    /// Each service's database file, in the same order.
+    files: Vec<PathBuf>,
     target: Arc<dyn Target>,
+    /// The wire gateway's transport, for its connection counters.
+    gateway: Option<Arc<TcpTransport>>,
 }
 
 async fn run_nodes(
@@ -104,9 +115,21 @@ async fn run_nodes(
     let nodes = if options.replicas == 1 && !options.gateway.is_wire() {
         start_single(&options.config, dir)?
     } else {
-        start_served(&options.config, dir, options.replicas, options.gateway).await?
+        start_served(options, dir).await?
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let watched = Watched {
+        services: nodes.services.clone(),
+        files: nodes.files.clone(),
+    };
+    let sampler = {
+        let stop = stop.clone();
+        let interval = spec.window;
+        std::thread::spawn(move || timeline::sample(watched, interval, stop))
     };
     let out = driver::run(spec, &env, nodes.target.clone()).await;
+    stop.store(true, Ordering::SeqCst);
+    let timeline = sampler.join().expect("the timeline sampler does not panic");
     let acked = out.acked.clone();
     let title = "Arbor tree service under gateway load".to_string();
     let mode = match options.replicas {
@@ -115,12 +138,25 @@ async fn run_nodes(
         n => format!("real/cluster{n}-tcp"),
     };
     let mut report = RunReport::new(title, mode, out);
+    report.timeline = timeline;
     report.gateway = options.gateway.name().to_string();
     report.replicas = options.replicas;
     report.params = params(spec, &options.config);
     report
         .params
         .insert("real.workers".into(), options.worker_threads.to_string());
+    if let Some(gateway) = &nodes.gateway {
+        let (calls, idle) = gateway_pool(options);
+        report.params.insert(
+            "gateway.pool".into(),
+            format!("{calls} calls in flight per node, {idle} idle kept per node"),
+        );
+        report.notes.push(format!(
+            "gateway: {} calls, {} connections opened",
+            gateway.calls(),
+            gateway.connections_opened()
+        ));
+    }
     if options.verify {
         if nodes.services.len() > 1 && !drain_replication(&env, &nodes.services).await {
             report.notes.push(format!(
@@ -154,7 +190,9 @@ fn start_single(base: &Config, dir: &Path) -> Result<Nodes, String> {
     config.pilorama.path = dir.join(format!("node-{}.redb", config.node.replica_id));
     let service = open_service(&config, Arc::new(NoPeers))?;
     Ok(Nodes {
+        gateway: None,
         services: vec![service.clone()],
+        files: vec![config.pilorama.path.clone()],
         target: Arc::new(ServiceTarget::new(vec![service])),
     })
 }
@@ -198,12 +236,8 @@ fn tls_files(dir: &Path, (cert, key): (PathBuf, PathBuf)) -> TlsFiles {
 /// Binds every listener first (ephemeral ports), then starts each node
 /// with the others as peers and serves it over TCP (over mutual TLS with
 /// certificates made in `dir/certs` when the gateway is `tls`).
-async fn start_served(
-    base: &Config,
-    dir: &Path,
-    replicas: usize,
-    gateway: GatewayTransport,
-) -> Result<Nodes, String> {
+async fn start_served(options: &RealOptions, dir: &Path) -> Result<Nodes, String> {
+    let (base, replicas, gateway) = (&options.config, options.replicas, options.gateway);
     let mut listeners = Vec::new();
     for _ in 0..replicas {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -230,6 +264,7 @@ async fn start_served(
         make_certs(&cert_dir, &base.node.cluster_id, &ids)?;
     }
     let mut services = Vec::new();
+    let mut files = Vec::new();
     for ((id, address), (listener, _)) in ids.iter().zip(&addresses).zip(listeners) {
         let mut config = base.clone();
         config.node.replica_id = *id;
@@ -245,7 +280,9 @@ async fn start_served(
         let options = ServerOptions::from_config(&config);
         tokio::spawn(Server::new(listener, service.clone(), options, context).run());
         services.push(service);
+        files.push(config.pilorama.path.clone());
     }
+    let mut gateway_transport = None;
     let target: Arc<dyn Target> = match gateway {
         GatewayTransport::Tcp | GatewayTransport::Tls => {
             let mut config = base.clone();
@@ -259,7 +296,12 @@ async fn start_served(
                 false => None,
             };
             let dialer = Dialer::for_client(&config, context);
-            let transport = Arc::new(TcpTransport::with_dialer(&config, dialer));
+            let (calls, idle) = gateway_pool(options);
+            let transport = TcpTransport::with_dialer(&config, dialer)
+                .with_calls_per_peer(calls)
+                .with_idle_per_peer(idle);
+            let transport = Arc::new(transport);
+            gateway_transport = Some(transport.clone());
             Arc::new(TransportTarget::new(
                 transport,
                 ids.clone(),
@@ -268,7 +310,25 @@ async fn start_served(
         }
         GatewayTransport::InProcess => Arc::new(ServiceTarget::new(services.clone())),
     };
-    Ok(Nodes { services, target })
+    Ok(Nodes {
+        services,
+        files,
+        target,
+        gateway: gateway_transport,
+    })
+}
+
+/// Calls in flight and idle connections per node of the wire gateway:
+/// what `TcpTransport::with_dialer` gives a transport to every replica
+/// unless `--gateway-calls`/`--gateway-idle` say otherwise.
+fn gateway_pool(options: &RealOptions) -> (usize, usize) {
+    let calls = options.config.limits.max_connections / 2 / options.replicas;
+    (
+        options.gateway_calls.unwrap_or(calls.max(1)),
+        options
+            .gateway_idle
+            .unwrap_or(options.config.tree.cache_size),
+    )
 }
 
 /// Waits until every node has pushed everything to its peers.

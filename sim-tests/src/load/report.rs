@@ -4,6 +4,7 @@
 use super::driver::{RunOutput, Sample};
 use super::metrics::{LatencySummary, ScenarioSummary};
 use super::threshold::{results_text, ThresholdResult};
+use super::timeline::NodeSecond;
 use arbor::service::ServiceStats;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -76,6 +77,8 @@ pub struct RunReport {
     pub params: BTreeMap<String, String>,
     pub scenarios: Vec<ScenarioSummary>,
     pub samples: Vec<Sample>,
+    /// Per-second counters of each node (real mode; `timeline`).
+    pub timeline: Vec<NodeSecond>,
     pub service: Option<ServiceCounters>,
     pub verification: Option<Verification>,
     /// Iterations that never finished (should be 0).

@@ -1,0 +1,63 @@
+//! Arbor's durable AddByPath beside two other designs, in one run, on the
+//! same workload (`workload.rs`): pilorama's key layout re-created on redb
+//! (durable, same batches) and Loro's movable tree in memory. Prints ops/s,
+//! CPU microseconds per op and KiB written per commit; the last column is
+//! each side's ops/s over Arbor's in the same round.
+//!
+//!   cargo run --release -- [--ops N] [--batch B] [--rounds R]
+//!
+//! Rounds run the three sides one after the other, so that a slower
+//! minute on a shared machine shows as spread between rounds rather than
+//! as a difference between sides.
+
+mod arbor_side;
+mod loro_side;
+mod measure;
+mod pilorama;
+mod workload;
+
+struct Args {
+    ops: usize,
+    batch: usize,
+    rounds: usize,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        ops: 100_000,
+        batch: 100,
+        rounds: 2,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| -> usize {
+            let v = it.next().unwrap_or_else(|| panic!("{name} needs a value"));
+            v.parse().unwrap_or_else(|e| panic!("{name} {v:?}: {e}"))
+        };
+        match flag.as_str() {
+            "--ops" => args.ops = value("--ops"),
+            "--batch" => args.batch = value("--batch"),
+            "--rounds" => args.rounds = value("--rounds"),
+            other => panic!("unknown flag {other} (--ops N, --batch B, --rounds R)"),
+        }
+    }
+    assert!(args.ops >= 1 && args.batch >= 1 && args.rounds >= 1);
+    args
+}
+
+fn main() {
+    let args = parse_args();
+    let objects = workload::objects(args.ops);
+    println!(
+        "ops={} batch={} rounds={} (AddByPath, 7 meta fields, 2-3 directories)",
+        args.ops, args.batch, args.rounds
+    );
+    measure::print_header();
+    for _ in 0..args.rounds {
+        let arbor = arbor_side::run(&objects, args.batch);
+        let reference = arbor.ops_per_s();
+        arbor.print(reference);
+        pilorama::run(&objects, args.batch).print(reference);
+        loro_side::run(&objects, args.batch).print(reference);
+    }
+}

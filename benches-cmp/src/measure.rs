@@ -1,0 +1,129 @@
+//! What every side reports: wall time, CPU time of the bench thread and
+//! the bytes handed to the file, per batch of AddByPath calls.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// CPU time consumed so far by this thread (Linux schedstat; zero where
+/// unavailable). Unlike wall time it leaves out fsync waits and other
+/// processes on the machine.
+pub fn thread_cpu() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
+/// A redb backend that counts the bytes written through it.
+#[derive(Debug)]
+pub struct CountingBackend<B> {
+    pub inner: B,
+    pub written_bytes: Arc<AtomicU64>,
+}
+
+impl<B: redb::StorageBackend> redb::StorageBackend for CountingBackend<B> {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.inner.close()
+    }
+}
+
+/// A file-backed, counting redb backend in `dir`.
+pub fn counting_file(
+    dir: &std::path::Path,
+) -> (CountingBackend<redb::backends::FileBackend>, Arc<AtomicU64>) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join("bench.redb"))
+        .expect("bench file opens");
+    let written_bytes = Arc::new(AtomicU64::new(0));
+    let backend = CountingBackend {
+        inner: redb::backends::FileBackend::new(file).expect("redb file backend"),
+        written_bytes: written_bytes.clone(),
+    };
+    (backend, written_bytes)
+}
+
+/// One side's run.
+pub struct Row {
+    pub name: String,
+    pub ops: usize,
+    pub commits: usize,
+    pub elapsed: Duration,
+    pub cpu: Duration,
+    /// `None` for a side that writes no file.
+    pub written_bytes: Option<u64>,
+}
+
+impl Row {
+    pub fn ops_per_s(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+
+    pub fn print(&self, reference_ops_per_s: f64) {
+        let cpu_us_per_op = self.cpu.as_secs_f64() * 1e6 / self.ops as f64;
+        let kib = match self.written_bytes {
+            Some(b) => format!("{:.1}", b as f64 / 1024.0 / self.commits.max(1) as f64),
+            None => "no file".into(),
+        };
+        println!(
+            "| {:<44} | {:>8} | {:>10.0} | {:>9.2} | {:>10} | {:>6.2}x |",
+            self.name,
+            self.ops,
+            self.ops_per_s(),
+            cpu_us_per_op,
+            kib,
+            self.ops_per_s() / reference_ops_per_s
+        );
+    }
+}
+
+pub fn print_header() {
+    println!(
+        "| {:<44} | {:>8} | {:>10} | {:>9} | {:>10} | {:>7} |",
+        "side", "ops", "ops/s", "cpu us/op", "KiB/commit", "/ Arbor"
+    );
+    println!(
+        "|{:-<46}|{:-<9}:|{:-<11}:|{:-<10}:|{:-<11}:|{:-<8}:|",
+        "", "", "", "", "", ""
+    );
+}
+
+/// Runs `batch` over `count` objects in chunks and measures it; `batch`
+/// is given each chunk's first index and length.
+pub fn timed(
+    count: usize,
+    batch: usize,
+    mut run: impl FnMut(usize, usize),
+) -> (Duration, Duration) {
+    assert!(batch >= 1, "a batch holds at least one call");
+    let cpu_start = thread_cpu();
+    let start = Instant::now();
+    let mut first = 0;
+    while first < count {
+        let len = batch.min(count - first);
+        run(first, len);
+        first += len;
+    }
+    (start.elapsed(), thread_cpu() - cpu_start)
+}
