@@ -364,9 +364,11 @@ async fn write(
     let response = call(workload, client, replica, op, request.clone()).await?;
     let after = drops_before(&workload.ledger.lock().unwrap());
     acknowledged(workload, replica, &request, &response, before.0);
-    // A drop sent meanwhile, or still unanswered, may have taken the tree
-    // the write went to (then there is nothing to check) or its nodes.
-    if before.1 == after.1 && after.0 == after.1 {
+    // A drop in flight when the write was sent, sent meanwhile, or still
+    // unanswered, may have taken the tree the write went to (then there is
+    // nothing to check) or its nodes.
+    let no_drop_in_flight = |(answered, sent): (u64, u64)| answered == sent;
+    if no_drop_in_flight(before) && before.1 == after.1 && no_drop_in_flight(after) {
         check_after_write(workload, replica, &request, &response);
     }
     if before.0 > 0 {
