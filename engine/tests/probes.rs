@@ -11,6 +11,8 @@
 //! probes there ask what a writer may not do; a caller whose `Hello` names
 //! a peer is taken for it (docs/security.md, "Plaintext").
 
+mod service_support;
+
 use arbor::certs::{self, Issued, Validity};
 use arbor::config::{AccessConfig, Config, ContainerAccess, Grants, PeerConfig, Role};
 use arbor::forest::Forest;
@@ -21,8 +23,9 @@ use arbor::system::system_env;
 use arbor::tcp::{Connection, Dialer, Server, ServerHandle, ServerOptions, TcpTransport};
 use arbor::tls::{CertIdentity, PemFiles, TlsContext};
 use arbor::types::{make_timestamp, COUNTER_MAX};
-use arbor::{ContainerId, Error, KeyValue, Meta, Move, ReplicaId, TreeKey, ATTR_FILE_NAME};
+use arbor::{ContainerId, Error, KeyValue, Move, ReplicaId, TreeKey, ATTR_FILE_NAME};
 use arbor::{ROOT, TRASH};
+use service_support::{file, root_op};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,22 +65,6 @@ fn cid() -> ContainerId {
 
 fn tree() -> TreeKey {
     TreeKey::new(cid(), "probed")
-}
-
-fn file(name: &str) -> Vec<KeyValue> {
-    vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())]
-}
-
-fn op(counter: u64, replica: ReplicaId, name: &str) -> Move {
-    let ts = make_timestamp(counter, replica);
-    Move {
-        parent: ROOT,
-        child: ts,
-        meta: Meta {
-            time: ts,
-            items: file(name),
-        },
-    }
 }
 
 fn access(mode: Mode) -> AccessConfig {
@@ -336,7 +323,7 @@ async fn max_counter_apply(mode: Mode) {
     cluster.converged(1).await;
     let apply = Request::Apply {
         tree: tree(),
-        ops: vec![op(COUNTER_MAX, 2, "poison")],
+        ops: vec![root_op(COUNTER_MAX, 2, "poison")],
     };
     let answer = cluster.call(0, Who::Stranger, apply.clone()).await;
     assert!(denied(&answer), "{answer:?}");
@@ -357,7 +344,7 @@ async fn next_stamp_forgery(mode: Mode) {
     let cluster = start(mode, [1, 2, 3]).await;
     let first = cluster.add(1, file("first")).await;
     cluster.converged(1).await;
-    let next = op(arbor::types::timestamp_counter(first) + 1, 2, "forged");
+    let next = root_op(arbor::types::timestamp_counter(first) + 1, 2, "forged");
     let apply = Request::Apply {
         tree: tree(),
         ops: vec![next],
@@ -378,7 +365,7 @@ async fn apply_as_another_replica(mode: Mode) {
     let cluster = start(mode, [1, 2, 3]).await;
     let apply = Request::Apply {
         tree: tree(),
-        ops: vec![op(5, 2, "not-mine")],
+        ops: vec![root_op(5, 2, "not-mine")],
     };
     let answer = cluster.call(2, Who::Peer(1), apply).await;
     assert!(denied(&answer), "{answer:?}");

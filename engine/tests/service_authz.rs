@@ -8,8 +8,8 @@ mod service_support;
 use arbor::config::{AccessConfig, Config, ContainerAccess, Grants, Role};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
-use arbor::types::{make_timestamp, timestamp_replica, COUNTER_MAX};
-use arbor::{Caller, Error, KeyValue, Meta, Move, TreeKey, ATTR_FILE_NAME, ROOT, TRASH};
+use arbor::types::{timestamp_replica, COUNTER_MAX};
+use arbor::{Caller, Error, KeyValue, TreeKey, ATTR_FILE_NAME, ROOT, TRASH};
 use service_support::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,10 +41,6 @@ fn configs(count: u16, access: &AccessConfig) -> Vec<Config> {
     configs
 }
 
-fn file(name: &str) -> Vec<KeyValue> {
-    vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())]
-}
-
 async fn add_as(node: &Service, caller: &Caller, tree: &TreeKey, name: &str) -> u64 {
     let request = Request::Add {
         tree: tree.clone(),
@@ -54,18 +50,6 @@ async fn add_as(node: &Service, caller: &Caller, tree: &TreeKey, name: &str) -> 
     match node.handle(caller, request).await {
         Response::Added { node } => node,
         other => panic!("add failed: {other:?}"),
-    }
-}
-
-fn op(counter: u64, replica: u16, name: &str) -> Move {
-    let ts = make_timestamp(counter, replica);
-    Move {
-        parent: ROOT,
-        child: ts,
-        meta: Meta {
-            time: ts,
-            items: file(name),
-        },
     }
 }
 
@@ -136,7 +120,7 @@ fn every_request(t: &TreeKey, node: u64) -> Vec<(&'static str, Request)> {
             "Apply",
             Request::Apply {
                 tree: t.clone(),
-                ops: vec![op(50, 2, "forged")],
+                ops: vec![root_op(50, 2, "forged")],
             },
         ),
         (
@@ -263,7 +247,7 @@ async fn apply_from_a_client_or_with_anothers_stamps_is_refused() {
     let t = tree("t");
     let apply = |replica| Request::Apply {
         tree: t.clone(),
-        ops: vec![op(1, replica, "forged")],
+        ops: vec![root_op(1, replica, "forged")],
     };
     for caller in [client("owner"), Caller::Anonymous, Caller::Peer(3)] {
         let answer = nodes[0].handle(&caller, apply(2)).await;
@@ -286,7 +270,7 @@ async fn the_max_counter_op_changes_nothing_on_any_replica() {
     let nodes = start_cluster(&net, configs(3, &strict_access()));
     let t = tree("t");
     add_as(&nodes[1], &client("writer"), &t, "first").await;
-    let runaway = op(COUNTER_MAX, 2, "runaway");
+    let runaway = root_op(COUNTER_MAX, 2, "runaway");
     for node in &nodes {
         let apply = Request::Apply {
             tree: t.clone(),
@@ -324,7 +308,7 @@ async fn the_max_counter_op_changes_nothing_on_any_replica() {
 #[tokio::test(start_paused = true)]
 async fn the_next_stamp_forgery_is_refused_or_detected() {
     let t = tree("t");
-    let forged = op(1, 2, "forged");
+    let forged = root_op(1, 2, "forged");
     let apply = Request::Apply {
         tree: t.clone(),
         ops: vec![forged.clone()],
@@ -376,7 +360,7 @@ async fn a_push_refused_by_a_stamp_conflict_is_parked() {
     let nodes = start_cluster(&net, configs);
     let forged = Request::Apply {
         tree: t.clone(),
-        ops: vec![op(1, 2, "forged")],
+        ops: vec![root_op(1, 2, "forged")],
     };
     let answer = nodes[0].handle(&Caller::Anonymous, forged).await;
     assert_eq!(answer, Response::Applied { fresh: 1 });

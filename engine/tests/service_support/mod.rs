@@ -8,8 +8,9 @@ use arbor::proto::{self, Request, Response};
 use arbor::runtime::{BoxFuture, Clock, Env};
 use arbor::service::Service;
 use arbor::system::TokioRuntime;
+use arbor::types::make_timestamp;
 use arbor::Caller;
-use arbor::{Error, ReplicaId};
+use arbor::{Error, KeyValue, Meta, Move, ReplicaId, ATTR_FILE_NAME, ROOT};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -370,5 +371,24 @@ impl StorageBackend for FlakyBackend {
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
         self.check()?;
         self.inner.write(offset, data)
+    }
+}
+
+/// The meta of a file named `name`, as clients write it.
+pub fn file(name: &str) -> Vec<KeyValue> {
+    vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())]
+}
+
+/// A replicated op placing file `name` under the root, stamped
+/// (`counter`, `replica`): what a forger sends in an `Apply`.
+pub fn root_op(counter: u64, replica: ReplicaId, name: &str) -> Move {
+    let ts = make_timestamp(counter, replica);
+    Move {
+        parent: ROOT,
+        child: ts,
+        meta: Meta {
+            time: ts,
+            items: file(name),
+        },
     }
 }
