@@ -45,6 +45,15 @@ impl Acked {
             | Acked::Removed { tree, .. } => tree,
         }
     }
+
+    /// The replica that acknowledged the write.
+    pub fn acker(&self) -> ReplicaId {
+        match self {
+            Acked::Created { acker, .. }
+            | Acked::Moved { acker, .. }
+            | Acked::Removed { acker, .. } => *acker,
+        }
+    }
 }
 
 /// What the caller of a creation sent: the node's meta, and its parent
@@ -114,38 +123,63 @@ pub type DropScope = (ContainerId, Option<String>);
 
 /// The drops clients sent, to tell an acknowledged write that a drop may
 /// have erased from a lost one (docs/design.md §6: a drop deletes one
-/// replica's copy and every op in it). A drop may erase a write unless
-/// it was answered before the write was sent; a drop left unanswered (a
-/// timeout) may take effect any time later, so it may erase every write
-/// to its trees.
+/// replica's copy and every op in it). A write is erased only if every
+/// replica that held it dropped its copy; its acker held it, so a drop
+/// that never reached the acker erases nothing (the acker's copy comes
+/// back to the others by sync). A drop sent to the acker may erase the
+/// write unless it was answered before the write was sent; a drop left
+/// unanswered (a timeout) may take effect any time later.
 #[derive(Clone, Debug, Default)]
 pub struct Drops {
-    /// Drops sent, per scope.
-    pub sent: BTreeMap<DropScope, u64>,
-    /// Drops answered (done or refused), per scope.
-    pub answered: BTreeMap<DropScope, u64>,
-    /// Per index into `Ledger::acked`: the drops of its tree answered
-    /// before the write was sent. Writes recorded without it (by the
-    /// recorders that never drop) are never erasable.
+    /// Drops sent, per scope and replica.
+    pub sent: BTreeMap<(DropScope, ReplicaId), u64>,
+    /// Drops answered (done or refused), per scope and replica.
+    pub answered: BTreeMap<(DropScope, ReplicaId), u64>,
+    /// Per index into `Ledger::acked`: the drops of its tree its acker
+    /// had answered before the write was sent. Writes recorded without it
+    /// (by the recorders that never drop) are never erasable.
     pub answered_before: BTreeMap<usize, u64>,
     /// Drops answered `Done`.
     pub done: u64,
 }
 
 impl Drops {
-    fn count(counts: &BTreeMap<DropScope, u64>, tree: &TreeKey) -> u64 {
-        let of = |scope: DropScope| counts.get(&scope).copied().unwrap_or(0);
-        of((tree.cid, None)) + of((tree.cid, Some(tree.tree.clone())))
+    /// The drops of `tree` in `counts`, sent to `replica` or (`None`) to
+    /// any replica.
+    fn count(
+        counts: &BTreeMap<(DropScope, ReplicaId), u64>,
+        tree: &TreeKey,
+        replica: Option<ReplicaId>,
+    ) -> u64 {
+        let covers = |scope: &DropScope| {
+            scope.0 == tree.cid && scope.1.as_ref().is_none_or(|name| *name == tree.tree)
+        };
+        counts
+            .iter()
+            .filter(|((scope, to), _)| covers(scope) && replica.is_none_or(|r| r == *to))
+            .map(|(_, n)| n)
+            .sum()
     }
 
-    /// Drops of `tree` answered so far: a write sent now is safe from them.
-    pub fn answered_of(&self, tree: &TreeKey) -> u64 {
-        Self::count(&self.answered, tree)
+    /// Drops of `tree` that `replica` answered so far: a write sent to it
+    /// now is safe from them.
+    pub fn answered_by(&self, tree: &TreeKey, replica: ReplicaId) -> u64 {
+        Self::count(&self.answered, tree, Some(replica))
     }
 
-    /// Drops of `tree` sent so far.
+    /// Drops of `tree` sent to `replica` so far.
+    pub fn sent_to(&self, tree: &TreeKey, replica: ReplicaId) -> u64 {
+        Self::count(&self.sent, tree, Some(replica))
+    }
+
+    /// Drops of `tree` sent to any replica so far.
     pub fn sent_of(&self, tree: &TreeKey) -> u64 {
-        Self::count(&self.sent, tree)
+        Self::count(&self.sent, tree, None)
+    }
+
+    /// Drops of `tree` answered by any replica so far.
+    pub fn answered_of(&self, tree: &TreeKey) -> u64 {
+        Self::count(&self.answered, tree, None)
     }
 }
 
@@ -256,8 +290,8 @@ impl Ledger {
         }
     }
 
-    /// `record`, for a write sent when `answered_before` drops of its
-    /// tree had been answered (`Drops::answered_of`).
+    /// `record`, for a write sent when its acker had answered
+    /// `answered_before` drops of its tree (`Drops::answered_by`).
     pub fn record_after_drops(
         &mut self,
         acker: ReplicaId,
@@ -274,23 +308,25 @@ impl Ledger {
     }
 
     /// Whether a drop may have erased the acknowledged write at `index`:
-    /// some drop of its tree was not answered before the write was sent.
+    /// some drop of its tree sent to its acker was not answered before the
+    /// write was sent.
     pub fn erasable(&self, index: usize) -> bool {
         let Some(&before) = self.drops.answered_before.get(&index) else {
             return false;
         };
-        self.drops.sent_of(self.acked[index].tree()) > before
+        let acked = &self.acked[index];
+        self.drops.sent_to(acked.tree(), acked.acker()) > before
     }
 
     /// Records a drop about to be sent.
-    pub fn drop_sent(&mut self, scope: DropScope) {
-        *self.drops.sent.entry(scope).or_default() += 1;
+    pub fn drop_sent(&mut self, scope: DropScope, replica: ReplicaId) {
+        *self.drops.sent.entry((scope, replica)).or_default() += 1;
     }
 
     /// Records a drop's answer: `done` when it was carried out. A drop
     /// left without an answer is never recorded here.
-    pub fn drop_answered(&mut self, scope: DropScope, done: bool) {
-        *self.drops.answered.entry(scope).or_default() += 1;
+    pub fn drop_answered(&mut self, scope: DropScope, replica: ReplicaId, done: bool) {
+        *self.drops.answered.entry((scope, replica)).or_default() += 1;
         self.drops.done += u64::from(done);
     }
 
@@ -360,10 +396,12 @@ mod tests {
         assert_eq!(ledger.acked.len(), 3);
     }
 
-    /// A write is erasable by a drop of its tree (or container) that was
-    /// not answered before the write was sent, and by no other drop.
+    /// A write is erasable by a drop of its tree (or container) sent to
+    /// its acker and not answered before the write was sent, and by no
+    /// other drop: not one answered before, not another tree's, not one
+    /// that reached only another replica.
     #[test]
-    fn only_drops_not_answered_before_a_write_may_erase_it() {
+    fn only_drops_at_the_acker_not_answered_before_a_write_may_erase_it() {
         let cid = ContainerId([1; 32]);
         let tree = TreeKey::new(cid, "t");
         let other = TreeKey::new(cid, "u");
@@ -372,21 +410,29 @@ mod tests {
             parent: ROOT,
             items: vec![KeyValue::new(ATTR_FILE_NAME, b"x".to_vec())],
         };
+        let t = || (cid, Some("t".to_string()));
         let mut ledger = Ledger::default();
-        ledger.drop_sent((cid, Some("t".into())));
-        ledger.drop_answered((cid, Some("t".into())), true);
-        let before = ledger.drops.answered_of(&tree);
+        ledger.drop_sent(t(), 1);
+        ledger.drop_answered(t(), 1, true);
+        let before = ledger.drops.answered_by(&tree, 1);
+        assert_eq!(before, 1);
         ledger.record_after_drops(1, &add(&tree), &Response::Added { node: 5 }, before);
-        let before = ledger.drops.answered_of(&other);
+        let before = ledger.drops.answered_by(&other, 1);
         ledger.record_after_drops(1, &add(&other), &Response::Added { node: 6 }, before);
         ledger.record(1, &add(&tree), &Response::Added { node: 7 });
         assert!(!ledger.erasable(0), "the drop was answered before");
-        ledger.drop_sent((cid, Some("u".into())));
+        ledger.drop_sent((cid, Some("u".into())), 2);
+        assert!(!ledger.erasable(1), "a drop at another replica");
+        ledger.drop_sent((cid, Some("u".into())), 1);
         assert!(!ledger.erasable(0), "another tree's drop");
-        assert!(ledger.erasable(1), "its tree's drop, never answered");
-        ledger.drop_sent((cid, None));
-        ledger.drop_answered((cid, None), true);
-        assert!(ledger.erasable(0), "its container's later drop");
+        assert!(ledger.erasable(1), "its tree's drop at its acker, never answered");
+        ledger.drop_sent((cid, None), 2);
+        ledger.drop_answered((cid, None), 2, true);
+        assert!(!ledger.erasable(0), "its container's later drop at another replica");
+        ledger.drop_sent((cid, None), 1);
+        assert!(ledger.erasable(0), "its container's later drop at its acker");
         assert!(!ledger.erasable(2), "recorded without its drops");
+        assert_eq!(ledger.drops.sent_of(&tree), 3);
+        assert_eq!(ledger.drops.answered_of(&tree), 2);
     }
 }
