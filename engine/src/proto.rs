@@ -117,6 +117,10 @@ pub enum Response {
         stamps: Vec<LogStamp>,
         /// The height after the last stamp: `from_height` of the next page.
         next_height: u64,
+        /// The log's first height: 0, or for a tree created again after a
+        /// drop the height its dropped incarnation reached (§6). A page
+        /// asked from below it starts there, and nowhere else.
+        first_height: u64,
     },
     /// The answer to an accepted `Hello`: who the receiver is.
     Hello {

@@ -798,6 +798,8 @@ fn trees_list_and_drop() {
         vec![1],
         "a page from below starts at the log's first height"
     );
+    assert_eq!(page.first_height, 1, "and names it");
+    assert_eq!(f.get_op_log_stamps(&tree(), 0, 10).unwrap().first_height, 0);
     assert_eq!(f.get_op_log(&key, 0, 10).unwrap()[0].height, 1);
     f.check_invariants(&key).unwrap();
 }

@@ -223,11 +223,13 @@ fn rewrite_stamps(answer: Response, change: fn(&mut Vec<arbor::LogStamp>)) -> Re
         Response::OpLogStamps {
             mut stamps,
             next_height,
+            first_height,
         } => {
             change(&mut stamps);
             Response::OpLogStamps {
                 stamps,
                 next_height,
+                first_height,
             }
         }
         other => other,

@@ -490,8 +490,12 @@ fn print_response(response: Response) -> Result<(), String> {
         Response::OpLogStamps {
             stamps,
             next_height,
+            first_height,
         } => {
-            println!("{} stamps, next height {next_height}", stamps.len())
+            println!(
+                "{} stamps, next height {next_height}, first height {first_height}",
+                stamps.len()
+            )
         }
         Response::Health { replica_id } => println!("ok replica {replica_id}"),
         Response::Hello {

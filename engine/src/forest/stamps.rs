@@ -16,6 +16,9 @@ pub struct StampPage {
     pub stamps: Vec<LogStamp>,
     /// The first height not in the page.
     pub next_height: u64,
+    /// The log's first height (§6: above 0 for a tree created again after
+    /// a drop).
+    pub first_height: u64,
 }
 
 /// The first height of the height run of tree `t` that holds `height`.
@@ -44,14 +47,27 @@ impl Forest {
         limit: usize,
     ) -> Result<StampPage> {
         let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let t = rec.number;
+        // Runs are keyed newest first: the oldest run is the last key.
+        let first_height = match rows
+            .range(height_key(t, u64::MAX)..=height_key(t, 0))?
+            .next_back()
+        {
+            Some(row) => height_of_key(row?.0.value()),
+            None => rec.next_height,
+        };
+        assert!(
+            first_height <= rec.next_height,
+            "a log starts below its end"
+        );
         let mut page = StampPage {
             stamps: Vec::new(),
             next_height: from_height,
+            first_height,
         };
         if from_height >= rec.next_height || limit == 0 {
             return Ok(page);
         }
-        let t = rec.number;
         let start = run_holding(&rows, t, from_height)?;
         for row in rows
             .range(height_key(t, u64::MAX)..=height_key(t, start))?

@@ -317,6 +317,7 @@ impl Core {
         Ok(Response::OpLogStamps {
             stamps: page.stamps,
             next_height: page.next_height,
+            first_height: page.first_height,
         })
     }
 

@@ -425,12 +425,21 @@ mod tests {
         assert!(!ledger.erasable(1), "a drop at another replica");
         ledger.drop_sent((cid, Some("u".into())), 1);
         assert!(!ledger.erasable(0), "another tree's drop");
-        assert!(ledger.erasable(1), "its tree's drop at its acker, never answered");
+        assert!(
+            ledger.erasable(1),
+            "its tree's drop at its acker, never answered"
+        );
         ledger.drop_sent((cid, None), 2);
         ledger.drop_answered((cid, None), 2, true);
-        assert!(!ledger.erasable(0), "its container's later drop at another replica");
+        assert!(
+            !ledger.erasable(0),
+            "its container's later drop at another replica"
+        );
         ledger.drop_sent((cid, None), 1);
-        assert!(ledger.erasable(0), "its container's later drop at its acker");
+        assert!(
+            ledger.erasable(0),
+            "its container's later drop at its acker"
+        );
         assert!(!ledger.erasable(2), "recorded without its drops");
         assert_eq!(ledger.drops.sent_of(&tree), 3);
         assert_eq!(ledger.drops.answered_of(&tree), 2);

@@ -516,13 +516,13 @@ impl Puller {
     ) -> Result<Option<Vec<P>>> {
         let wire_limit = limit.min(u32::MAX as usize) as u32;
         let request = P::request(tree.clone(), from_height, wire_limit);
-        let page = match self.sync_call(peer, request).await? {
+        let (page, first_height) = match self.sync_call(peer, request).await? {
             None => return Ok(None),
             Some(answer) => P::from_answer(answer)
                 .map_err(|other| page::unexpected_answer(peer, P::REQUEST, &other))?,
         };
         let heights = page.iter().map(P::height);
-        check_page(peer, from_height, heights, limit, P::MAY_START_ABOVE)?;
+        check_page(peer, from_height, first_height, heights, limit)?;
         assert!(page.len() <= limit, "checked above");
         Ok(Some(page))
     }

@@ -10,21 +10,20 @@ use crate::types::{LogEntry, LogStamp, ReplicaId, TreeKey};
 pub(super) trait SyncPage: Sized {
     /// The request's name, for errors.
     const REQUEST: &'static str;
-    /// Whether a page may start above the height asked for: a tree
-    /// created again after a drop numbers its log from the height its
-    /// dropped incarnation reached, and a stamp page from below that
-    /// starts at the log's first height (docs/design.md §6). The op pages
-    /// of a pull are asked only for heights a stamp page listed.
-    const MAY_START_ABOVE: bool;
     fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request;
-    /// The page of a matching answer; any other answer is given back.
-    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response>;
+    /// The page of a matching answer and the log's first height it
+    /// names; any other answer is given back. A tree created again after
+    /// a drop numbers its log from the height its dropped incarnation
+    /// reached, and a stamp page asked from below that starts at the
+    /// log's first height, which the answer says (docs/design.md §6). The
+    /// op pages of a pull are asked only for heights a stamp page listed,
+    /// so they count as starting at 0.
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response>;
     fn height(&self) -> u64;
 }
 
 impl SyncPage for LogStamp {
     const REQUEST: &'static str = "GetOpLogStamps";
-    const MAY_START_ABOVE: bool = true;
 
     fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request {
         Request::GetOpLogStamps {
@@ -34,9 +33,13 @@ impl SyncPage for LogStamp {
         }
     }
 
-    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response> {
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response> {
         match answer {
-            Response::OpLogStamps { stamps, .. } => Ok(stamps),
+            Response::OpLogStamps {
+                stamps,
+                first_height,
+                ..
+            } => Ok((stamps, first_height)),
             other => Err(other),
         }
     }
@@ -48,7 +51,6 @@ impl SyncPage for LogStamp {
 
 impl SyncPage for LogEntry {
     const REQUEST: &'static str = "GetOpLog";
-    const MAY_START_ABOVE: bool = false;
 
     fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request {
         Request::GetOpLog {
@@ -58,9 +60,9 @@ impl SyncPage for LogEntry {
         }
     }
 
-    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response> {
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response> {
         match answer {
-            Response::OpLog { entries, .. } => Ok(entries),
+            Response::OpLog { entries, .. } => Ok((entries, 0)),
             other => Err(other),
         }
     }
@@ -76,27 +78,23 @@ pub(super) fn unexpected_answer(peer: ReplicaId, request: &str, answer: &Respons
 
 /// A peer's page is input like any other: no more than asked for, and the
 /// heights `start, start + 1, ..` without a gap, where `start` is
-/// `from_height` or, when `may_start_above`, the page's first height if
-/// that is higher. A peer stores an op at every height from its log's
-/// first height below its next one, so a page that skips a height would
-/// move the cursor over an op never seen here.
+/// `from_height` or the log's first height (`first_height`) if that is
+/// higher. A peer stores an op at every height from its log's first height
+/// below its next one, so a page that skips a height would move the cursor
+/// over an op never seen here.
 pub(super) fn check_page(
     peer: ReplicaId,
     from_height: u64,
+    first_height: u64,
     heights: impl ExactSizeIterator<Item = u64>,
     limit: usize,
-    may_start_above: bool,
 ) -> Result<()> {
     if heights.len() > limit {
         return Err(Error::Malformed(format!(
             "peer {peer} sent an oversized page"
         )));
     }
-    let mut heights = heights.peekable();
-    let start = match heights.peek() {
-        Some(&first) if may_start_above => first.max(from_height),
-        _ => from_height,
-    };
+    let start = from_height.max(first_height);
     for (expected, height) in (start..).zip(heights) {
         if height != expected {
             return Err(Error::Malformed(format!(
@@ -142,26 +140,23 @@ mod tests {
 
     #[test]
     fn peer_pages_are_checked() {
-        assert!(check_page(2, 10, [10, 11, 12].into_iter(), 3, false).is_ok());
-        assert!(check_page(2, 10, std::iter::empty(), 0, false).is_ok());
+        assert!(check_page(2, 10, 0, [10, 11, 12].into_iter(), 3).is_ok());
+        assert!(check_page(2, 10, 0, std::iter::empty(), 0).is_ok());
         let malformed = |r: Result<()>| matches!(r, Err(Error::Malformed(_)));
-        assert!(malformed(check_page(2, 10, [10, 11].into_iter(), 1, false)));
-        assert!(malformed(check_page(2, 10, [9].into_iter(), 5, false)));
-        assert!(malformed(check_page(2, 10, [12, 12].into_iter(), 5, false)));
-        assert!(malformed(check_page(2, 10, [13, 11].into_iter(), 5, false)));
+        assert!(malformed(check_page(2, 10, 0, [10, 11].into_iter(), 1)));
+        assert!(malformed(check_page(2, 10, 0, [9].into_iter(), 5)));
+        assert!(malformed(check_page(2, 10, 0, [12, 12].into_iter(), 5)));
+        assert!(malformed(check_page(2, 10, 0, [13, 11].into_iter(), 5)));
         // A gap, at the start or inside: heights the peer holds were skipped.
-        assert!(malformed(check_page(2, 10, [11, 12].into_iter(), 5, false)));
-        assert!(malformed(check_page(
-            2,
-            10,
-            [10, 11, 15].into_iter(),
-            5,
-            false
-        )));
-        // A stamp page may start at a later first height, never below
-        // the one asked for, and has no gap after its start.
-        assert!(check_page(2, 10, [14, 15].into_iter(), 5, true).is_ok());
-        assert!(malformed(check_page(2, 10, [9, 10].into_iter(), 5, true)));
-        assert!(malformed(check_page(2, 10, [14, 16].into_iter(), 5, true)));
+        assert!(malformed(check_page(2, 10, 0, [11, 12].into_iter(), 5)));
+        assert!(malformed(check_page(2, 10, 0, [10, 11, 15].into_iter(), 5)));
+        // A log that starts above the height asked for (a tree created
+        // again after a drop): the page starts at its first height, not
+        // below, not above, and has no gap after it.
+        assert!(check_page(2, 10, 14, [14, 15].into_iter(), 5).is_ok());
+        assert!(check_page(2, 20, 14, [20].into_iter(), 5).is_ok());
+        assert!(malformed(check_page(2, 10, 14, [15, 16].into_iter(), 5)));
+        assert!(malformed(check_page(2, 10, 14, [10, 11].into_iter(), 5)));
+        assert!(malformed(check_page(2, 10, 14, [14, 16].into_iter(), 5)));
     }
 }

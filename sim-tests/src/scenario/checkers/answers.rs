@@ -301,6 +301,7 @@ async fn page_through(
                 Response::OpLogStamps {
                     stamps,
                     next_height,
+                    ..
                 } if !stamps.is_empty() => *next_height,
                 _ => u64::MAX,
             };

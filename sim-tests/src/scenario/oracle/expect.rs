@@ -195,10 +195,17 @@ fn check_op_log_stamps(from_height: u64, response: &Response, view: &TreeView) -
     let Response::OpLogStamps {
         stamps,
         next_height,
+        first_height,
     } = response
     else {
         return Checked::Wrong(format!("GetOpLogStamps answered {response:?}"));
     };
+    if *first_height != view.first_height {
+        return Checked::Wrong(format!(
+            "GetOpLogStamps named first height {first_height}, the log starts at {}",
+            view.first_height
+        ));
+    }
     let heights = stamps.iter().map(|s| s.height);
     let ts: Vec<_> = stamps.iter().map(|s| s.ts).collect();
     match page_problem(from_height, heights, *next_height, &ts, view) {
