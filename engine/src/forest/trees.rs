@@ -101,6 +101,26 @@ impl Forest {
                 .take_while(|(key, _)| key.cid == *cid)
                 .collect(),
         };
+        self.drop_victims(&victims)
+    }
+
+    /// Drops exactly `trees` of one container, those of them it holds (the
+    /// Drop of a whole container lists them first, under locks that keep
+    /// passes from creating others; a client's write may still create one
+    /// meanwhile, which the drop then leaves alone).
+    pub fn trees_drop(&self, trees: &[TreeKey]) -> Result<()> {
+        let mut victims = Vec::with_capacity(trees.len());
+        for key in trees {
+            match self.read_tree_number(key) {
+                Ok((_, number)) => victims.push((key.clone(), number)),
+                Err(Error::TreeNotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.drop_victims(&victims)
+    }
+
+    fn drop_victims(&self, victims: &[(TreeKey, u64)]) -> Result<()> {
         if victims.is_empty() {
             return Ok(());
         }
@@ -109,7 +129,7 @@ impl Forest {
         let mut dirs = self.lock_dir_cache();
         dirs.clear();
         let txn = self.begin_write()?;
-        for (key, number) in &victims {
+        for (key, number) in victims {
             remember_marks(&txn, key, *number)?;
             delete_tree_rows(&txn, key, *number)?;
         }

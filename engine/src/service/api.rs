@@ -192,20 +192,27 @@ impl Service {
     /// a tree created again under the same name starts its heights anew.
     async fn drop_trees(&self, cid: ContainerId, tree: Option<String>) -> Result<Response> {
         self.core.membership.check_replica(&cid)?;
-        let trees: Vec<TreeKey> = match &tree {
-            Some(name) => vec![TreeKey::new(cid, name.clone())],
-            None => self
-                .core
-                .forest
-                .tree_list(&cid)?
-                .into_iter()
-                .map(|t| TreeKey::new(cid, t))
-                .collect(),
+        // A whole container's trees are listed under the locks: a pass
+        // that ran meanwhile could otherwise create a tree the listing
+        // missed, which the drop then takes without stopping the pass.
+        let (trees, _no_pass) = match &tree {
+            Some(name) => {
+                let trees = vec![TreeKey::new(cid, name.clone())];
+                let guards = self.core.locks.drop_all(&trees).await;
+                (trees, guards)
+            }
+            None => {
+                let guards = self.core.locks.drop_every_tree().await;
+                let names = self.core.forest.tree_list(&cid)?;
+                let trees: Vec<TreeKey> = names.into_iter().map(|t| TreeKey::new(cid, t)).collect();
+                (trees, guards)
+            }
         };
-        let _no_pass = self.core.locks.drop_all(&trees).await;
         let forest = self.core.forest.clone();
-        blocking(&*self.core.env.runtime, move || {
-            forest.tree_drop(&cid, tree.as_deref())
+        let listed = trees.clone();
+        blocking(&*self.core.env.runtime, move || match tree {
+            Some(name) => forest.tree_drop(&cid, Some(&name)),
+            None => forest.trees_drop(&listed),
         })
         .await?;
         let dropped: BTreeSet<TreeKey> = trees.into_iter().collect();

@@ -69,6 +69,18 @@ impl TreeLocks {
     /// ascending order, so two Drops never wait for each other in a cycle.
     pub async fn drop_all(&self, trees: &[TreeKey]) -> Vec<RwLockWriteGuard<'_, ()>> {
         let stripes: BTreeSet<usize> = trees.iter().map(Self::stripe_of).collect();
+        self.drop_stripes(stripes).await
+    }
+
+    /// Held by the Drop of a whole container: no pass runs on any tree,
+    /// so none can create a tree of the container between the listing of
+    /// its trees and their drop (a pull pass creates a tree it applies
+    /// ops to, and its cursor would outlive the tree the drop took).
+    pub async fn drop_every_tree(&self) -> Vec<RwLockWriteGuard<'_, ()>> {
+        self.drop_stripes((0..TREE_LOCK_STRIPES).collect()).await
+    }
+
+    async fn drop_stripes(&self, stripes: BTreeSet<usize>) -> Vec<RwLockWriteGuard<'_, ()>> {
         let mut guards = Vec::with_capacity(stripes.len());
         for stripe in stripes {
             guards.push(self.stripes[stripe].drop_guard.write().await);
