@@ -299,17 +299,7 @@ impl World {
     pub async fn restart_process(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "process restart");
-        // kill first: madsim's restart alone keeps the old sockets bound.
-        if let Some(old_forest) = kill_incarnation(node) {
-            let gone = poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
-                old_forest.strong_count() == 0
-            });
-            assert!(
-                gone.await,
-                "{}: the killed incarnation still holds its forest",
-                node.name
-            );
-        }
+        stop_incarnation(node).await;
         Handle::current().restart(node.node.id());
     }
 
@@ -340,16 +330,7 @@ impl World {
             None => "its own process again".to_string(),
         };
         self.trace.record(&node.name, format!("boots {what}"));
-        if let Some(old_forest) = kill_incarnation(node) {
-            let gone = poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
-                old_forest.strong_count() == 0
-            });
-            assert!(
-                gone.await,
-                "{}: the stopped incarnation still holds its forest",
-                node.name
-            );
-        }
+        stop_incarnation(node).await;
         *node.boot.stand_in.lock().unwrap() = stand_in;
         Handle::current().restart(node.node.id());
     }
@@ -487,6 +468,21 @@ fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
         .map(|service| Arc::downgrade(service.forest()));
     Handle::current().kill(node.node.id());
     old
+}
+
+/// Kills the node's incarnation and waits (bounded) until its database
+/// is gone. Kill first: madsim's restart alone keeps the old sockets bound.
+async fn stop_incarnation(node: &SimNode) {
+    if let Some(old_forest) = kill_incarnation(node) {
+        let gone = poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
+            old_forest.strong_count() == 0
+        });
+        assert!(
+            gone.await,
+            "{}: the killed incarnation still holds its forest",
+            node.name
+        );
+    }
 }
 
 /// How often the world polls for a state it waits for (simulated).
