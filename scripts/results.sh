@@ -103,8 +103,9 @@ readonly CANARIES=(
     "DefiniteFailureApplied|standard|a write refused for its input is applied anyway"
     "DropKeepsPullCursors|sync-heavy|a drop keeps the tree's pull cursors in memory"
     "DropForgetsMarks|sync-heavy|a tree created again after a drop restarts its counter and heights at zero"
+    "PeerIdentityUnchecked|misconfig|sync pulls from a peer answering as another replica"
 )
-readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only)
+readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig)
 
 sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
 canary_cmd() {

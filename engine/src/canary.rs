@@ -43,10 +43,14 @@ pub enum Canary {
     /// from zero: its stamps repeat the dropped incarnation's, and peers'
     /// pull cursors of the old log pass over its first ops.
     DropForgetsMarks = 16,
+    /// A node takes a peer for the replica it dialled whatever replica id
+    /// the peer names (its `Hello` answer, its sync check): a process
+    /// claiming another replica's id hands out its ops.
+    PeerIdentityUnchecked = 17,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 16] = [
+    pub const ALL: [Canary; 17] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -63,6 +67,7 @@ impl Canary {
         Canary::DefiniteFailureApplied,
         Canary::DropKeepsPullCursors,
         Canary::DropForgetsMarks,
+        Canary::PeerIdentityUnchecked,
     ];
 }
 

@@ -42,6 +42,9 @@ pub enum FailureKind {
     /// Two different ops under one timestamp, or a peer answering as
     /// another replica.
     StampConflict,
+    /// A replica holds an op written by a process that claimed another
+    /// replica's id.
+    ImpostorOp,
 }
 
 impl FailureKind {
@@ -63,6 +66,7 @@ impl FailureKind {
             FailureKind::SyncCursor => "sync cursor",
             FailureKind::Intrusion => "intrusion",
             FailureKind::StampConflict => "stamp conflict",
+            FailureKind::ImpostorOp => "impostor op",
         }
     }
 }

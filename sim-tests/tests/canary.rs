@@ -156,3 +156,8 @@ fn drop_keeps_pull_cursors() {
 fn drop_forgets_marks() {
     caught(Canary::DropForgetsMarks);
 }
+
+#[test]
+fn peer_identity_unchecked() {
+    caught(Canary::PeerIdentityUnchecked);
+}

@@ -50,13 +50,20 @@ pub enum Coverage {
     WriteAfterDrop,
     /// Acknowledged writes a drop erased (at each checkpoint).
     ErasedByDrop,
+    /// Windows in which a process claiming another replica's id ran on a
+    /// replica's machine (`scenario::misconfig`).
+    MisconfigWindow,
+    /// Such windows in which a correct replica refused to pull from it.
+    MisconfigDetected,
+    /// Writes that process acknowledged (to a misconfigured node).
+    MisconfigAcked,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 23] = [
+    pub const ALL: [Coverage; 26] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -80,6 +87,9 @@ impl Coverage {
         Coverage::DropContainer,
         Coverage::WriteAfterDrop,
         Coverage::ErasedByDrop,
+        Coverage::MisconfigWindow,
+        Coverage::MisconfigDetected,
+        Coverage::MisconfigAcked,
     ];
 
     pub fn name(self) -> &'static str {
@@ -107,6 +117,9 @@ impl Coverage {
             Coverage::DropContainer => "containers dropped",
             Coverage::WriteAfterDrop => "writes after a drop",
             Coverage::ErasedByDrop => "writes erased by drops",
+            Coverage::MisconfigWindow => "misconfiguration windows",
+            Coverage::MisconfigDetected => "misconfigurations detected",
+            Coverage::MisconfigAcked => "writes acked by a misconfigured node",
         }
     }
 }

@@ -116,6 +116,8 @@ pub struct Ledger {
     pub intruder: super::intruder::IntruderRecord,
     /// The drops of the run (`Drops`).
     pub drops: Drops,
+    /// What the misconfiguration windows did (`scenario::misconfig`).
+    pub misconfig: super::misconfig::MisconfigRecord,
 }
 
 /// What a drop covers: one tree of a container, or all of them (`None`).

@@ -7,6 +7,7 @@ pub mod coverage;
 pub mod intruder;
 pub mod ledger;
 pub mod lifecycle;
+pub mod misconfig;
 pub mod nemesis;
 pub mod oracle;
 pub mod plan;
@@ -188,6 +189,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::AuthorizationSkipped => "authorization_skipped",
         Canary::DropKeepsPullCursors => "drop_keeps_pull_cursors",
         Canary::DropForgetsMarks => "drop_forgets_marks",
+        Canary::PeerIdentityUnchecked => "peer_identity_unchecked",
     }
 }
 
@@ -311,6 +313,12 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
     // Numbered after every client the size allows, whatever the plan
     // keeps: it holds no right (`intruder::access_config`).
     let intruder = world.client_numbered(intruder_index(swarm));
+    // Only a run with misconfiguration windows has the misled client.
+    let misled = plan
+        .faults
+        .iter()
+        .any(|f| matches!(f.kind, plan::FaultKind::Misconfig { .. }))
+        .then(|| world.misled_client(misconfig::misled_client_index(swarm.size.clients)));
     let world = Arc::new(world);
     let verdict = Verdict::new(trace.clone());
     watch(&world, &verdict, swarm);
@@ -323,6 +331,9 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
         faults,
         swarm.disk_faults,
     );
+    if let Some(client) = misled {
+        nemesis.set_misled_client(client);
+    }
     let result = async {
         lifecycle::boot(&world).await?;
         run_workload(plan, &workload, &nemesis, clients, intruder).await;
@@ -357,8 +368,13 @@ fn intruder_index(swarm: &Swarm) -> usize {
 fn watch(world: &Arc<World>, verdict: &Verdict, swarm: &Swarm) {
     let coverage = world.hooks.coverage.clone();
     let intruder = format!("client-{}", intruder_index(swarm));
-    let answers =
-        oracle::watch::AnswerOracle::new(verdict.clone(), coverage.clone()).ignoring(intruder);
+    let misled = format!(
+        "client-{}",
+        misconfig::misled_client_index(swarm.size.clients)
+    );
+    let answers = oracle::watch::AnswerOracle::new(verdict.clone(), coverage.clone())
+        .ignoring(intruder)
+        .ignoring(misled);
     world.hooks.watch_answers(Arc::new(answers));
     let pulls = oracle::watch::SyncWatch::new(world, verdict.clone(), coverage.clone());
     world.hooks.watch_pulls(Arc::new(pulls));

@@ -11,11 +11,11 @@ use crate::disk::DiskFaults;
 use crate::world::clock::global_now;
 use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
-use crate::world::World;
+use crate::world::{Client, World};
 use arbor::ReplicaId;
 use madsim::net::NetSim;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Simulated time between two invariant sweeps over every replica.
@@ -30,6 +30,8 @@ pub struct Nemesis {
     faults_injected: AtomicU64,
     /// The periodic sweeps of the tree invariant between faults.
     sweeps: InvariantSweep,
+    /// The client that writes to a misconfigured replica's stand-in.
+    misled: Mutex<Option<Arc<Client>>>,
 }
 
 impl Nemesis {
@@ -46,7 +48,13 @@ impl Nemesis {
             disk_faults,
             faults_injected: AtomicU64::new(0),
             sweeps: InvariantSweep::default(),
+            misled: Mutex::default(),
         })
+    }
+
+    /// The client of misconfiguration windows (`scenario::misconfig`).
+    pub fn set_misled_client(&self, client: Client) {
+        *self.misled.lock().unwrap() = Some(Arc::new(client));
     }
 
     fn world(&self) -> &World {
@@ -108,7 +116,32 @@ impl Nemesis {
             FaultKind::Crash { replica } => self.crash(replica, window),
             FaultKind::DiskErrors { replica } => self.disk_errors(replica, window),
             FaultKind::PushBlackout { from, to } => self.push_blackout(from, to, window),
+            FaultKind::Misconfig { replica, claims } => self.misconfig(replica, claims, window),
         }
+    }
+
+    /// A stand-in claiming `claims`'s id on `replica`'s machine for
+    /// `window`, the replica again after it (`scenario::misconfig`).
+    fn misconfig(self: Arc<Self>, replica: ReplicaId, claims: ReplicaId, window: Duration) {
+        let Some(client) = self.misled.lock().unwrap().clone() else {
+            self.note(format!(
+                "misconfig of replica-{replica} skipped: no misled client"
+            ));
+            return;
+        };
+        self.note(format!(
+            "replica-{replica}'s machine runs a process claiming replica-{claims} for {window:?}"
+        ));
+        self.sweeps.forget(replica);
+        let run = super::misconfig::Window {
+            supervisor: self.supervisor.clone(),
+            workload: self.workload.clone(),
+            client,
+            replica,
+            claims,
+            window,
+        };
+        self.supervisor.detach(run.run());
     }
 
     fn one_way(self: Arc<Self>, from: ReplicaId, to: ReplicaId, window: Duration) {
@@ -146,6 +179,12 @@ impl Nemesis {
     /// drains and restarts the replica (redb refuses every write after an
     /// I/O error until the database is reopened).
     fn disk_errors(self: Arc<Self>, replica: ReplicaId, window: Duration) {
+        if self.supervisor.has_stand_in(replica) {
+            self.note(format!(
+                "disk errors on replica-{replica} skipped: a stand-in runs"
+            ));
+            return;
+        }
         let faults = self.disk_faults;
         self.note(format!("disk errors on replica-{replica} for {window:?}"));
         self.supervisor.begin_disk_errors(

@@ -56,6 +56,13 @@ pub enum FaultKind {
     DiskErrors { replica: ReplicaId },
     /// Pushes from `from` to `to` are dropped for the window.
     PushBlackout { from: ReplicaId, to: ReplicaId },
+    /// `replica`'s machine runs, for the window, a process configured with
+    /// `claims`'s replica id (two nodes with one id), then the replica
+    /// again (`scenario::misconfig`).
+    Misconfig {
+        replica: ReplicaId,
+        claims: ReplicaId,
+    },
 }
 
 impl FaultKind {
@@ -68,6 +75,7 @@ impl FaultKind {
             }
             FaultKind::Crash { replica } | FaultKind::DiskErrors { replica } => vec![*replica],
             FaultKind::PacketLoss { .. } | FaultKind::LatencySpike { .. } => Vec::new(),
+            FaultKind::Misconfig { replica, claims } => vec![*replica, *claims],
         }
     }
 
@@ -81,6 +89,7 @@ impl FaultKind {
             FaultKind::Crash { .. } => "crash",
             FaultKind::DiskErrors { .. } => "disk errors",
             FaultKind::PushBlackout { .. } => "push blackout",
+            FaultKind::Misconfig { .. } => "misconfig",
         }
     }
 }
@@ -359,13 +368,15 @@ fn choose(
         mix.crash,
         mix.disk_errors,
         mix.push_blackout,
+        mix.misconfig,
     ];
     let total: f64 = weights.iter().sum();
     if total <= 0.0 {
         return None;
     }
     let mut roll = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
-    let mut chosen = weights.len() - 1;
+    // A roll rounded past the end takes the last fault that is on.
+    let mut chosen = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
     for (i, w) in weights.iter().enumerate() {
         if roll < *w {
             chosen = i;
@@ -393,9 +404,13 @@ fn choose(
         },
         4 => FaultKind::Crash { replica: one(rng) },
         5 => FaultKind::DiskErrors { replica: one(rng) },
-        _ => {
+        6 => {
             let (from, to) = pair(rng);
             FaultKind::PushBlackout { from, to }
+        }
+        _ => {
+            let (replica, claims) = pair(rng);
+            FaultKind::Misconfig { replica, claims }
         }
     })
 }

@@ -6,7 +6,9 @@
 
 use super::plan::Plan;
 use super::{run_plan, Options, Report};
+use crate::disk::SplitMix64;
 use crate::failure::FailureKind;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -18,6 +20,12 @@ pub const SHRINK_TRIALS_MAX: u64 = 600;
 const ADVANCE_ROUNDS_MAX: usize = 8;
 /// Shortest workload duration a shrink tries.
 const WORKLOAD_DURATION_MIN: Duration = Duration::from_secs(1);
+/// Shares (in percent) of every client's ops that the random samples
+/// keep, smallest first, and the samples tried at each share.
+const SAMPLE_SHARES_PERCENT: [u64; 2] = [5, 10];
+const SAMPLES_PER_SHARE: usize = 4;
+/// Mixed into the plan's seed for the samples' own stream.
+const SAMPLE_STREAM: u64 = 0x5348_5249_4e4b_0000;
 
 /// Why a run cannot be shrunk.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -90,6 +98,7 @@ pub fn shrink(
         trials_max,
     };
     shrinker.cut_after_failure();
+    shrinker.sample_ops();
     for _ in 0..2 {
         shrinker.faults();
         shrinker.clients();
@@ -171,6 +180,28 @@ impl Shrinker<'_> {
             .retain(|f| Duration::from_millis(f.at_ms) <= failed_at);
         if plan.faults.len() < self.best.faults.len() {
             self.try_first(vec![plan]);
+        }
+    }
+
+    /// Random samples of the clients' ops, a few at each share: a failure
+    /// that needs a coincidence in time (an op pending while two faults
+    /// overlap) rather than particular ops survives some of them, where
+    /// delta debugging, which removes ops in order, moves every later op
+    /// earlier (a skipped op keeps its think time, not its call's) and
+    /// loses the coincidence at each step (docs/simulation.md, "Shrinking").
+    fn sample_ops(&mut self) {
+        let mut rng = SplitMix64::new(self.best.swarm.seed ^ SAMPLE_STREAM);
+        for share_percent in SAMPLE_SHARES_PERCENT {
+            if !self.budget_left() {
+                return;
+            }
+            let candidates = (0..SAMPLES_PER_SHARE)
+                .map(|_| sampled(&self.best, share_percent, &mut rng))
+                .filter(|plan| plan.client_ops() < self.best.client_ops())
+                .collect();
+            if self.try_first(candidates) {
+                return;
+            }
         }
     }
 
@@ -365,6 +396,25 @@ impl Shrinker<'_> {
     }
 }
 
+/// `plan` with each client keeping a random `share_percent` of the ops it
+/// issues (at least one); the others join its skip list.
+fn sampled(plan: &Plan, share_percent: u64, rng: &mut SplitMix64) -> Plan {
+    let mut plan = plan.clone();
+    for client in &mut plan.clients {
+        let skip: BTreeSet<u64> = client.skip.iter().copied().collect();
+        let mut issued: Vec<u64> = (0..client.ops).filter(|i| !skip.contains(i)).collect();
+        let keep = (issued.len() as u64 * share_percent / 100).max(1) as usize;
+        // The first `keep` places of a partial Fisher-Yates shuffle.
+        for i in 0..keep.min(issued.len()) {
+            let j = i + (rng.next_u64() % (issued.len() - i) as u64) as usize;
+            issued.swap(i, j);
+        }
+        let kept: BTreeSet<u64> = issued.into_iter().take(keep).collect();
+        client.skip = (0..client.ops).filter(|i| !kept.contains(i)).collect();
+    }
+    plan
+}
+
 /// Up to `jobs` budgets spread over `low..high`, smallest first.
 fn budgets(low: u64, high: u64, jobs: usize) -> Vec<u64> {
     let span = high - low;
@@ -376,7 +426,25 @@ fn budgets(low: u64, high: u64, jobs: usize) -> Vec<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::budgets;
+    use super::{budgets, sampled, SplitMix64};
+    use crate::scenario::plan::Plan;
+    use crate::scenario::swarm::{Profile, Size, Swarm};
+
+    /// A sample keeps the share asked of each client's issued ops (at
+    /// least one), only ops the client issued, and is the same for the
+    /// same stream.
+    #[test]
+    fn samples_keep_their_share_of_issued_ops() {
+        let mut plan = Plan::draw(Swarm::draw(5, Profile::Standard, Size::TEST, true));
+        plan.clients[0].skip = (0..10).collect();
+        let issued_before: Vec<u64> = plan.clients.iter().map(|c| c.ops_issued()).collect();
+        let a = sampled(&plan, 10, &mut SplitMix64::new(1));
+        assert_eq!(a, sampled(&plan, 10, &mut SplitMix64::new(1)));
+        for (client, before) in a.clients.iter().zip(issued_before) {
+            assert_eq!(client.ops_issued(), (before * 10 / 100).max(1));
+        }
+        assert!((0..10).all(|i| a.clients[0].skip.contains(&i)));
+    }
 
     /// The budget search always tries the low end and never the high one
     /// (already known to fail).

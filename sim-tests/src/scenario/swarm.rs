@@ -55,6 +55,9 @@ pub enum Profile {
     /// Sync is the only route between replicas: every push is dropped for
     /// the whole run, sync runs every 500 ms, and disks fail.
     SyncOnly,
+    /// Replicas' machines often run a process claiming another replica's
+    /// id for a window; sync runs every 500 ms.
+    Misconfig,
 }
 
 impl Profile {
@@ -67,6 +70,7 @@ impl Profile {
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks => Profile::SyncHeavy,
             Canary::FailedBatchHangs => Profile::StorageErrors,
+            Canary::PeerIdentityUnchecked => Profile::Misconfig,
             Canary::PullCursorPastFailedPage | Canary::PullCursorPersistedEarly => {
                 Profile::SyncOnly
             }
@@ -88,6 +92,7 @@ impl Profile {
             Profile::SyncHeavy => "sync-heavy",
             Profile::StorageErrors => "storage-errors",
             Profile::SyncOnly => "sync-only",
+            Profile::Misconfig => "misconfig",
         }
     }
 
@@ -98,6 +103,7 @@ impl Profile {
             Profile::SyncHeavy,
             Profile::StorageErrors,
             Profile::SyncOnly,
+            Profile::Misconfig,
         ]
         .into_iter()
         .find(|p| p.name() == name)
@@ -115,6 +121,11 @@ pub struct FaultMix {
     pub crash: f64,
     pub disk_errors: f64,
     pub push_blackout: f64,
+    /// A replica's machine runs a process claiming another replica's id
+    /// for a window (drawn only where sync runs: sync is what notices it
+    /// and what brings the replica back the ops pushed to the stand-in).
+    #[serde(default)]
+    pub misconfig: f64,
 }
 
 /// Everything one seed drew.
@@ -151,6 +162,13 @@ pub struct Swarm {
 
 /// Chance that a standard seed with sync cuts pushes between one pair.
 const SYNC_ONLY_PAIR_PROBABILITY: f64 = 0.25;
+/// Chance (times the chance a fault is on at all) that a standard seed
+/// draws misconfiguration windows, and the scale of their weight.
+const MISCONFIG_ON_PROBABILITY: f64 = 0.15;
+const MISCONFIG_WEIGHT_SCALE: f64 = 0.2;
+/// The sync interval of the misconfig profile.
+const MISCONFIG_SYNC_INTERVAL: Duration = Duration::from_millis(500);
+
 /// The sync interval of the sync-only profile.
 const SYNC_ONLY_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -207,6 +225,7 @@ impl Swarm {
             crash: weight(&mut rng, on),
             disk_errors: weight(&mut rng, on * 0.6),
             push_blackout: weight(&mut rng, on * 0.6),
+            misconfig: 0.0,
         };
         let replication_timeout = knobs.replication_timeout;
         let mut swarm = Swarm {
@@ -249,6 +268,12 @@ impl Swarm {
             let a = (pair_roll % replicas as u64) as ReplicaId + 1;
             let b = a % replicas as ReplicaId + 1;
             swarm.pushes_blocked = vec![(a, b)];
+        }
+        // Drawn after everything else, so it left the other draws as
+        // they were: rare, and small against the other weights.
+        let misconfig_roll = weight(&mut rng, on * MISCONFIG_ON_PROBABILITY);
+        if swarm.knobs.sync_interval.is_some() {
+            swarm.faults.misconfig = misconfig_roll * MISCONFIG_WEIGHT_SCALE;
         }
         swarm.apply_profile(faults_on);
         swarm
@@ -300,6 +325,12 @@ impl Swarm {
                     self.disk_faults.sync_error_probability = 0.05;
                 }
             }
+            Profile::Misconfig => {
+                self.knobs.sync_interval = Some(MISCONFIG_SYNC_INTERVAL);
+                if faults_on {
+                    self.faults.misconfig = 1.0;
+                }
+            }
             Profile::StorageErrors => {
                 if faults_on {
                     self.faults.disk_errors = 1.0;
@@ -331,8 +362,8 @@ impl fmt::Display for Swarm {
         let fm = &self.faults;
         writeln!(
             f,
-            "  opening partition {:?}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}; gap {:?}; torn writes {}",
-            self.opening_partition, fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, self.fault_gap_mean, self.torn_write_probability
+            "  opening partition {:?}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}, misconfig {:.2}; gap {:?}; torn writes {}",
+            self.opening_partition, fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, fm.misconfig, self.fault_gap_mean, self.torn_write_probability
         )?;
         let skews: Vec<String> = self
             .skews

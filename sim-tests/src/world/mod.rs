@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod config;
 pub mod hooks;
+pub mod rotation;
 pub mod runtime;
 pub mod storage;
 pub mod supervisor;
@@ -70,6 +71,8 @@ pub struct SimNode {
     node: NodeHandle,
     /// The service of the current incarnation; empty while down.
     service: Arc<Mutex<Option<Arc<Service>>>>,
+    /// What the node boots with: its own config and disk, or a stand-in's.
+    boot: Arc<Boot>,
 }
 
 impl SimNode {
@@ -81,6 +84,19 @@ impl SimNode {
     pub fn madsim_id(&self) -> madsim::task::NodeId {
         self.node.id()
     }
+
+    /// True while the node runs as a stand-in (`World::stand_in`).
+    pub fn is_stand_in(&self) -> bool {
+        self.boot.stand_in.lock().unwrap().is_some()
+    }
+}
+
+/// Another process on a replica's machine and address: its own config
+/// (a misconfigured one, say) on a disk of its own. The replica's own
+/// disk stays as it was until the replica itself boots again.
+pub struct StandIn {
+    pub config: Config,
+    pub disk: SimDisk,
 }
 
 /// A cluster of simulated replicas.
@@ -90,6 +106,8 @@ pub struct World {
     pub trace: Trace,
     /// The scenario's observers of answers and pull passes.
     pub hooks: Arc<hooks::Hooks>,
+    /// The replicas clients call (`rotation.rs`).
+    pub rotation: Arc<rotation::Rotation>,
     call_ids: CallIds,
     clients: usize,
     /// The network's config when the world was built: what healing
@@ -115,6 +133,7 @@ impl World {
             filter,
             trace,
             hooks,
+            rotation: Arc::default(),
             call_ids,
             clients: 0,
             base_net: net_config(),
@@ -196,6 +215,16 @@ impl World {
     /// The client `client-{index}`: a run's plan numbers its clients, and
     /// a client dropped from the plan leaves the others their names.
     pub fn client_numbered(&mut self, index: usize) -> Client {
+        self.client_with(index, false)
+    }
+
+    /// The client `client-{index}` that calls a replica out of rotation
+    /// too: one whose routes were never updated.
+    pub fn misled_client(&mut self, index: usize) -> Client {
+        self.client_with(index, true)
+    }
+
+    fn client_with(&mut self, index: usize, misled: bool) -> Client {
         self.clients = self.clients.max(index);
         let name = format!("client-{index}");
         let ip = config::client_ip(index);
@@ -218,6 +247,8 @@ impl World {
             name,
             node,
             transport: Arc::new(transport),
+            rotation: self.rotation.clone(),
+            misled,
         }
     }
 
@@ -268,17 +299,7 @@ impl World {
     pub async fn restart_process(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "process restart");
-        // kill first: madsim's restart alone keeps the old sockets bound.
-        if let Some(old_forest) = kill_incarnation(node) {
-            let gone = poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
-                old_forest.strong_count() == 0
-            });
-            assert!(
-                gone.await,
-                "{}: the killed incarnation still holds its forest",
-                node.name
-            );
-        }
+        stop_incarnation(node).await;
         Handle::current().restart(node.node.id());
     }
 
@@ -297,6 +318,21 @@ impl World {
             *reached = height.max(*reached);
         }
         Some(heights)
+    }
+
+    /// Stops the replica's process (no power failure) and starts `stand_in`
+    /// on its machine in its place, or, with `None`, the replica itself
+    /// again from its own disk. Returns once the old incarnation is gone.
+    pub async fn stand_in(&self, replica: ReplicaId, stand_in: Option<StandIn>) {
+        let node = self.node(replica);
+        let what = match &stand_in {
+            Some(s) => format!("stand-in claiming replica-{}", s.config.node.replica_id),
+            None => "its own process again".to_string(),
+        };
+        self.trace.record(&node.name, format!("boots {what}"));
+        stop_incarnation(node).await;
+        *node.boot.stand_in.lock().unwrap() = stand_in;
+        Handle::current().restart(node.node.id());
     }
 
     /// Starts a crashed node again; it reopens its forest from its disk.
@@ -434,6 +470,21 @@ fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
     old
 }
 
+/// Kills the node's incarnation and waits (bounded) until its database
+/// is gone. Kill first: madsim's restart alone keeps the old sockets bound.
+async fn stop_incarnation(node: &SimNode) {
+    if let Some(old_forest) = kill_incarnation(node) {
+        let gone = poll_until(OLD_INCARNATION_DROP_MAX, POLL, || {
+            old_forest.strong_count() == 0
+        });
+        assert!(
+            gone.await,
+            "{}: the killed incarnation still holds its forest",
+            node.name
+        );
+    }
+}
+
 /// How often the world polls for a state it waits for (simulated).
 const POLL: Duration = Duration::from_millis(1);
 
@@ -487,13 +538,15 @@ fn build_node(
         trace,
         hooks,
         slot: service.clone(),
+        stand_in: Mutex::new(None),
     };
     let boot = Arc::new(boot);
+    let init = boot.clone();
     let node = Handle::current()
         .create_node()
         .name(&name)
         .ip(addr.ip())
-        .init(move || boot.clone().run())
+        .init(move || init.clone().run())
         .build();
     SimNode {
         name,
@@ -505,6 +558,7 @@ fn build_node(
         clock,
         node,
         service,
+        boot,
     }
 }
 
@@ -520,24 +574,34 @@ struct Boot {
     trace: Trace,
     hooks: Arc<hooks::Hooks>,
     slot: Arc<Mutex<Option<Arc<Service>>>>,
+    /// Set while a stand-in runs on this machine instead of the replica.
+    stand_in: Mutex<Option<StandIn>>,
 }
 
 impl Boot {
+    /// The config and disk of the incarnation to start, and whether it is
+    /// the replica itself (the scenario's observers watch only replicas).
+    fn incarnation(&self) -> (Config, SimDisk, bool) {
+        match &*self.stand_in.lock().unwrap() {
+            Some(s) => (s.config.clone(), s.disk.clone(), false),
+            None => (self.config.clone(), self.disk.clone(), true),
+        }
+    }
+
     async fn run(self: Arc<Self>) {
-        let Some(forest) = self.open_forest().await else {
+        let (config, disk, itself) = self.incarnation();
+        let Some(forest) = self.open_forest(&config, &disk).await else {
             self.trace
                 .record(&self.name, "gave up opening its disk; stays down");
             return;
         };
-        let disk = self.disk.clone();
         let env = Env {
             clock: self.clock.clone(),
             runtime: Arc::new(runtime::SimRuntime::new(Some(Arc::new(move || {
                 disk.take_latency()
             })))),
         };
-        let peers: BTreeMap<ReplicaId, SocketAddr> = self
-            .config
+        let peers: BTreeMap<ReplicaId, SocketAddr> = config
             .node
             .peers
             .iter()
@@ -548,51 +612,42 @@ impl Boot {
                 )
             })
             .collect();
-        let limits = &self.config.limits;
+        let limits = &config.limits;
         let transport = SimTransport::new(
-            self.config.node.replica_id,
+            config.node.replica_id,
             peers,
             self.clock.clone(),
             limits.max_message_bytes,
             self.filter.clone(),
             self.call_ids.clone(),
         );
-        let service = match Service::start(
-            self.config.clone(),
-            Arc::new(forest),
-            env,
-            Arc::new(transport),
-        ) {
-            Ok(service) => service,
-            Err(e) => panic!("{}: service does not start: {e}", self.name),
-        };
-        self.hooks
-            .attach_pulls(self.config.node.replica_id, &service);
+        let service =
+            match Service::start(config.clone(), Arc::new(forest), env, Arc::new(transport)) {
+                Ok(service) => service,
+                Err(e) => panic!("{}: service does not start: {e}", self.name),
+            };
+        if itself {
+            self.hooks.attach_pulls(config.node.replica_id, &service);
+        }
         *self.slot.lock().unwrap() = Some(service.clone());
         self.trace.record(&self.name, "up");
-        let addr = self.config.node.listen.parse().expect("listen is ip:port");
+        let addr = config.node.listen.parse().expect("listen is ip:port");
         let handler: Arc<dyn transport::Handler> = match self.hooks.answers() {
-            Some(watch) => Arc::new(transport::Watched {
-                replica: self.config.node.replica_id,
+            Some(watch) if itself => Arc::new(transport::Watched {
+                replica: config.node.replica_id,
                 service,
                 watch,
             }),
-            None => service,
+            _ => service,
         };
-        transport::serve(
-            addr,
-            handler,
-            caller_at,
-            limits.max_message_bytes,
-            limits.max_connections,
-        )
-        .await;
+        let limits = (limits.max_message_bytes, limits.max_connections);
+        transport::serve_as(config.node.replica_id, addr, handler, caller_at, limits).await;
     }
 
-    async fn open_forest(&self) -> Option<arbor::forest::Forest> {
-        let options = self.config.forest_options();
+    async fn open_forest(&self, config: &Config, disk: &SimDisk) -> Option<arbor::forest::Forest> {
+        let options = config.forest_options();
         for attempt in 1..=OPEN_ATTEMPTS_MAX {
-            match storage::open_forest(&self.disk, options.clone(), self.redb_cache_bytes) {
+            match storage::open_forest(disk, options.clone(), self.redb_cache_bytes) {
                 Ok(forest) => return Some(forest),
                 Err(e) => {
                     self.trace
@@ -610,10 +665,16 @@ pub struct Client {
     pub name: String,
     node: NodeHandle,
     transport: Arc<SimTransport>,
+    rotation: Arc<rotation::Rotation>,
+    /// Calls replicas out of rotation too.
+    misled: bool,
 }
 
 impl Client {
-    /// One request to `replica`, answered or failed within `timeout`.
+    /// One request to `replica`, answered or failed within `timeout`. A
+    /// replica out of rotation is not called (unless the client is
+    /// misled): the call fails at once as unreachable, its outcome known
+    /// to be nothing but reported as unknown, as a network error is.
     pub async fn call(
         &self,
         replica: ReplicaId,
@@ -621,6 +682,12 @@ impl Client {
         timeout: Duration,
     ) -> Result<Response, Error> {
         use arbor::net::Transport;
+        if !self.misled && self.rotation.is_out(replica) {
+            return Err(Error::Network(format!(
+                "replica-{replica} is out of rotation"
+            )));
+        }
+        let _in_flight = self.rotation.enter(replica);
         let call = self.transport.call(replica, request, timeout);
         match self.node.spawn(call).await {
             Ok(result) => result,

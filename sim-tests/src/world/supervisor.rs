@@ -7,7 +7,7 @@
 //! many callers still wait; the checkers judge both, and a failure goes to
 //! the run's verdict.
 
-use super::{poll_until, Heights, World, BOOT_DEADLINE};
+use super::{poll_until, Heights, StandIn, World, BOOT_DEADLINE};
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::scenario::checkers::{durability, liveness};
 use arbor::ReplicaId;
@@ -41,6 +41,14 @@ const DRAIN_POLL: Duration = Duration::from_millis(10);
 /// Why a replica restarted, in the words failures print.
 const POWER_FAILURE: &str = "power failure";
 const PROCESS_RESTART: &str = "process restart";
+const STAND_IN: &str = "a stand-in process on its machine";
+
+/// How long a stand-in waits for the clients' calls to the replica it
+/// replaces (each bounded by its own timeout, 2 s for the workload's) and
+/// for its own callers before it stops: a request the replica itself
+/// never saw must not reach the stand-in, nor one sent to the stand-in
+/// the replica. Well under `RESTARTS_IN_FLIGHT_MAX`.
+const STAND_IN_CALLS_DRAIN_MAX: Duration = Duration::from_secs(5);
 
 pub struct Supervisor {
     world: Arc<World>,
@@ -57,6 +65,9 @@ pub struct Supervisor {
     in_flight: Arc<AtomicU64>,
     /// Set when the run heals: restarts scheduled for later do nothing.
     healing: AtomicBool,
+    /// Replicas whose machine runs a stand-in, with what each had stored
+    /// when it stopped (checked when it boots again).
+    stand_ins: Mutex<BTreeMap<ReplicaId, Option<Heights>>>,
     /// Tasks nobody awaits (scheduled restarts, the nemesis's fault
     /// windows), aborted at the end of the run: madsim does not drop a
     /// pending task when its runtime goes (`World::shut_down`).
@@ -71,6 +82,7 @@ impl Supervisor {
             supervised: Mutex::default(),
             poisoned: Mutex::default(),
             crashed: Mutex::default(),
+            stand_ins: Mutex::default(),
             in_flight: Arc::default(),
             healing: AtomicBool::new(false),
             detached: Mutex::default(),
@@ -208,6 +220,59 @@ impl Supervisor {
         }
     }
 
+    /// Takes the live replica out of the clients' rotation, waits for the
+    /// calls still on their way to it, stops it and boots `stand_in` on
+    /// its machine. False (and nothing done) when the replica is down or
+    /// supervised already, or the run heals meanwhile.
+    pub async fn begin_stand_in(&self, replica: ReplicaId, stand_in: StandIn) -> bool {
+        if !self.world.is_up(replica) || !self.supervised.lock().unwrap().insert(replica) {
+            return false;
+        }
+        let _guard = InFlight::enter(&self.in_flight);
+        self.stand_ins.lock().unwrap().insert(replica, None);
+        let rotation = &self.world.rotation;
+        rotation.take_out(replica);
+        poll_until(STAND_IN_CALLS_DRAIN_MAX, DRAIN_POLL, || {
+            rotation.in_flight(replica) == 0
+        })
+        .await;
+        if self.healing() || !self.world.is_up(replica) {
+            self.stand_ins.lock().unwrap().remove(&replica);
+            rotation.put_back(replica);
+            self.supervised.lock().unwrap().remove(&replica);
+            return false;
+        }
+        let before = self.world.stored_heights(replica);
+        self.stand_ins.lock().unwrap().insert(replica, before);
+        self.world.stand_in(replica, Some(stand_in)).await;
+        true
+    }
+
+    /// True from `begin_stand_in` until the replica runs again.
+    pub fn has_stand_in(&self, replica: ReplicaId) -> bool {
+        self.stand_ins.lock().unwrap().contains_key(&replica)
+    }
+
+    /// Waits for the calls on their way to the stand-in (the misled
+    /// client's), stops it and boots the replica from its own disk; once
+    /// it serves, nothing it had stored may be missing, and clients call
+    /// it again. Nothing when no stand-in runs there.
+    pub async fn end_stand_in(&self, replica: ReplicaId) {
+        let Some(before) = self.stand_ins.lock().unwrap().remove(&replica) else {
+            return;
+        };
+        let _guard = InFlight::enter(&self.in_flight);
+        let rotation = &self.world.rotation;
+        poll_until(STAND_IN_CALLS_DRAIN_MAX, DRAIN_POLL, || {
+            rotation.in_flight(replica) == 0
+        })
+        .await;
+        self.world.stand_in(replica, None).await;
+        self.check_nothing_lost(replica, before, STAND_IN).await;
+        rotation.put_back(replica);
+        self.supervised.lock().unwrap().remove(&replica);
+    }
+
     /// The run heals: faults scheduled to end later do nothing, and every
     /// fault of the network and the disks ends now.
     pub fn end_faults(&self) {
@@ -221,6 +286,10 @@ impl Supervisor {
     pub async fn restart_all(self: &Arc<Self>) -> Result<(), Failure> {
         assert!(self.healing(), "restart_all runs once the faults ended");
         self.wait_in_flight().await;
+        let stand_ins: Vec<ReplicaId> = self.stand_ins.lock().unwrap().keys().copied().collect();
+        for replica in stand_ins {
+            self.end_stand_in(replica).await;
+        }
         let poisoned = std::mem::take(&mut *self.poisoned.lock().unwrap());
         let mut started = Vec::new();
         for replica in self.world.replica_ids() {

@@ -1,7 +1,15 @@
 //! The engine's transport inside the simulation: one madsim datagram per
 //! request and per response, encoded with the real wire format, so packet
 //! loss, clogged links and latency all apply to it.
+//!
+//! Each answer also carries the replica id its server was configured with,
+//! which a TCP connection's `Hello` would have named (docs/design.md §9):
+//! a replica dialling a peer refuses an answer from another replica id or
+//! its own, as `tcp/client.rs` does, and counts it (`identities_refused`).
+//! There is no connection to check once, so every answer is checked. The
+//! simulated clients do not check (the gateway's check is the engine's).
 
+use arbor::canary::{self, Canary};
 use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
 use arbor::runtime::{with_timeout, BoxFuture, Clock};
@@ -12,6 +20,13 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// A response datagram: the wire frame and the replica id its server was
+/// configured with (0 for a server that is no replica).
+struct Answer {
+    replica_id: ReplicaId,
+    frame: Vec<u8>,
+}
 
 /// Datagram tag of requests (server side) and of responses (caller side).
 const TAG_REQUEST: u64 = 1;
@@ -166,6 +181,9 @@ pub struct SimTransport {
     /// Endpoints whose one call got its answer: nothing more can arrive at
     /// them, so the next call may use one instead of binding a new port.
     spare: Arc<Mutex<Vec<Endpoint>>>,
+    /// Answers refused because another replica id than the dialled one
+    /// (or this node's own) answered.
+    refused: Arc<AtomicU64>,
 }
 
 impl SimTransport {
@@ -185,7 +203,23 @@ impl SimTransport {
             call_ids,
             filter,
             spare: Arc::default(),
+            refused: Arc::default(),
         }
+    }
+
+    /// A replica refuses an answer that names another replica than the
+    /// one it dialled, or itself: what a `Hello` answer is checked for.
+    fn check_answerer(local: ReplicaId, peer: ReplicaId, answered: ReplicaId) -> Result<(), Error> {
+        let unchecked = local == 0 || answered == 0;
+        if unchecked || canary::active(Canary::PeerIdentityUnchecked) {
+            return Ok(());
+        }
+        if answered != peer || answered == local {
+            return Err(Error::IdentityRefused(format!(
+                "replica {answered} answered where replica {peer} was dialled by replica {local}"
+            )));
+        }
+        Ok(())
     }
 
     async fn exchange(
@@ -194,7 +228,7 @@ impl SimTransport {
         call_id: u64,
         frame: Vec<u8>,
         max_message_bytes: usize,
-    ) -> Result<Response, Error> {
+    ) -> Result<(Response, ReplicaId), Error> {
         // An endpoint serves one call at a time, and goes back to the spares
         // only once that call was answered: the endpoint of a call that
         // timed out is dropped with it, so its late answer hits a closed
@@ -216,16 +250,16 @@ impl SimTransport {
                 .recv_from_raw(TAG_RESPONSE)
                 .await
                 .map_err(|e| Error::Network(format!("recv: {e}")))?;
-            let bytes = payload
-                .downcast::<Vec<u8>>()
-                .map_err(|_| Error::Malformed("response is not a byte frame".into()))?;
-            let envelope = proto::decode::<Response>(&bytes, max_message_bytes)?;
+            let answer = payload
+                .downcast::<Answer>()
+                .map_err(|_| Error::Malformed("response is not an answer frame".into()))?;
+            let envelope = proto::decode::<Response>(&answer.frame, max_message_bytes)?;
             if envelope.id == call_id {
                 let mut spare = spare.lock().unwrap();
                 if spare.len() < SPARE_ENDPOINTS_MAX {
                     spare.push(endpoint);
                 }
-                return Ok(envelope.body);
+                return Ok((envelope.body, answer.replica_id));
             }
             // The late answer to a call that timed out on an endpoint that
             // had this port before (madsim gives freed ports out again):
@@ -251,6 +285,7 @@ impl Transport for SimTransport {
         let clock = self.clock.clone();
         let max_message_bytes = self.max_message_bytes;
         let spare = self.spare.clone();
+        let (local, refused) = (self.local, self.refused.clone());
         Box::pin(async move {
             let Some(addr) = addr else {
                 return Err(Error::Network(format!("unknown replica {peer}")));
@@ -267,25 +302,50 @@ impl Transport for SimTransport {
                     // A dropped message looks like silence to the caller.
                     futures::future::pending::<()>().await;
                 }
-                Self::exchange(&spare, addr, call_id, frame, max_message_bytes).await
+                let exchange = Self::exchange(&spare, addr, call_id, frame, max_message_bytes);
+                let (response, answered) = exchange.await?;
+                let checked = Self::check_answerer(local, peer, answered);
+                if let Err(error) = &checked {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(peer, %error, "peer answer refused");
+                }
+                checked.map(|()| response)
             };
             with_timeout(&*clock, timeout, call)
                 .await
                 .unwrap_or(Err(Error::Timeout))
         })
     }
+
+    fn identities_refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
 }
 
 /// Serves requests arriving at `addr` until the node is killed; `identify`
 /// names the caller by its source address. At most `max_inflight` requests
 /// run at once; beyond that callers get `Overloaded` at once, so a flood
-/// cannot grow the task set without bound.
+/// cannot grow the task set without bound. Answers name no replica.
 pub async fn serve(
     addr: SocketAddr,
     handler: Arc<dyn Handler>,
     identify: fn(SocketAddr) -> Caller,
     max_message_bytes: usize,
     max_inflight: usize,
+) {
+    let limits = (max_message_bytes, max_inflight);
+    serve_as(0, addr, handler, identify, limits).await
+}
+
+/// `serve` for a replica configured as `replica_id`, which every answer
+/// names; `limits` are the most bytes of a message and the requests in
+/// flight.
+pub async fn serve_as(
+    replica_id: ReplicaId,
+    addr: SocketAddr,
+    handler: Arc<dyn Handler>,
+    identify: fn(SocketAddr) -> Caller,
+    (max_message_bytes, max_inflight): (usize, usize),
 ) {
     let endpoint = match Endpoint::bind(addr).await {
         Ok(endpoint) => Arc::new(endpoint),
@@ -316,8 +376,9 @@ pub async fn serve(
         let Ok(permit) = inflight.clone().try_acquire_owned() else {
             let busy = Response::Error(Error::Overloaded("too many requests in flight".into()));
             let frame = proto::encode(envelope.id, &busy);
+            let answer = Answer { replica_id, frame };
             let _ = endpoint
-                .send_to_raw(from, TAG_RESPONSE, Box::new(frame))
+                .send_to_raw(from, TAG_RESPONSE, Box::new(answer))
                 .await;
             continue;
         };
@@ -325,8 +386,9 @@ pub async fn serve(
         drop(madsim::task::spawn(async move {
             let response = handler.serve(identify(from), envelope.body).await;
             let frame = proto::encode(envelope.id, &response);
+            let answer = Answer { replica_id, frame };
             let _ = endpoint
-                .send_to_raw(from, TAG_RESPONSE, Box::new(frame))
+                .send_to_raw(from, TAG_RESPONSE, Box::new(answer))
                 .await;
             drop(permit);
         }));

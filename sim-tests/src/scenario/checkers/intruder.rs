@@ -3,9 +3,9 @@
 //! Every call it made was refused or went unanswered; no replica's log
 //! holds an op it forged or wrote (each carries `INTRUDER_TAG_KEY`); a
 //! Drop it sent would show as lost acknowledged writes
-//! (`durability::AckedWrites`). A stamp conflict or a peer answering as
-//! another replica, counted by any replica, fails the run
-//! (docs/design.md §9).
+//! (`durability::AckedWrites`). A stamp conflict, or a peer answering as
+//! another replica in a run without a misconfiguration window, counted by
+//! any replica, fails the run (docs/design.md §9).
 
 use super::{Checker, Checkpoint};
 use crate::failure::{Failure, FailureKind};
@@ -44,6 +44,17 @@ fn nothing_served(at: &Checkpoint) -> Result {
 }
 
 fn no_forged_op(at: &Checkpoint) -> Result {
+    no_op_tagged(
+        at,
+        INTRUDER_TAG_KEY,
+        FailureKind::Intrusion,
+        "the intruder's",
+    )
+}
+
+/// Fails with `kind` when any replica holds an op with a meta item keyed
+/// `tag` (`whose` names its writer in the failure).
+pub fn no_op_tagged(at: &Checkpoint, tag: &str, kind: FailureKind, whose: &str) -> Result {
     for (replica, trees) in &at.contents {
         for (tree, content) in trees {
             for (ts, op) in content.ops() {
@@ -51,14 +62,11 @@ fn no_forged_op(at: &Checkpoint) -> Result {
                     let what = format!("{:?}/{}: op {ts}: {e}", tree.cid, tree.tree);
                     Failure::new(FailureKind::TreeInvariant, what)
                 })?;
-                if op
-                    .items()
-                    .any(|(key, _)| key == INTRUDER_TAG_KEY.as_bytes())
-                {
+                if op.items().any(|(key, _)| key == tag.as_bytes()) {
                     return Err(Failure::new(
-                        FailureKind::Intrusion,
+                        kind,
                         format!(
-                            "replica-{replica} holds the intruder's op {ts} in {:?}/{} {}",
+                            "replica-{replica} holds {whose} op {ts} in {:?}/{} {}",
                             tree.cid, tree.tree, at.when
                         ),
                     ));
@@ -69,18 +77,23 @@ fn no_forged_op(at: &Checkpoint) -> Result {
     Ok(())
 }
 
+/// A peer answering as another replica is what a misconfiguration window
+/// (`scenario::misconfig`) is expected to make replicas count; outside
+/// such a run it fails the run, as a stamp conflict always does.
 fn no_stamp_conflict(at: &Checkpoint) -> Result {
+    let windows = at.ledger.misconfig.windows;
     for replica in at.world.replica_ids() {
         let Some(service) = at.world.node(replica).service() else {
             continue;
         };
         let stats = service.stats();
-        if stats.stamp_conflicts > 0 || stats.peer_identity_mismatches > 0 {
+        let mismatches = stats.peer_identity_mismatches + stats.peers_refused;
+        if stats.stamp_conflicts > 0 || (windows == 0 && mismatches > 0) {
             return Err(Failure::new(
                 FailureKind::StampConflict,
                 format!(
-                    "replica-{replica} counted {} stamp conflicts and {} peers answering as another replica {}",
-                    stats.stamp_conflicts, stats.peer_identity_mismatches, at.when
+                    "replica-{replica} counted {} stamp conflicts and {mismatches} peers answering as another replica {}",
+                    stats.stamp_conflicts, at.when
                 ),
             ));
         }

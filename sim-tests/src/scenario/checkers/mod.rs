@@ -16,6 +16,7 @@ pub mod durability;
 pub mod intruder;
 pub mod invariants;
 pub mod liveness;
+pub mod misconfig;
 
 use super::ledger::Ledger;
 use crate::failure::Failure;
@@ -71,6 +72,7 @@ pub trait Checker: Send + Sync {
 pub fn standard() -> Vec<Box<dyn Checker>> {
     vec![
         Box::new(intruder::IntruderLeftNoTrace),
+        Box::new(misconfig::ImpostorLeftNoTrace),
         Box::new(convergence::SameState),
         Box::new(answers::ModelState),
         Box::new(durability::AckedWrites),

@@ -261,7 +261,9 @@ impl SyncWatch {
     /// The peer's next height, and its ops at heights `from..to` with
     /// their heights (none below its log's first height: a tree created
     /// again after a drop); `None` when they cannot be read (the peer is
-    /// down, its database poisoned, or it holds no such tree).
+    /// down, its database poisoned, or it holds no such tree) or its
+    /// machine runs a stand-in (`World::stand_in`), whose log is not the
+    /// peer's.
     fn peer_stamps(
         &self,
         peer: ReplicaId,
@@ -270,7 +272,11 @@ impl SyncWatch {
         to: u64,
     ) -> Option<(u64, Vec<(u64, Timestamp)>)> {
         let world = self.world.upgrade()?;
-        let service = world.node(peer).service()?;
+        let node = world.node(peer);
+        if node.is_stand_in() {
+            return None;
+        }
+        let service = node.service()?;
         if !service.forest().tree_exists(tree).ok()? {
             return None;
         }
