@@ -43,10 +43,14 @@ pub enum Canary {
     /// from zero: its stamps repeat the dropped incarnation's, and peers'
     /// pull cursors of the old log pass over its first ops.
     DropForgetsMarks = 16,
+    /// A node rejoining after its disk was replaced takes local writes
+    /// before it pulled its peers' logs: its new stamps repeat ones its
+    /// lost disk gave to other ops.
+    RejoinAcceptsWrites = 17,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 16] = [
+    pub const ALL: [Canary; 17] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -63,6 +67,7 @@ impl Canary {
         Canary::DefiniteFailureApplied,
         Canary::DropKeepsPullCursors,
         Canary::DropForgetsMarks,
+        Canary::RejoinAcceptsWrites,
     ];
 }
 

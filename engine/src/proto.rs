@@ -116,6 +116,8 @@ pub enum Response {
     OpLogStamps {
         stamps: Vec<LogStamp>,
         /// The height after the last stamp: `from_height` of the next page.
+        /// Without stamps, where the log ends, which is below `from_height`
+        /// when the log was rebuilt on a replaced disk (docs/design.md §6).
         next_height: u64,
     },
     /// The answer to an accepted `Hello`: who the receiver is.

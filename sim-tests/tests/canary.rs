@@ -156,3 +156,8 @@ fn drop_keeps_pull_cursors() {
 fn drop_forgets_marks() {
     caught(Canary::DropForgetsMarks);
 }
+
+#[test]
+fn rejoin_accepts_writes() {
+    caught(Canary::RejoinAcceptsWrites);
+}

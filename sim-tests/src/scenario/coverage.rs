@@ -50,13 +50,21 @@ pub enum Coverage {
     WriteAfterDrop,
     /// Acknowledged writes a drop erased (at each checkpoint).
     ErasedByDrop,
+    /// Disks destroyed for good, their nodes replaced.
+    DiskReplaced,
+    /// Local writes a replaced node refused while rejoining.
+    RejoinRefused,
+    /// Acknowledged writes only a destroyed disk held when it died (at
+    /// each checkpoint), and of them the ones missing: lost by design.
+    WritesAtRisk,
+    LostAtRisk,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 23] = [
+    pub const ALL: [Coverage; 27] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -80,6 +88,10 @@ impl Coverage {
         Coverage::DropContainer,
         Coverage::WriteAfterDrop,
         Coverage::ErasedByDrop,
+        Coverage::DiskReplaced,
+        Coverage::RejoinRefused,
+        Coverage::WritesAtRisk,
+        Coverage::LostAtRisk,
     ];
 
     pub fn name(self) -> &'static str {
@@ -107,6 +119,10 @@ impl Coverage {
             Coverage::DropContainer => "containers dropped",
             Coverage::WriteAfterDrop => "writes after a drop",
             Coverage::ErasedByDrop => "writes erased by drops",
+            Coverage::DiskReplaced => "disks replaced",
+            Coverage::RejoinRefused => "writes refused while rejoining",
+            Coverage::WritesAtRisk => "writes at risk",
+            Coverage::LostAtRisk => "writes lost at risk",
         }
     }
 }

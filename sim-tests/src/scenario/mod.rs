@@ -10,6 +10,7 @@ pub mod lifecycle;
 pub mod nemesis;
 pub mod oracle;
 pub mod plan;
+pub mod replace;
 pub mod shrink;
 pub mod swarm;
 pub mod workload;
@@ -188,6 +189,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::AuthorizationSkipped => "authorization_skipped",
         Canary::DropKeepsPullCursors => "drop_keeps_pull_cursors",
         Canary::DropForgetsMarks => "drop_forgets_marks",
+        Canary::RejoinAcceptsWrites => "rejoin_accepts_writes",
     }
 }
 

@@ -17,6 +17,10 @@ use std::future::Future;
 /// Longest fault window and longest crash downtime.
 pub const WINDOW_MS_MAX: u64 = 6_000;
 pub const DOWNTIME_MS_MAX: u64 = 4_000;
+/// Shortest downtime of a replaced node: longer than any message's flight
+/// (latency spikes reach 1.5 s), so no answer of the destroyed disk's
+/// process arrives once the new one runs (`scenario::replace`).
+pub const REPLACE_DOWNTIME_MS_MIN: u64 = 2_000;
 /// Longest pause between healing two links of a partition.
 const HEAL_GAP_MS_MAX: u64 = 200;
 /// Most faults a plan holds: a capsule edited by hand is input.
@@ -56,6 +60,10 @@ pub enum FaultKind {
     DiskErrors { replica: ReplicaId },
     /// Pushes from `from` to `to` are dropped for the window.
     PushBlackout { from: ReplicaId, to: ReplicaId },
+    /// The disk of `replica` is destroyed for good; the node starts again
+    /// empty and rejoining after the window (skipped unless every replica
+    /// is up and none is being restarted or has a failing disk).
+    ReplaceDisk { replica: ReplicaId },
 }
 
 impl FaultKind {
@@ -66,7 +74,9 @@ impl FaultKind {
             FaultKind::OneWay { from, to } | FaultKind::PushBlackout { from, to } => {
                 vec![*from, *to]
             }
-            FaultKind::Crash { replica } | FaultKind::DiskErrors { replica } => vec![*replica],
+            FaultKind::Crash { replica }
+            | FaultKind::DiskErrors { replica }
+            | FaultKind::ReplaceDisk { replica } => vec![*replica],
             FaultKind::PacketLoss { .. } | FaultKind::LatencySpike { .. } => Vec::new(),
         }
     }
@@ -81,6 +91,7 @@ impl FaultKind {
             FaultKind::Crash { .. } => "crash",
             FaultKind::DiskErrors { .. } => "disk errors",
             FaultKind::PushBlackout { .. } => "push blackout",
+            FaultKind::ReplaceDisk { .. } => "disk replaced",
         }
     }
 }
@@ -335,6 +346,7 @@ fn draw_faults(
         };
         let window_ms = match kind {
             FaultKind::Crash { .. } => range(rng, 10, DOWNTIME_MS_MAX),
+            FaultKind::ReplaceDisk { .. } => range(rng, REPLACE_DOWNTIME_MS_MIN, DOWNTIME_MS_MAX),
             _ => range(rng, 100, WINDOW_MS_MAX),
         };
         faults.push(PlannedFault {
@@ -359,13 +371,16 @@ fn choose(
         mix.crash,
         mix.disk_errors,
         mix.push_blackout,
+        mix.replace_disk,
     ];
     let total: f64 = weights.iter().sum();
     if total <= 0.0 {
         return None;
     }
     let mut roll = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
-    let mut chosen = weights.len() - 1;
+    // The last fault before node replacement came in stays the fallback
+    // of a seed without it, so that its plan is as it was.
+    let mut chosen = if mix.replace_disk > 0.0 { 7 } else { 6 };
     for (i, w) in weights.iter().enumerate() {
         if roll < *w {
             chosen = i;
@@ -393,6 +408,7 @@ fn choose(
         },
         4 => FaultKind::Crash { replica: one(rng) },
         5 => FaultKind::DiskErrors { replica: one(rng) },
+        7 => FaultKind::ReplaceDisk { replica: one(rng) },
         _ => {
             let (from, to) = pair(rng);
             FaultKind::PushBlackout { from, to }

@@ -16,7 +16,7 @@ pub mod transport;
 
 use crate::disk::{DiskConfig, DiskFaults, SimDisk, WeakDisk};
 use crate::trace::Trace;
-use arbor::config::Config;
+use arbor::config::{Config, ContainerConfig};
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
@@ -26,6 +26,7 @@ use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use transport::{CallIds, MessageFilter, SimTransport};
@@ -70,6 +71,11 @@ pub struct SimNode {
     node: NodeHandle,
     /// The service of the current incarnation; empty while down.
     service: Arc<Mutex<Option<Arc<Service>>>>,
+    /// Counts the disks destroyed under this node (`replace_disk`).
+    disk_generation: AtomicU64,
+    /// Set once its disk was replaced: the containers every later start
+    /// lists, with `node.rejoin` on.
+    rejoin: Arc<Mutex<Option<Vec<ContainerConfig>>>>,
 }
 
 impl SimNode {
@@ -258,6 +264,29 @@ impl World {
             .filter(|(_, f)| f.strong_count() != 0)
             .map(|(replica, _)| replica)
             .collect()
+    }
+
+    /// The disk is destroyed for good while the node runs: the node dies
+    /// (power and process) and its disk is replaced by an empty one. Every
+    /// later start rejoins (`node.rejoin`) and lists `containers`, the
+    /// containers it replicates, so that its sync rounds learn their trees
+    /// from its peers (docs/design.md §6).
+    pub fn replace_disk(&self, replica: ReplicaId, containers: Vec<ContainerConfig>) {
+        let node = self.node(replica);
+        self.trace
+            .record(&node.name, "disk destroyed (node replacement)");
+        node.service.lock().unwrap().take();
+        Handle::current().kill(node.node.id());
+        node.disk.destroy();
+        node.disk_generation.fetch_add(1, Ordering::SeqCst);
+        *node.rejoin.lock().unwrap() = Some(containers);
+        self.hooks.disk_replaced(replica);
+    }
+
+    /// How many disks of `replica` were destroyed so far: names the disk
+    /// a request reaches.
+    pub fn disk_generation(&self, replica: ReplicaId) -> u64 {
+        self.node(replica).disk_generation.load(Ordering::SeqCst)
     }
 
     /// Process restart without a power failure (the OS keeps what was
@@ -476,6 +505,7 @@ fn build_node(
     let service = Arc::new(Mutex::new(None));
     let disk = SimDisk::new(spec.disk);
     let base_faults = spec.disk.faults;
+    let rejoin = Arc::new(Mutex::new(None));
     let boot = Boot {
         name: name.clone(),
         config: config.clone(),
@@ -487,6 +517,7 @@ fn build_node(
         trace,
         hooks,
         slot: service.clone(),
+        rejoin: rejoin.clone(),
     };
     let boot = Arc::new(boot);
     let node = Handle::current()
@@ -505,6 +536,8 @@ fn build_node(
         clock,
         node,
         service,
+        disk_generation: AtomicU64::new(0),
+        rejoin,
     }
 }
 
@@ -520,15 +553,36 @@ struct Boot {
     trace: Trace,
     hooks: Arc<hooks::Hooks>,
     slot: Arc<Mutex<Option<Arc<Service>>>>,
+    rejoin: Arc<Mutex<Option<Vec<ContainerConfig>>>>,
 }
 
 impl Boot {
+    /// The config of this start: a node whose disk was replaced rejoins.
+    fn config(&self) -> Config {
+        let mut config = self.config.clone();
+        if let Some(containers) = self.rejoin.lock().unwrap().clone() {
+            config.node.rejoin = true;
+            for container in containers {
+                if !config
+                    .node
+                    .containers
+                    .iter()
+                    .any(|c| c.cid == container.cid)
+                {
+                    config.node.containers.push(container);
+                }
+            }
+        }
+        config
+    }
+
     async fn run(self: Arc<Self>) {
         let Some(forest) = self.open_forest().await else {
             self.trace
                 .record(&self.name, "gave up opening its disk; stays down");
             return;
         };
+        let config = self.config();
         let disk = self.disk.clone();
         let env = Env {
             clock: self.clock.clone(),
@@ -548,32 +602,27 @@ impl Boot {
                 )
             })
             .collect();
-        let limits = &self.config.limits;
+        let limits = &config.limits;
         let transport = SimTransport::new(
-            self.config.node.replica_id,
+            config.node.replica_id,
             peers,
             self.clock.clone(),
             limits.max_message_bytes,
             self.filter.clone(),
             self.call_ids.clone(),
         );
-        let service = match Service::start(
-            self.config.clone(),
-            Arc::new(forest),
-            env,
-            Arc::new(transport),
-        ) {
-            Ok(service) => service,
-            Err(e) => panic!("{}: service does not start: {e}", self.name),
-        };
-        self.hooks
-            .attach_pulls(self.config.node.replica_id, &service);
+        let service =
+            match Service::start(config.clone(), Arc::new(forest), env, Arc::new(transport)) {
+                Ok(service) => service,
+                Err(e) => panic!("{}: service does not start: {e}", self.name),
+            };
+        self.hooks.attach_pulls(config.node.replica_id, &service);
         *self.slot.lock().unwrap() = Some(service.clone());
         self.trace.record(&self.name, "up");
-        let addr = self.config.node.listen.parse().expect("listen is ip:port");
+        let addr = config.node.listen.parse().expect("listen is ip:port");
         let handler: Arc<dyn transport::Handler> = match self.hooks.answers() {
             Some(watch) => Arc::new(transport::Watched {
-                replica: self.config.node.replica_id,
+                replica: config.node.replica_id,
                 service,
                 watch,
             }),

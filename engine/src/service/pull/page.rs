@@ -17,8 +17,9 @@ pub(super) trait SyncPage: Sized {
     /// of a pull are asked only for heights a stamp page listed.
     const MAY_START_ABOVE: bool;
     fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request;
-    /// The page of a matching answer; any other answer is given back.
-    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response>;
+    /// The page of a matching answer and its `next_height`; any other
+    /// answer is given back.
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response>;
     fn height(&self) -> u64;
 }
 
@@ -34,9 +35,12 @@ impl SyncPage for LogStamp {
         }
     }
 
-    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response> {
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response> {
         match answer {
-            Response::OpLogStamps { stamps, .. } => Ok(stamps),
+            Response::OpLogStamps {
+                stamps,
+                next_height,
+            } => Ok((stamps, next_height)),
             other => Err(other),
         }
     }
@@ -58,9 +62,12 @@ impl SyncPage for LogEntry {
         }
     }
 
-    fn from_answer(answer: Response) -> std::result::Result<Vec<Self>, Response> {
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response> {
         match answer {
-            Response::OpLog { entries, .. } => Ok(entries),
+            Response::OpLog {
+                entries,
+                next_height,
+            } => Ok((entries, next_height)),
             other => Err(other),
         }
     }
