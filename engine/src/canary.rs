@@ -47,10 +47,14 @@ pub enum Canary {
     /// the peer names (its `Hello` answer, its sync check): a process
     /// claiming another replica's id hands out its ops.
     PeerIdentityUnchecked = 17,
+    /// A node rejoining after its disk was replaced takes local writes
+    /// before it pulled its peers' logs: its new stamps repeat ones its
+    /// lost disk gave to other ops.
+    RejoinAcceptsWrites = 18,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 17] = [
+    pub const ALL: [Canary; 18] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -68,6 +72,7 @@ impl Canary {
         Canary::DropKeepsPullCursors,
         Canary::DropForgetsMarks,
         Canary::PeerIdentityUnchecked,
+        Canary::RejoinAcceptsWrites,
     ];
 }
 

@@ -66,6 +66,12 @@ pub enum Error {
     /// as: a misconfigured replica id (docs/design.md §9).
     #[error("peer configured as replica {expected} answers as replica {answered}")]
     WrongPeer { expected: u16, answered: u16 },
+    /// This node's disk was replaced (`node.rejoin`) and it has not yet
+    /// pulled every peer's log to the end: it takes no local write until
+    /// then, so that its stamps stay above the ones its lost disk gave
+    /// (docs/design.md §6). Nothing was done; retry later or elsewhere.
+    #[error("rejoining: no local writes until every peer's log is pulled")]
+    Rejoining,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -83,6 +89,7 @@ impl Error {
                 | Error::Storage(_)
                 | Error::Network(_)
                 | Error::ShuttingDown
+                | Error::Rejoining
         )
     }
 }

@@ -116,6 +116,8 @@ pub enum Response {
     OpLogStamps {
         stamps: Vec<LogStamp>,
         /// The height after the last stamp: `from_height` of the next page.
+        /// Without stamps, where the log ends, which is below `from_height`
+        /// when the log was rebuilt on a replaced disk (docs/design.md §6).
         next_height: u64,
         /// The log's first height: 0, or for a tree created again after a
         /// drop the height its dropped incarnation reached (§6). A page

@@ -161,3 +161,8 @@ fn drop_forgets_marks() {
 fn peer_identity_unchecked() {
     caught(Canary::PeerIdentityUnchecked);
 }
+
+#[test]
+fn rejoin_accepts_writes() {
+    caught(Canary::RejoinAcceptsWrites);
+}

@@ -81,6 +81,11 @@ pub struct NodeConfig {
     pub tls: Option<TlsFiles>,
     /// Allows a plaintext listener on an address other than loopback.
     pub insecure_plaintext: bool,
+    /// This node's disk was replaced: at every start it takes no local
+    /// write until a sync round pulled every tree of every container it
+    /// replicates from every peer (docs/design.md §6). Needs
+    /// `tree.sync_interval`.
+    pub rejoin: bool,
 }
 
 /// `node.tls`: PEM files of the cluster's CA and this node's certificate
@@ -246,6 +251,7 @@ impl NodeConfig {
             cluster_id: DEFAULT_CLUSTER_ID.into(),
             tls: None,
             insecure_plaintext: false,
+            rejoin: false,
         }
     }
 }
@@ -387,6 +393,12 @@ impl Config {
     }
 
     fn validate_membership(&self) -> Result<()> {
+        if self.node.rejoin && self.tree.sync_interval.is_none() {
+            return Err(Error::Config(
+                "node.rejoin: needs tree.sync_interval (a rejoining node learns its peers' logs by sync)"
+                    .into(),
+            ));
+        }
         let mut known = BTreeSet::from([self.node.replica_id]);
         for peer in &self.node.peers {
             if !known.insert(peer.replica_id) {

@@ -146,6 +146,7 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         .unwrap_or_else(|| DEFAULT_CLUSTER_ID.into());
     let tls = parse_tls(&mut s)?;
     let insecure_plaintext = s.bool("insecure_plaintext")?.unwrap_or(false);
+    let rejoin = s.bool("rejoin")?.unwrap_or(false);
     s.finish()?;
     Ok(NodeConfig {
         replica_id,
@@ -155,6 +156,7 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         cluster_id,
         tls,
         insecure_plaintext,
+        rejoin,
     })
 }
 

@@ -39,7 +39,9 @@ pub(super) fn run_holding(
 impl Forest {
     /// The heights, timestamps and digests of at most `limit` stored ops
     /// from `from_height` on, in storage order, read from the height index
-    /// only.
+    /// only. An empty page from beyond the log's end says where the log
+    /// ends (`next_height` below `from_height`): a puller whose cursor is
+    /// there learns that this log was rebuilt on a replaced disk.
     pub fn get_op_log_stamps(
         &self,
         tree: &TreeKey,
@@ -65,7 +67,11 @@ impl Forest {
             next_height: from_height,
             first_height,
         };
-        if from_height >= rec.next_height || limit == 0 {
+        if from_height >= rec.next_height {
+            page.next_height = rec.next_height;
+            return Ok(page);
+        }
+        if limit == 0 {
             return Ok(page);
         }
         let start = run_holding(&rows, t, from_height)?;

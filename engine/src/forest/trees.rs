@@ -184,6 +184,25 @@ impl Forest {
         Ok(moved)
     }
 
+    /// Deletes one cursor (it reads 0 again): a pull cursor of a peer whose
+    /// log was rebuilt on a replaced disk, where the old heights mean
+    /// nothing (docs/design.md §6). Nothing to do when the tree is absent.
+    pub fn reset_cursor(&self, tree: &TreeKey, kind: CursorKind, peer: ReplicaId) -> Result<()> {
+        let txn = self.begin_write()?;
+        let number = match tree_number(&txn.open_table(TREES)?, tree) {
+            Err(Error::TreeNotFound) => None,
+            other => Some(other?),
+        };
+        let Some(number) = number else {
+            txn.abort()?;
+            return Ok(());
+        };
+        txn.open_table(CURSORS)?
+            .remove((number, kind as u8, peer))?;
+        txn.commit()?;
+        Ok(())
+    }
+
     /// Moves a cursor forward; moving it backwards is a programming error.
     /// TreeNotFound when the tree does not exist.
     pub fn set_cursor(

@@ -129,6 +129,7 @@ impl Service {
 
     async fn write(&self, tree: TreeKey, op: WriteOp) -> Result<WriteOutcome> {
         self.core.check_tree_key(&tree)?;
+        self.core.rejoin.check_writable()?;
         self.core.batcher.submit(WriteRequest { tree, op }).await
     }
 

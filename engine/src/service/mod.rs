@@ -26,6 +26,7 @@ mod observer;
 mod pull;
 mod push;
 mod recovery;
+mod rejoin;
 
 pub use crate::validate::MAX_TREE_ID_BYTES;
 pub use pull::{PullObserver, PullPass, MAX_PULL_PAGES_PER_ROUND};
@@ -45,6 +46,7 @@ use push::book::{BookLimits, PushBook};
 use push::window::PushWindows;
 use push::Pusher;
 use recovery::Recovery;
+use rejoin::Rejoin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,6 +122,11 @@ pub struct ServiceStats {
     pub stamp_conflicts: u64,
     /// Sync passes skipped because the peer answered as another replica.
     pub peer_identity_mismatches: u64,
+    /// Pull cursors started again from 0 because the peer's log ended
+    /// below them (its disk was replaced).
+    pub pull_cursors_reset: u64,
+    /// True while a replaced node refuses local writes (`node.rejoin`).
+    pub rejoining: bool,
 }
 
 /// Counters of refusals and conflicts (see `ServiceStats`).
@@ -171,6 +178,8 @@ struct Core {
     /// (redb refuses all writes after an I/O error until then).
     storage_failed: Arc<Notify>,
     hellos_refused: std::sync::atomic::AtomicU64,
+    /// Local writes wait while a replaced node learns its peers' logs.
+    rejoin: Rejoin,
 }
 
 impl Core {
@@ -246,6 +255,7 @@ impl Service {
         });
         let batcher = start_batcher(&config, &forest, &env, observer);
         let access = Access::new(config.access.clone());
+        let rejoin = Rejoin::new(config.node.rejoin);
         let core = Arc::new(Core {
             config,
             forest,
@@ -260,6 +270,7 @@ impl Service {
             shutdown: watch::channel(false).0,
             storage_failed,
             hellos_refused: Default::default(),
+            rejoin,
         });
         let service = Arc::new(Service {
             pusher: Pusher::start(core.clone(), book, windows.clone()),
@@ -329,11 +340,18 @@ impl Service {
             ops_refused_foreign: load(&self.core.trust.ops_refused_foreign),
             stamp_conflicts: load(&self.core.trust.stamp_conflicts),
             peer_identity_mismatches: load(&self.core.trust.peer_identity_mismatches),
+            pull_cursors_reset: load(&pull.logs_rebuilt),
+            rejoining: self.core.rejoin.pending(),
         }
     }
 
     pub fn forest(&self) -> &Arc<Forest> {
         &self.core.forest
+    }
+
+    /// True while a replaced node refuses local writes (`node.rejoin`).
+    pub fn rejoining(&self) -> bool {
+        self.core.rejoin.pending()
     }
 
     pub fn config(&self) -> &Config {
@@ -432,9 +450,12 @@ async fn run_sync(puller: Arc<Puller>, pusher: Arc<Pusher>, interval: Duration) 
 }
 
 async fn sync_round(puller: &Puller, pusher: &Pusher) {
-    let dropped = puller.sync_round().await;
-    if !dropped.is_empty() {
+    let outcome = puller.sync_round().await;
+    if puller.core().rejoin.round_ended(outcome.complete) {
+        tracing::info!("rejoined: every peer's log pulled, local writes accepted");
+    }
+    if !outcome.dropped.is_empty() {
         // Only the planted bug `SyncDropsTreeOnPeerError` drops trees here.
-        pusher.forget(&dropped);
+        pusher.forget(&outcome.dropped);
     }
 }

@@ -98,6 +98,8 @@ pub struct DiskStats {
     pub writes_torn: u64,
     /// Calls refused because their backend belongs to an earlier power cycle.
     pub stale_calls: u64,
+    /// Times the disk was destroyed and replaced by an empty one.
+    pub disks_destroyed: u64,
 }
 
 /// SplitMix64: tiny, fast and good enough to draw fault decisions; chosen
@@ -342,6 +344,21 @@ impl SimDisk {
     /// so far stops working.
     pub fn power_fail(&self) {
         self.lock().power_fail();
+    }
+
+    /// The disk is destroyed and replaced by an empty one: nothing written
+    /// so far survives, and every backend made so far stops working (a
+    /// node replacement; the node must be down).
+    pub fn destroy(&self) {
+        let mut state = self.lock();
+        state.pending.clear();
+        state.pending_pages.clear();
+        state.current = Image::empty();
+        state.durable = Image::empty();
+        state.unchanged_pages = 0;
+        state.generation += 1;
+        state.power_cut_after_ops = None;
+        state.stats.disks_destroyed += 1;
     }
 
     /// Simulated time consumed since the last call.

@@ -50,6 +50,14 @@ pub enum Coverage {
     WriteAfterDrop,
     /// Acknowledged writes a drop erased (at each checkpoint).
     ErasedByDrop,
+    /// Disks destroyed for good, their nodes replaced.
+    DiskReplaced,
+    /// Local writes a replaced node refused while rejoining.
+    RejoinRefused,
+    /// Acknowledged writes only a destroyed disk held when it died (at
+    /// each checkpoint), and of them the ones missing: lost by design.
+    WritesAtRisk,
+    LostAtRisk,
     /// Windows in which a process claiming another replica's id ran on a
     /// replica's machine (`scenario::misconfig`).
     MisconfigWindow,
@@ -63,7 +71,7 @@ pub enum Coverage {
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 26] = [
+    pub const ALL: [Coverage; 30] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -87,6 +95,10 @@ impl Coverage {
         Coverage::DropContainer,
         Coverage::WriteAfterDrop,
         Coverage::ErasedByDrop,
+        Coverage::DiskReplaced,
+        Coverage::RejoinRefused,
+        Coverage::WritesAtRisk,
+        Coverage::LostAtRisk,
         Coverage::MisconfigWindow,
         Coverage::MisconfigDetected,
         Coverage::MisconfigAcked,
@@ -117,6 +129,10 @@ impl Coverage {
             Coverage::DropContainer => "containers dropped",
             Coverage::WriteAfterDrop => "writes after a drop",
             Coverage::ErasedByDrop => "writes erased by drops",
+            Coverage::DiskReplaced => "disks replaced",
+            Coverage::RejoinRefused => "writes refused while rejoining",
+            Coverage::WritesAtRisk => "writes at risk",
+            Coverage::LostAtRisk => "writes lost at risk",
             Coverage::MisconfigWindow => "misconfiguration windows",
             Coverage::MisconfigDetected => "misconfigurations detected",
             Coverage::MisconfigAcked => "writes acked by a misconfigured node",

@@ -116,6 +116,9 @@ pub struct Ledger {
     pub intruder: super::intruder::IntruderRecord,
     /// The drops of the run (`Drops`).
     pub drops: Drops,
+    /// The disks destroyed in the run, and which disk took each write
+    /// (`scenario::replace`).
+    pub replaced: super::replace::Replacements,
     /// What the misconfiguration windows did (`scenario::misconfig`).
     pub misconfig: super::misconfig::MisconfigRecord,
 }
@@ -307,6 +310,14 @@ impl Ledger {
             self.drops.answered_before.insert(index, answered_before);
         }
         touched
+    }
+
+    /// Notes that the writes recorded from `first` on were sent to the
+    /// acker's disk `disk` (`World::disk_generation`).
+    pub fn sent_to_disk(&mut self, first: usize, disk: u64) {
+        for index in first..self.acked.len() {
+            self.replaced.sent_to_disk.insert(index, disk);
+        }
     }
 
     /// Whether a drop may have erased the acknowledged write at `index`:

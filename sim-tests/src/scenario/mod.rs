@@ -11,6 +11,7 @@ pub mod misconfig;
 pub mod nemesis;
 pub mod oracle;
 pub mod plan;
+pub mod replace;
 pub mod shrink;
 pub mod swarm;
 pub mod workload;
@@ -190,6 +191,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::DropKeepsPullCursors => "drop_keeps_pull_cursors",
         Canary::DropForgetsMarks => "drop_forgets_marks",
         Canary::PeerIdentityUnchecked => "peer_identity_unchecked",
+        Canary::RejoinAcceptsWrites => "rejoin_accepts_writes",
     }
 }
 

@@ -4,14 +4,16 @@
 //! which owns them. Nothing here draws at random: the plan holds every
 //! choice (`plan.rs`).
 
-use super::checkers::invariants::{InvariantSweep, Sweep};
+use super::checkers::invariants::{self, InvariantSweep, Sweep};
 use super::plan::{FaultKind, Link, PlannedFault};
+use super::replace::Destruction;
 use super::workload::Workload;
 use crate::disk::DiskFaults;
 use crate::world::clock::global_now;
 use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
 use crate::world::{Client, World};
+use arbor::config::ContainerConfig;
 use arbor::ReplicaId;
 use madsim::net::NetSim;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,6 +118,7 @@ impl Nemesis {
             FaultKind::Crash { replica } => self.crash(replica, window),
             FaultKind::DiskErrors { replica } => self.disk_errors(replica, window),
             FaultKind::PushBlackout { from, to } => self.push_blackout(from, to, window),
+            FaultKind::ReplaceDisk { replica } => self.replace_disk(replica, window),
             FaultKind::Misconfig { replica, claims } => self.misconfig(replica, claims, window),
         }
     }
@@ -245,6 +248,52 @@ impl Nemesis {
         self.supervisor.crash_for(victim, downtime);
     }
 
+    /// Destroys `victim`'s disk for good and starts it again, empty and
+    /// rejoining, after `downtime`. What every other replica holds is
+    /// captured in the same step, for the at-risk count
+    /// (`scenario::replace`); so every replica must be up, none being
+    /// restarted and none with a failing disk, or the fault is skipped.
+    fn replace_disk(self: Arc<Self>, victim: ReplicaId, downtime: Duration) {
+        let world = self.world();
+        let ids = world.replica_ids();
+        let busy = ids.iter().any(|&r| {
+            !world.is_up(r) || self.supervisor.is_supervised(r) || self.supervisor.is_poisoned(r)
+        });
+        let captured = if busy {
+            None
+        } else {
+            invariants::capture(world).ok()
+        };
+        let Some(mut held_elsewhere) = captured else {
+            self.note(format!(
+                "disk replacement of replica-{victim} skipped: not all up"
+            ));
+            return;
+        };
+        held_elsewhere.remove(&victim);
+        self.note(format!(
+            "destroy the disk of replica-{victim}, replace it after {downtime:?}"
+        ));
+        let disk = world.disk_generation(victim);
+        self.workload
+            .ledger
+            .lock()
+            .unwrap()
+            .replaced
+            .destroyed
+            .push(Destruction {
+                replica: victim,
+                disk,
+                held_elsewhere,
+            });
+        let containers = replicated_containers(world, victim);
+        self.sweeps.forget(victim);
+        self.supervisor
+            .replace_disk_for(victim, downtime, containers);
+        let coverage = &self.world().hooks.coverage;
+        coverage.hit(crate::scenario::coverage::Coverage::DiskReplaced);
+    }
+
     /// Runs `heal` after `delay`, unless the run healed first.
     fn later(self: Arc<Self>, delay: Duration, heal: impl FnOnce(&Arc<Nemesis>) + Send + 'static) {
         let nemesis = self.clone();
@@ -255,6 +304,19 @@ impl Nemesis {
             }
         });
     }
+}
+
+/// The workload's containers that `replica` holds, with their replica
+/// sets: what a rejoining node lists, as an operator's network map would.
+fn replicated_containers(world: &World, replica: ReplicaId) -> Vec<ContainerConfig> {
+    super::workload::containers()
+        .into_iter()
+        .map(|cid| ContainerConfig {
+            cid,
+            replicas: world.replicas_of(&cid),
+        })
+        .filter(|c| c.replicas.contains(&replica))
+        .collect()
 }
 
 async fn sleep_until(at: Duration) {

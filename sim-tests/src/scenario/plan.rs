@@ -17,6 +17,10 @@ use std::future::Future;
 /// Longest fault window and longest crash downtime.
 pub const WINDOW_MS_MAX: u64 = 6_000;
 pub const DOWNTIME_MS_MAX: u64 = 4_000;
+/// Shortest downtime of a replaced node: longer than any message's flight
+/// (latency spikes reach 1.5 s), so no answer of the destroyed disk's
+/// process arrives once the new one runs (`scenario::replace`).
+pub const REPLACE_DOWNTIME_MS_MIN: u64 = 2_000;
 /// Longest pause between healing two links of a partition.
 const HEAL_GAP_MS_MAX: u64 = 200;
 /// Most faults a plan holds: a capsule edited by hand is input.
@@ -56,6 +60,10 @@ pub enum FaultKind {
     DiskErrors { replica: ReplicaId },
     /// Pushes from `from` to `to` are dropped for the window.
     PushBlackout { from: ReplicaId, to: ReplicaId },
+    /// The disk of `replica` is destroyed for good; the node starts again
+    /// empty and rejoining after the window (skipped unless every replica
+    /// is up and none is being restarted or has a failing disk).
+    ReplaceDisk { replica: ReplicaId },
     /// `replica`'s machine runs, for the window, a process configured with
     /// `claims`'s replica id (two nodes with one id), then the replica
     /// again (`scenario::misconfig`).
@@ -73,7 +81,9 @@ impl FaultKind {
             FaultKind::OneWay { from, to } | FaultKind::PushBlackout { from, to } => {
                 vec![*from, *to]
             }
-            FaultKind::Crash { replica } | FaultKind::DiskErrors { replica } => vec![*replica],
+            FaultKind::Crash { replica }
+            | FaultKind::DiskErrors { replica }
+            | FaultKind::ReplaceDisk { replica } => vec![*replica],
             FaultKind::PacketLoss { .. } | FaultKind::LatencySpike { .. } => Vec::new(),
             FaultKind::Misconfig { replica, claims } => vec![*replica, *claims],
         }
@@ -89,6 +99,7 @@ impl FaultKind {
             FaultKind::Crash { .. } => "crash",
             FaultKind::DiskErrors { .. } => "disk errors",
             FaultKind::PushBlackout { .. } => "push blackout",
+            FaultKind::ReplaceDisk { .. } => "disk replaced",
             FaultKind::Misconfig { .. } => "misconfig",
         }
     }
@@ -344,6 +355,7 @@ fn draw_faults(
         };
         let window_ms = match kind {
             FaultKind::Crash { .. } => range(rng, 10, DOWNTIME_MS_MAX),
+            FaultKind::ReplaceDisk { .. } => range(rng, REPLACE_DOWNTIME_MS_MIN, DOWNTIME_MS_MAX),
             _ => range(rng, 100, WINDOW_MS_MAX),
         };
         faults.push(PlannedFault {
@@ -368,6 +380,7 @@ fn choose(
         mix.crash,
         mix.disk_errors,
         mix.push_blackout,
+        mix.replace_disk,
         mix.misconfig,
     ];
     let total: f64 = weights.iter().sum();
@@ -375,8 +388,16 @@ fn choose(
         return None;
     }
     let mut roll = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
-    // A roll rounded past the end takes the last fault that is on.
-    let mut chosen = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
+    // The last fault before node replacement and misconfiguration came
+    // in stays the fallback of a seed without them, so that its plan is
+    // as it was.
+    let mut chosen = if mix.misconfig > 0.0 {
+        8
+    } else if mix.replace_disk > 0.0 {
+        7
+    } else {
+        6
+    };
     for (i, w) in weights.iter().enumerate() {
         if roll < *w {
             chosen = i;
@@ -404,6 +425,7 @@ fn choose(
         },
         4 => FaultKind::Crash { replica: one(rng) },
         5 => FaultKind::DiskErrors { replica: one(rng) },
+        7 => FaultKind::ReplaceDisk { replica: one(rng) },
         6 => {
             let (from, to) = pair(rng);
             FaultKind::PushBlackout { from, to }

@@ -55,6 +55,9 @@ pub enum Profile {
     /// Sync is the only route between replicas: every push is dropped for
     /// the whole run, sync runs every 500 ms, and disks fail.
     SyncOnly,
+    /// Disks are destroyed often and their nodes replaced: they rejoin
+    /// empty and must catch up from their peers.
+    Replace,
     /// Replicas' machines often run a process claiming another replica's
     /// id for a window; sync runs every 500 ms.
     Misconfig,
@@ -69,6 +72,7 @@ impl Profile {
             | Canary::SyncDropsTreeOnPeerError
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks => Profile::SyncHeavy,
+            Canary::RejoinAcceptsWrites => Profile::Replace,
             Canary::FailedBatchHangs => Profile::StorageErrors,
             Canary::PeerIdentityUnchecked => Profile::Misconfig,
             Canary::PullCursorPastFailedPage | Canary::PullCursorPersistedEarly => {
@@ -92,6 +96,7 @@ impl Profile {
             Profile::SyncHeavy => "sync-heavy",
             Profile::StorageErrors => "storage-errors",
             Profile::SyncOnly => "sync-only",
+            Profile::Replace => "replace",
             Profile::Misconfig => "misconfig",
         }
     }
@@ -103,6 +108,7 @@ impl Profile {
             Profile::SyncHeavy,
             Profile::StorageErrors,
             Profile::SyncOnly,
+            Profile::Replace,
             Profile::Misconfig,
         ]
         .into_iter()
@@ -121,6 +127,11 @@ pub struct FaultMix {
     pub crash: f64,
     pub disk_errors: f64,
     pub push_blackout: f64,
+    /// A disk destroyed for good, its node replaced (`scenario::replace`).
+    /// Drawn after everything else; only with background sync, which a
+    /// rejoining node needs.
+    #[serde(default)]
+    pub replace_disk: f64,
     /// A replica's machine runs a process claiming another replica's id
     /// for a window (drawn only where sync runs: sync is what notices it
     /// and what brings the replica back the ops pushed to the stand-in).
@@ -159,6 +170,13 @@ pub struct Swarm {
     /// everything else.
     pushes_blocked: Vec<(ReplicaId, ReplicaId)>,
 }
+
+/// Chance (before the 0.7 of every fault) that a standard seed replaces
+/// disks at all, and the scale of its weight: a modest share of faults.
+const REPLACE_SEED_PROBABILITY: f64 = 0.35;
+const REPLACE_WEIGHT: f64 = 0.2;
+/// The sync interval of the replace profile when the seed drew none.
+const REPLACE_SYNC_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Chance that a standard seed with sync cuts pushes between one pair.
 const SYNC_ONLY_PAIR_PROBABILITY: f64 = 0.25;
@@ -225,6 +243,7 @@ impl Swarm {
             crash: weight(&mut rng, on),
             disk_errors: weight(&mut rng, on * 0.6),
             push_blackout: weight(&mut rng, on * 0.6),
+            replace_disk: 0.0,
             misconfig: 0.0,
         };
         let replication_timeout = knobs.replication_timeout;
@@ -268,6 +287,11 @@ impl Swarm {
             let a = (pair_roll % replicas as u64) as ReplicaId + 1;
             let b = a % replicas as ReplicaId + 1;
             swarm.pushes_blocked = vec![(a, b)];
+        }
+        swarm.faults.replace_disk =
+            weight(&mut rng, on * REPLACE_SEED_PROBABILITY) * REPLACE_WEIGHT;
+        if swarm.knobs.sync_interval.is_none() {
+            swarm.faults.replace_disk = 0.0;
         }
         // Drawn after everything else, so it left the other draws as
         // they were: rare, and small against the other weights.
@@ -325,6 +349,13 @@ impl Swarm {
                     self.disk_faults.sync_error_probability = 0.05;
                 }
             }
+            Profile::Replace => {
+                let interval = self.knobs.sync_interval.unwrap_or(REPLACE_SYNC_INTERVAL);
+                self.knobs.sync_interval = Some(interval);
+                if faults_on {
+                    self.faults.replace_disk = 0.6;
+                }
+            }
             Profile::Misconfig => {
                 self.knobs.sync_interval = Some(MISCONFIG_SYNC_INTERVAL);
                 if faults_on {
@@ -362,8 +393,8 @@ impl fmt::Display for Swarm {
         let fm = &self.faults;
         writeln!(
             f,
-            "  opening partition {:?}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}, misconfig {:.2}; gap {:?}; torn writes {}",
-            self.opening_partition, fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, fm.misconfig, self.fault_gap_mean, self.torn_write_probability
+            "  opening partition {:?}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}, disk replaced {:.2}, misconfig {:.2}; gap {:?}; torn writes {}",
+            self.opening_partition, fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, fm.replace_disk, fm.misconfig, self.fault_gap_mean, self.torn_write_probability
         )?;
         let skews: Vec<String> = self
             .skews

@@ -254,6 +254,9 @@ async fn call(
             Some(response)
         }
         Err(error) => {
+            if error == arbor::Error::Rejoining {
+                workload.world.hooks.coverage.hit(Coverage::RejoinRefused);
+            }
             ledger.ops_failed += 1;
             ledger.failed(mark, &error, answered);
             None
@@ -304,16 +307,19 @@ pub fn summarize_response(response: &Response) -> String {
 }
 
 /// Records what `replica` acknowledged to a write sent after
-/// `drops_answered` drops of its tree had been answered.
+/// `drops_answered` drops of its tree had been answered, to its disk
+/// `disk`.
 fn acknowledged(
     workload: &Workload,
     replica: ReplicaId,
     request: &Request,
     response: &Response,
-    drops_answered: u64,
+    (drops_answered, disk): (u64, u64),
 ) {
     let mut ledger = workload.ledger.lock().unwrap();
+    let first = ledger.acked.len();
     ledger.record_after_drops(replica, request, response, drops_answered);
+    ledger.sent_to_disk(first, disk);
 }
 
 /// The tree a write goes to.
@@ -364,9 +370,10 @@ async fn write(
         })
     };
     let before = drops_before(&workload.ledger.lock().unwrap());
+    let disk = workload.world.disk_generation(replica);
     let response = call(workload, client, replica, op, request.clone()).await?;
     let after = drops_before(&workload.ledger.lock().unwrap());
-    acknowledged(workload, replica, &request, &response, before.2);
+    acknowledged(workload, replica, &request, &response, (before.2, disk));
     // A drop in flight when the write was sent, sent meanwhile, or still
     // unanswered, may have taken the tree the write went to (then there is
     // nothing to check) or its nodes.

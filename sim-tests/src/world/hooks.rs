@@ -24,11 +24,16 @@ pub trait AnswerWatch: Send + Sync {
         request: &Request,
         response: &Response,
     );
+    /// The replica's disk was destroyed: what was learnt of its state
+    /// (logs, sessions) is void; a new database may reuse tree numbers.
+    fn disk_replaced(&self, _replica: ReplicaId) {}
 }
 
 /// Sees every pull pass of a replica once it ended.
 pub trait PullWatch: Send + Sync {
     fn pass_ended(&self, puller: ReplicaId, forest: &Arc<Forest>, pass: &PullPass);
+    /// The replica's disk was destroyed (see `AnswerWatch::disk_replaced`).
+    fn disk_replaced(&self, _replica: ReplicaId) {}
 }
 
 /// The observers of a world, set before it boots, and the run's coverage
@@ -57,6 +62,17 @@ impl Hooks {
 
     pub fn answers(&self) -> Option<Arc<dyn AnswerWatch>> {
         self.answers.lock().unwrap().clone()
+    }
+
+    /// Tells both observers that the replica's disk was destroyed.
+    pub fn disk_replaced(&self, replica: ReplicaId) {
+        if let Some(watch) = self.answers() {
+            watch.disk_replaced(replica);
+        }
+        let pulls = self.pulls.lock().unwrap().clone();
+        if let Some(watch) = pulls {
+            watch.disk_replaced(replica);
+        }
     }
 
     /// Hands a freshly started service its pull observer, if any.

@@ -17,7 +17,7 @@ pub mod transport;
 
 use crate::disk::{DiskConfig, DiskFaults, SimDisk, WeakDisk};
 use crate::trace::Trace;
-use arbor::config::Config;
+use arbor::config::{Config, ContainerConfig};
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
@@ -27,6 +27,7 @@ use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use transport::{CallIds, MessageFilter, SimTransport};
@@ -71,6 +72,11 @@ pub struct SimNode {
     node: NodeHandle,
     /// The service of the current incarnation; empty while down.
     service: Arc<Mutex<Option<Arc<Service>>>>,
+    /// Counts the disks destroyed under this node (`replace_disk`).
+    disk_generation: AtomicU64,
+    /// Set once its disk was replaced: the containers every later start
+    /// lists, with `node.rejoin` on.
+    rejoin: Arc<Mutex<Option<Vec<ContainerConfig>>>>,
     /// What the node boots with: its own config and disk, or a stand-in's.
     boot: Arc<Boot>,
 }
@@ -289,6 +295,29 @@ impl World {
             .filter(|(_, f)| f.strong_count() != 0)
             .map(|(replica, _)| replica)
             .collect()
+    }
+
+    /// The disk is destroyed for good while the node runs: the node dies
+    /// (power and process) and its disk is replaced by an empty one. Every
+    /// later start rejoins (`node.rejoin`) and lists `containers`, the
+    /// containers it replicates, so that its sync rounds learn their trees
+    /// from its peers (docs/design.md §6).
+    pub fn replace_disk(&self, replica: ReplicaId, containers: Vec<ContainerConfig>) {
+        let node = self.node(replica);
+        self.trace
+            .record(&node.name, "disk destroyed (node replacement)");
+        node.service.lock().unwrap().take();
+        Handle::current().kill(node.node.id());
+        node.disk.destroy();
+        node.disk_generation.fetch_add(1, Ordering::SeqCst);
+        *node.rejoin.lock().unwrap() = Some(containers);
+        self.hooks.disk_replaced(replica);
+    }
+
+    /// How many disks of `replica` were destroyed so far: names the disk
+    /// a request reaches.
+    pub fn disk_generation(&self, replica: ReplicaId) -> u64 {
+        self.node(replica).disk_generation.load(Ordering::SeqCst)
     }
 
     /// Process restart without a power failure (the OS keeps what was
@@ -527,6 +556,7 @@ fn build_node(
     let service = Arc::new(Mutex::new(None));
     let disk = SimDisk::new(spec.disk);
     let base_faults = spec.disk.faults;
+    let rejoin = Arc::new(Mutex::new(None));
     let boot = Boot {
         name: name.clone(),
         config: config.clone(),
@@ -538,6 +568,7 @@ fn build_node(
         trace,
         hooks,
         slot: service.clone(),
+        rejoin: rejoin.clone(),
         stand_in: Mutex::new(None),
     };
     let boot = Arc::new(boot);
@@ -558,6 +589,8 @@ fn build_node(
         clock,
         node,
         service,
+        disk_generation: AtomicU64::new(0),
+        rejoin,
         boot,
     }
 }
@@ -574,17 +607,37 @@ struct Boot {
     trace: Trace,
     hooks: Arc<hooks::Hooks>,
     slot: Arc<Mutex<Option<Arc<Service>>>>,
+    rejoin: Arc<Mutex<Option<Vec<ContainerConfig>>>>,
     /// Set while a stand-in runs on this machine instead of the replica.
     stand_in: Mutex<Option<StandIn>>,
 }
 
 impl Boot {
+    /// The config of this start: a node whose disk was replaced rejoins.
+    fn config(&self) -> Config {
+        let mut config = self.config.clone();
+        if let Some(containers) = self.rejoin.lock().unwrap().clone() {
+            config.node.rejoin = true;
+            for container in containers {
+                if !config
+                    .node
+                    .containers
+                    .iter()
+                    .any(|c| c.cid == container.cid)
+                {
+                    config.node.containers.push(container);
+                }
+            }
+        }
+        config
+    }
+
     /// The config and disk of the incarnation to start, and whether it is
     /// the replica itself (the scenario's observers watch only replicas).
     fn incarnation(&self) -> (Config, SimDisk, bool) {
         match &*self.stand_in.lock().unwrap() {
             Some(s) => (s.config.clone(), s.disk.clone(), false),
-            None => (self.config.clone(), self.disk.clone(), true),
+            None => (self.config(), self.disk.clone(), true),
         }
     }
 

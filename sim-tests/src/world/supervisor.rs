@@ -136,6 +136,32 @@ impl Supervisor {
         });
     }
 
+    /// Destroys the replica's disk and starts it again, empty and
+    /// rejoining, after `downtime`, unless the run heals first (healing
+    /// starts it). Nothing it stored is kept, so nothing is checked.
+    pub fn replace_disk_for(
+        self: &Arc<Self>,
+        replica: ReplicaId,
+        downtime: Duration,
+        containers: Vec<arbor::config::ContainerConfig>,
+    ) {
+        self.crashed.lock().unwrap().remove(&replica);
+        self.world.replace_disk(replica, containers);
+        let supervisor = self.clone();
+        self.detach(async move {
+            madsim::time::sleep(downtime).await;
+            if !supervisor.world.is_up(replica) && !supervisor.healing() {
+                supervisor.world.restart(replica);
+            }
+        });
+    }
+
+    /// True while the replica's disk had an error window since its last
+    /// drained restart.
+    pub fn is_poisoned(&self, replica: ReplicaId) -> bool {
+        self.poisoned.lock().unwrap().contains(&replica)
+    }
+
     async fn start_and_check(&self, replica: ReplicaId) {
         self.world.restart(replica);
         let before = self.crashed.lock().unwrap().remove(&replica).flatten();

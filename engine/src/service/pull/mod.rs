@@ -12,6 +12,7 @@ use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::forest::{CursorKind, WriteOp, WriteOutcome, WriteRequest};
 use crate::proto::{Request, Response};
+use crate::runtime::blocking;
 use crate::types::*;
 use crate::validate;
 use page::{check_page, missing_runs, SyncPage};
@@ -22,6 +23,28 @@ use std::sync::{Arc, Mutex};
 /// Pages pulled from one peer for one tree in one sync round. Keeps a round
 /// finite when a peer keeps writing; the next round goes on from the cursor.
 pub const MAX_PULL_PAGES_PER_ROUND: usize = 10_000;
+
+/// Where a pull pass stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PassEnd {
+    /// At the end of the peer's log.
+    LogEnd,
+    /// Before it: a page limit, or the peer changed meanwhile.
+    Partial,
+    /// The peer's log ends below the cursor: it was rebuilt on a replaced
+    /// disk, and the cursor's heights mean nothing there.
+    LogRebuilt,
+}
+
+/// What one sync round did.
+#[derive(Debug, Default)]
+pub struct RoundOutcome {
+    /// True when the round reached the end of every peer's log of every
+    /// tree it covered, with no peer failing and no tree name deferred.
+    pub complete: bool,
+    /// Trees the planted bug `SyncDropsTreeOnPeerError` dropped.
+    pub dropped: BTreeSet<TreeKey>,
+}
 
 /// Held heights between two missing ones that a puller fetches anyway, so
 /// that scattered gaps cost one GetOpLog call, not one each. The held ops
@@ -41,6 +64,8 @@ pub(super) struct PullCounters {
     /// Tree names a peer listed beyond `limits.max_tracked_trees`, left
     /// for later rounds.
     pub sync_names_deferred: AtomicU64,
+    /// Pull cursors started again because the peer's log ended below them.
+    pub logs_rebuilt: AtomicU64,
 }
 
 /// The pull cursors kept in memory, at most `limits.max_tracked_trees`,
@@ -156,33 +181,43 @@ impl Puller {
 
     /// Pulls every tree this node replicates from every peer. A peer that
     /// fails is skipped for the rest of the round; nothing local is touched
-    /// on failure. Returns the trees the planted bug
-    /// `SyncDropsTreeOnPeerError` dropped (empty otherwise).
-    pub async fn sync_round(&self) -> BTreeSet<TreeKey> {
+    /// on failure. Says whether the round reached the end of every peer's
+    /// log of every tree, and which trees the planted bug
+    /// `SyncDropsTreeOnPeerError` dropped (none otherwise).
+    pub async fn sync_round(&self) -> RoundOutcome {
         let mut failed_peers = BTreeSet::new();
-        let mut dropped = BTreeSet::new();
+        let mut outcome = RoundOutcome::default();
+        let deferred_before = self.counters.sync_names_deferred.load(Ordering::Relaxed);
         self.verify_peers(&mut failed_peers).await;
         let trees = self.sync_trees(&mut failed_peers).await;
+        let mut every_log_ended = true;
         for tree in trees {
             if self.core.stopped() {
-                return dropped;
+                return outcome;
             }
             let _pulling = self.core.locks.pull(&tree).await;
             for &peer in self.core.membership.peers_of(&tree.cid) {
                 if failed_peers.contains(&peer) {
                     continue;
                 }
-                if let Err(error) = self.pull_from(&tree, peer).await {
-                    self.peer_failed(&tree, peer, &error, &mut failed_peers, &mut dropped);
+                match self.pull_from(&tree, peer).await {
+                    Ok(ended) => every_log_ended &= ended,
+                    Err(error) => {
+                        every_log_ended = false;
+                        let dropped = &mut outcome.dropped;
+                        self.peer_failed(&tree, peer, &error, &mut failed_peers, dropped);
+                    }
                 }
             }
         }
         self.counters.sync_rounds.fetch_add(1, Ordering::Relaxed);
+        let deferred = self.counters.sync_names_deferred.load(Ordering::Relaxed) > deferred_before;
+        outcome.complete = every_log_ended && failed_peers.is_empty() && !deferred;
         assert!(
-            dropped.is_empty() || canary::active(Canary::SyncDropsTreeOnPeerError),
+            outcome.dropped.is_empty() || canary::active(Canary::SyncDropsTreeOnPeerError),
             "sync dropped a tree"
         );
-        dropped
+        outcome
     }
 
     fn peer_failed(
@@ -335,8 +370,9 @@ impl Puller {
     /// moving the cursor only over ops applied here. The durable cursor is
     /// written whenever it lags `CURSOR_LAG_MAX` behind, and at the end of
     /// a pass (also a failed one) when it was not written for the persist
-    /// period. The caller holds the tree's pull lock.
-    async fn pull_from(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
+    /// period. True when the pass reached the end of the peer's log. The
+    /// caller holds the tree's pull lock.
+    async fn pull_from(&self, tree: &TreeKey, peer: ReplicaId) -> Result<bool> {
         let cursor_peer = if canary::active(Canary::SharedSyncCursor) {
             0 // Planted bug: every peer's heights share one cursor.
         } else {
@@ -354,8 +390,13 @@ impl Puller {
         };
         let start = cursor.position();
         let pulled_before = self.counters.ops_pulled.load(Ordering::Relaxed);
-        let result = self.pull_pages(tree, peer, cursor_peer, &mut cursor).await;
+        let mut result = self.pull_pages(tree, peer, cursor_peer, &mut cursor).await;
         assert!(cursor.position() >= start, "pull cursor moved back");
+        if let Ok(PassEnd::LogRebuilt) = result {
+            result = self
+                .forget_rebuilt(tree, peer, cursor_peer, &mut cursor)
+                .await;
+        }
         let now = self.core.env.clock.now();
         let period = persist_period(self.core.config.tree.replication_timeout);
         let persisted = if cursor.persist_due(now, period) {
@@ -378,7 +419,35 @@ impl Puller {
                 fresh: pulled.saturating_sub(pulled_before),
             });
         }
-        persisted.and(result)
+        persisted.and(result.map(|end| end == PassEnd::LogEnd))
+    }
+
+    /// The peer's log of `tree` ends below the cursor: its disk was
+    /// replaced and the log rebuilt from its peers, so the cursor's heights
+    /// mean nothing there. The cursor starts again from 0, durably first
+    /// (stamps of held ops cost no op transfer); the next pass pulls.
+    async fn forget_rebuilt(
+        &self,
+        tree: &TreeKey,
+        peer: ReplicaId,
+        cursor_peer: ReplicaId,
+        cursor: &mut LazyCursor,
+    ) -> Result<PassEnd> {
+        tracing::info!(
+            peer,
+            ?tree,
+            at = cursor.position(),
+            "peer's log rebuilt: pull cursor reset"
+        );
+        let forest = self.core.forest.clone();
+        let key = tree.clone();
+        blocking(&*self.core.env.runtime, move || {
+            forest.reset_cursor(&key, CursorKind::Pull, cursor_peer)
+        })
+        .await?;
+        *cursor = LazyCursor::loaded(0);
+        self.counters.logs_rebuilt.fetch_add(1, Ordering::Relaxed);
+        Ok(PassEnd::Partial)
     }
 
     /// Forgets the in-memory pull cursors of dropped trees (their durable
@@ -413,12 +482,13 @@ impl Puller {
         peer: ReplicaId,
         cursor_peer: ReplicaId,
         cursor: &mut LazyCursor,
-    ) -> Result<()> {
+    ) -> Result<PassEnd> {
         for _ in 0..MAX_PULL_PAGES_PER_ROUND {
             let asked = cursor.position();
             let stamps = match self.fetch_stamps(tree, peer, asked).await? {
-                Some(stamps) if !stamps.is_empty() => stamps,
-                _ => return Ok(()),
+                Some((stamps, _)) if !stamps.is_empty() => stamps,
+                Some((_, log_end)) if log_end < asked => return Ok(PassEnd::LogRebuilt),
+                _ => return Ok(PassEnd::LogEnd),
             };
             // Above `asked` only when the peer's log starts above it (a
             // tree created again after a drop): nothing lies between.
@@ -460,13 +530,13 @@ impl Puller {
                 return Err(error);
             }
             if !pulled.complete {
-                return Ok(());
+                return Ok(PassEnd::Partial);
             }
             if self.core.stopped() {
                 return Err(Error::ShuttingDown);
             }
         }
-        Ok(())
+        Ok(PassEnd::Partial)
     }
 
     /// A sync read from `peer`: its answer, or `None` when the peer does
@@ -482,12 +552,13 @@ impl Puller {
 
     /// One page of the heights and timestamps of a peer's log from
     /// `from_height`; `None` when the peer does not have the tree.
+    /// With it, the `next_height` of the answer.
     async fn fetch_stamps(
         &self,
         tree: &TreeKey,
         peer: ReplicaId,
         from_height: u64,
-    ) -> Result<Option<Vec<LogStamp>>> {
+    ) -> Result<Option<(Vec<LogStamp>, u64)>> {
         let limit = self.core.config.limits.sync_stamp_page_size;
         self.fetch_sync_page(tree, peer, from_height, limit).await
     }
@@ -504,7 +575,8 @@ impl Puller {
         let limit = usize::try_from(limit)
             .unwrap_or(usize::MAX)
             .min(self.core.config.limits.sync_page_size);
-        self.fetch_sync_page(tree, peer, from_height, limit).await
+        let page = self.fetch_sync_page(tree, peer, from_height, limit).await?;
+        Ok(page.map(|(entries, _)| entries))
     }
 
     /// One page of `P` from `peer`, at most `limit` items from
@@ -516,10 +588,10 @@ impl Puller {
         peer: ReplicaId,
         from_height: u64,
         limit: usize,
-    ) -> Result<Option<Vec<P>>> {
+    ) -> Result<Option<(Vec<P>, u64)>> {
         let wire_limit = limit.min(u32::MAX as usize) as u32;
         let request = P::request(tree.clone(), from_height, wire_limit);
-        let (page, first_height) = match self.sync_call(peer, request).await? {
+        let (page, first_height, next_height) = match self.sync_call(peer, request).await? {
             None => return Ok(None),
             Some(answer) => P::from_answer(answer)
                 .map_err(|other| page::unexpected_answer(peer, P::REQUEST, &other))?,
@@ -527,7 +599,7 @@ impl Puller {
         let heights = page.iter().map(P::height);
         check_page(peer, from_height, first_height, heights, limit)?;
         assert!(page.len() <= limit, "checked above");
-        Ok(Some(page))
+        Ok(Some((page, next_height)))
     }
 
     /// Fetches and applies the ops of a page of `peer`'s stamps, which

@@ -11,14 +11,14 @@ pub(super) trait SyncPage: Sized {
     /// The request's name, for errors.
     const REQUEST: &'static str;
     fn request(tree: TreeKey, from_height: u64, limit: u32) -> Request;
-    /// The page of a matching answer and the log's first height it
-    /// names; any other answer is given back. A tree created again after
-    /// a drop numbers its log from the height its dropped incarnation
-    /// reached, and a stamp page asked from below that starts at the
-    /// log's first height, which the answer says (docs/design.md §6). The
-    /// op pages of a pull are asked only for heights a stamp page listed,
-    /// so they count as starting at 0.
-    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response>;
+    /// The page of a matching answer, the log's first height it names
+    /// and its `next_height`; any other answer is given back. A tree
+    /// created again after a drop numbers its log from the height its
+    /// dropped incarnation reached, and a stamp page asked from below that
+    /// starts at the log's first height, which the answer says
+    /// (docs/design.md §6). The op pages of a pull are asked only for
+    /// heights a stamp page listed, so they count as starting at 0.
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64, u64), Response>;
     fn height(&self) -> u64;
 }
 
@@ -33,13 +33,13 @@ impl SyncPage for LogStamp {
         }
     }
 
-    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response> {
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64, u64), Response> {
         match answer {
             Response::OpLogStamps {
                 stamps,
                 first_height,
-                ..
-            } => Ok((stamps, first_height)),
+                next_height,
+            } => Ok((stamps, first_height, next_height)),
             other => Err(other),
         }
     }
@@ -60,9 +60,12 @@ impl SyncPage for LogEntry {
         }
     }
 
-    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64), Response> {
+    fn from_answer(answer: Response) -> std::result::Result<(Vec<Self>, u64, u64), Response> {
         match answer {
-            Response::OpLog { entries, .. } => Ok((entries, 0)),
+            Response::OpLog {
+                entries,
+                next_height,
+            } => Ok((entries, 0, next_height)),
             other => Err(other),
         }
     }

@@ -1,12 +1,15 @@
 //! Durability: nothing acknowledged is lost. Every acknowledged write is
 //! in the replicas' common log at every checkpoint, unless a drop of its
-//! tree may have erased it (`Ledger::erasable`; counted as erased), and
+//! tree may have erased it (`Ledger::erasable`; counted as erased) or
+//! only a disk destroyed since held it (`scenario::replace`; counted as
+//! lost at risk), and
 //! what a replica had
 //! stored before a crash or a process restart is still there after it
 //! (commits are durable, `Durability::Immediate`).
 
 use super::{Checker, Checkpoint};
 use crate::failure::{Failure, FailureKind};
+use crate::scenario::coverage::Coverage;
 use crate::scenario::ledger::Acked;
 use crate::world::Heights;
 use arbor::forest::records::LogView;
@@ -91,6 +94,8 @@ fn acked_present(at: &Checkpoint) -> Result {
             .map_or(&[], Vec::as_slice)
     };
     let mut erased = 0;
+    let at_risk = at.ledger.replaced.at_risk(at.ledger);
+    let mut lost_at_risk = 0;
     for (index, acked) in at.ledger.acked.iter().enumerate() {
         let present = match acked {
             Acked::Created { tree, node, .. } => {
@@ -113,6 +118,10 @@ fn acked_present(at: &Checkpoint) -> Result {
             erased += 1;
             continue;
         }
+        if !present && at_risk.contains(&index) {
+            lost_at_risk += 1;
+            continue;
+        }
         if !present {
             return Err(Failure::new(
                 FailureKind::LostWrite,
@@ -120,7 +129,10 @@ fn acked_present(at: &Checkpoint) -> Result {
             ));
         }
     }
-    (at.world.hooks.coverage).add(crate::scenario::coverage::Coverage::ErasedByDrop, erased);
+    let coverage = &at.world.hooks.coverage;
+    coverage.add(Coverage::ErasedByDrop, erased);
+    coverage.add(Coverage::WritesAtRisk, at_risk.len() as u64);
+    coverage.add(Coverage::LostAtRisk, lost_at_risk);
     Ok(())
 }
 

@@ -180,6 +180,14 @@ impl AnswerOracle {
 }
 
 impl AnswerWatch for AnswerOracle {
+    fn disk_replaced(&self, replica: ReplicaId) {
+        self.sessions
+            .lock()
+            .unwrap()
+            .retain(|(_, r, _), _| *r != replica);
+        self.views.lock().unwrap().retain(|(r, _), _| *r != replica);
+    }
+
     fn wants(&self, caller: &Caller, request: &Request) -> bool {
         let sampled = |every: u64| {
             let count = self.peer_reads.fetch_add(1, Ordering::Relaxed);
@@ -246,6 +254,10 @@ pub struct SyncWatch {
     /// Per (puller, tree, peer): heights of the peer's log below this
     /// were found in the puller's log already.
     checked: Mutex<BTreeMap<(ReplicaId, TreeKey, ReplicaId), u64>>,
+    /// Replicas whose disk was replaced: a puller's cursor of their lost
+    /// log may lie beyond the rebuilt one until its next pass that reads
+    /// the log's end (docs/design.md §6, node replacement).
+    rebuilt: Mutex<BTreeSet<ReplicaId>>,
 }
 
 impl SyncWatch {
@@ -255,6 +267,7 @@ impl SyncWatch {
             verdict,
             coverage,
             checked: Mutex::default(),
+            rebuilt: Mutex::default(),
         }
     }
 
@@ -309,6 +322,9 @@ impl SyncWatch {
         let Some((peer_next, stamps)) = self.peer_stamps(pass.peer, pass.tree, from, upto) else {
             return Ok(());
         };
+        if peer_next < upto && self.rebuilt.lock().unwrap().contains(&pass.peer) {
+            return Ok(());
+        }
         if peer_next < upto {
             return Err(format!(
                 "cursor {upto} beyond the peer's log, which ends at {peer_next}"
@@ -329,6 +345,12 @@ impl SyncWatch {
 }
 
 impl PullWatch for SyncWatch {
+    fn disk_replaced(&self, replica: ReplicaId) {
+        let mut checked = self.checked.lock().unwrap();
+        checked.retain(|(puller, _, peer), _| *puller != replica && *peer != replica);
+        self.rebuilt.lock().unwrap().insert(replica);
+    }
+
     fn pass_ended(&self, puller: ReplicaId, forest: &Arc<Forest>, pass: &PullPass) {
         self.coverage.add(Coverage::DeliveredBySync, pass.fresh);
         if let Err(wrong) = self.check(puller, forest, pass) {
