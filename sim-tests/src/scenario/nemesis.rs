@@ -249,8 +249,8 @@ impl Nemesis {
     }
 
     /// Destroys `victim`'s disk for good and starts it again, empty and
-    /// rejoining, after `downtime`. What every other replica holds is
-    /// captured in the same step, for the at-risk count
+    /// rejoining, after `downtime`. What every replica holds, the victim
+    /// included, is captured in the same step, for the at-risk count
     /// (`scenario::replace`); so every replica must be up, none being
     /// restarted and none with a failing disk, or the fault is skipped.
     fn replace_disk(self: Arc<Self>, victim: ReplicaId, downtime: Duration) {
@@ -264,13 +264,12 @@ impl Nemesis {
         } else {
             invariants::capture(world).ok()
         };
-        let Some(mut held_elsewhere) = captured else {
+        let Some(held) = captured else {
             self.note(format!(
                 "disk replacement of replica-{victim} skipped: not all up"
             ));
             return;
         };
-        held_elsewhere.remove(&victim);
         self.note(format!(
             "destroy the disk of replica-{victim}, replace it after {downtime:?}"
         ));
@@ -284,7 +283,7 @@ impl Nemesis {
             .push(Destruction {
                 replica: victim,
                 disk,
-                held_elsewhere,
+                held,
             });
         let containers = replicated_containers(world, victim);
         self.sweeps.forget(victim);

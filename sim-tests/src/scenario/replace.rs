@@ -1,16 +1,22 @@
 //! Node replacement: a replica's disk is destroyed for good and the node
 //! starts again on an empty one under the same replica id, rejoining
-//! (`node.rejoin`, docs/design.md §6). What it alone had acknowledged and
-//! no other replica held when its disk died is gone by design: such a
-//! write is *at risk*, counted and reported, never a failure. Anything
-//! else missing is a lost write.
+//! (`node.rejoin`, docs/design.md §6). A write whose every copy was on
+//! disks that were destroyed is gone by design: such a write is *at
+//! risk*, counted and reported, never a failure. Anything else missing is
+//! a lost write.
 //!
 //! The classification is exact, not a guess: when the fault strikes, the
-//! nemesis captures every other replica's trees in the same simulation
-//! step as the destruction (no other task runs between), and the ledger
-//! knows, for every acknowledged write, which disk of its acker was in
-//! place when the write was sent: only that disk can have acknowledged it
-//! (the replacement's downtime exceeds any message's flight).
+//! nemesis captures every replica's trees (the victim's included) in the
+//! same simulation step as the destruction (no other task runs between),
+//! and the ledger knows, for every acknowledged write, which disk of its
+//! acker was in place when the write was sent: only that disk can have
+//! acknowledged it (the replacement's downtime exceeds any message's
+//! flight). A write is at risk when the disk that acknowledged it was
+//! destroyed and, at that destruction or a later one, the destroyed disk
+//! held it and no other replica did: its last copy went with that disk.
+//! One destruction at a time loses only what the acker alone held; a
+//! second one while a rebuilt node is still pulling can take the last
+//! copy of a write its acker had already handed on.
 
 use super::checkers::Contents;
 use super::ledger::{Acked, Ledger};
@@ -19,19 +25,35 @@ use arbor::forest::ReplicaContent;
 use arbor::{timestamp_replica, NodeId, ReplicaId, TreeKey, TRASH};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One destroyed disk and what the other replicas held at that moment.
+/// One destroyed disk and what every replica held at that moment.
 #[derive(Clone, Debug)]
 pub struct Destruction {
     pub replica: ReplicaId,
     /// The destroyed disk (`World::disk_generation` before it died).
     pub disk: u64,
-    /// Every tree of every other replica, as captured then.
-    pub held_elsewhere: Contents,
+    /// Every tree of every replica, the victim's included, as captured
+    /// then.
+    pub held: Contents,
+}
+
+impl Destruction {
+    /// Whether this destruction took the last copy of `acked`: the victim
+    /// held it and no other replica did.
+    fn took_last_copy(&self, presence: &BTreeMap<ReplicaId, Presence<'_>>, acked: &Acked) -> bool {
+        let victim_held = presence
+            .get(&self.replica)
+            .is_some_and(|held| held.holds(acked));
+        let held_elsewhere = presence
+            .iter()
+            .any(|(&replica, held)| replica != self.replica && held.holds(acked));
+        victim_held && !held_elsewhere
+    }
 }
 
 /// The replacements of a run, in the ledger beside the writes.
 #[derive(Clone, Debug, Default)]
 pub struct Replacements {
+    /// In the order they struck.
     pub destroyed: Vec<Destruction>,
     /// Per index into `Ledger::acked`: the acker's disk when the write
     /// was sent. Writes recorded without it were sent to a first disk.
@@ -39,25 +61,71 @@ pub struct Replacements {
 }
 
 impl Replacements {
-    /// The acknowledged writes at risk: acknowledged by a disk that was
-    /// destroyed and held by no other replica at that moment.
+    /// The acknowledged writes at risk: the disk that acknowledged one was
+    /// destroyed, and that destruction or a later one took its last copy.
     pub fn at_risk(&self, ledger: &Ledger) -> BTreeSet<usize> {
+        let presences: Vec<BTreeMap<ReplicaId, Presence>> = self
+            .destroyed
+            .iter()
+            .map(|destruction| {
+                (destruction.held.iter())
+                    .map(|(&replica, trees)| (replica, Presence::of(trees.iter())))
+                    .collect()
+            })
+            .collect();
+        self.at_risk_among(ledger, &presences)
+    }
+
+    /// The ops, by tree and stamp, whose last copy a destruction took
+    /// after their origin had lost a disk: the victim held the op, no
+    /// other replica did, and the op's origin (the low bits of its stamp)
+    /// is the victim or had a disk destroyed before. Such an op is gone
+    /// for good; its stamp may name another op since (docs/design.md §6).
+    pub fn ops_gone(&self) -> BTreeSet<(TreeKey, u64)> {
+        let mut gone = BTreeSet::new();
+        for (index, destruction) in self.destroyed.iter().enumerate() {
+            let Some(victim) = destruction.held.get(&destruction.replica) else {
+                continue;
+            };
+            let lost_disk =
+                |origin: ReplicaId| self.destroyed[..=index].iter().any(|d| d.replica == origin);
+            for (tree, content) in victim {
+                let elsewhere: BTreeSet<u64> = (destruction.held.iter())
+                    .filter(|(&replica, _)| replica != destruction.replica)
+                    .filter_map(|(_, trees)| trees.get(tree))
+                    .flat_map(|content| content.ops().map(|(ts, _)| ts))
+                    .collect();
+                let last_copies = content.ops().map(|(ts, _)| ts);
+                let taken = last_copies.filter(|ts| !elsewhere.contains(ts));
+                for ts in taken.filter(|&ts| lost_disk(timestamp_replica(ts))) {
+                    gone.insert((tree.clone(), ts));
+                }
+            }
+        }
+        gone
+    }
+
+    /// `at_risk`, with what each replica held at each destruction indexed.
+    fn at_risk_among(
+        &self,
+        ledger: &Ledger,
+        presences: &[BTreeMap<ReplicaId, Presence>],
+    ) -> BTreeSet<usize> {
+        assert_eq!(presences.len(), self.destroyed.len());
         let mut risky = BTreeSet::new();
-        for destruction in &self.destroyed {
-            let holders: Vec<Presence> = destruction
-                .held_elsewhere
-                .values()
-                .map(|trees| Presence::of(trees.iter()))
-                .collect();
-            for (index, acked) in ledger.acked.iter().enumerate() {
-                let disk = self.sent_to_disk.get(&index).copied().unwrap_or(0);
-                let acker = acker_of(acked);
-                if acker != destruction.replica || disk != destruction.disk {
-                    continue;
-                }
-                if !holders.iter().any(|held| held.holds(acked)) {
-                    risky.insert(index);
-                }
+        for (index, acked) in ledger.acked.iter().enumerate() {
+            let disk = self.sent_to_disk.get(&index).copied().unwrap_or(0);
+            let acker = acker_of(acked);
+            let Some(first) = self
+                .destroyed
+                .iter()
+                .position(|d| d.replica == acker && d.disk == disk)
+            else {
+                continue;
+            };
+            let mut later = self.destroyed.iter().zip(presences).skip(first);
+            if later.any(|(d, presence)| d.took_last_copy(presence, acked)) {
+                risky.insert(index);
             }
         }
         risky
@@ -168,31 +236,67 @@ mod tests {
         }
     }
 
-    /// Only a write its destroyed disk acknowledged and no other replica
-    /// held is at risk: one a later disk of the same replica acknowledged,
-    /// and one another replica acknowledged, are not. (Writes another
-    /// replica held: the simulator test of the replace profile.)
+    /// A replica holding ops of these stamps in `tree()`.
+    fn holding(stamps: &[NodeId]) -> Presence<'static> {
+        Presence {
+            timestamps: BTreeMap::from([(tree_ref(), stamps.iter().copied().collect())]),
+            by_child: BTreeMap::new(),
+        }
+    }
+
+    fn tree_ref() -> &'static TreeKey {
+        static TREE: std::sync::OnceLock<TreeKey> = std::sync::OnceLock::new();
+        TREE.get_or_init(tree)
+    }
+
+    fn destruction(replica: ReplicaId) -> Destruction {
+        Destruction {
+            replica,
+            disk: 0,
+            held: Contents::new(),
+        }
+    }
+
+    /// A write is at risk only when the disk that acknowledged it was
+    /// destroyed and a destruction took its last copy: one a later disk of
+    /// the same replica acknowledged is not, one another replica held is
+    /// not, and one whose acker's disk lives is never at risk, whatever
+    /// was destroyed.
     #[test]
-    fn at_risk_is_acked_by_the_dead_disk_and_held_nowhere_else() {
-        let lost_ts = (8 << 16) | 2;
+    fn at_risk_is_acked_by_a_dead_disk_and_last_held_by_one() {
+        let only_on_2 = (8 << 16) | 2;
+        let also_on_3 = (9 << 16) | 2;
+        let handed_on = (10 << 16) | 2;
+        let acked_by_3 = (11 << 16) | 3;
         let ledger = Ledger {
             acked: vec![
-                created(lost_ts, 2),
-                created(lost_ts, 2),
-                created((9 << 16) | 3, 3),
+                created(only_on_2, 2),
+                created(only_on_2, 2),
+                created(also_on_3, 2),
+                created(handed_on, 2),
+                created(acked_by_3, 3),
             ],
             ..Ledger::default()
         };
-        let content = ReplicaContent::default();
-        let held_elsewhere = Contents::from([(3, BTreeMap::from([(tree(), content)]))]);
+        // Replica 2's first disk dies holding all of its writes; 3 holds
+        // one of them, 1 holds the one 2 handed on and 3's own write.
+        let first = BTreeMap::from([
+            (1, holding(&[handed_on, acked_by_3])),
+            (2, holding(&[only_on_2, also_on_3, handed_on])),
+            (3, holding(&[also_on_3, acked_by_3])),
+        ]);
+        // Then replica 1 dies before anyone pulled what it alone held.
+        let second = BTreeMap::from([
+            (1, holding(&[handed_on, acked_by_3])),
+            (2, holding(&[])),
+            (3, holding(&[also_on_3])),
+        ]);
         let replacements = Replacements {
-            destroyed: vec![Destruction {
-                replica: 2,
-                disk: 0,
-                held_elsewhere,
-            }],
+            destroyed: vec![destruction(2), destruction(1)],
             sent_to_disk: BTreeMap::from([(1, 1)]),
         };
-        assert_eq!(replacements.at_risk(&ledger), BTreeSet::from([0]));
+        let presences = [first, second];
+        let risky = replacements.at_risk_among(&ledger, &presences);
+        assert_eq!(risky, BTreeSet::from([0, 3]));
     }
 }

@@ -401,9 +401,19 @@ fn promises(at: &Checkpoint) -> Result {
     // A write only a destroyed disk held is gone by design, and the stamp
     // it had may name another op now (`scenario::replace`).
     let at_risk = at.ledger.replaced.at_risk(at.ledger);
+    // An op whose last copy went with a destroyed disk is gone for good:
+    // a node made under it lost its directory, and its stamp may name
+    // another op now. It was the acker's only if a drop took the acker's
+    // copy (else the acker's disk still holds it, or it is at risk).
+    let gone = at.ledger.replaced.ops_gone();
     for (index, acked) in at.ledger.acked.iter().enumerate() {
         if at_risk.contains(&index) {
             continue;
+        }
+        if let Acked::Created { tree, node, .. } = acked {
+            if at.ledger.erasable(index) && gone.contains(&(tree.clone(), *node)) {
+                continue;
+            }
         }
         let tree = match acked {
             Acked::Created { tree, .. }
@@ -415,7 +425,8 @@ fn promises(at: &Checkpoint) -> Result {
             continue;
         };
         let dropped = at.ledger.drops.sent_of(tree) > 0;
-        if let Err(broken) = kept(acked, state, dropped) {
+        let lost_dir = |dir: NodeId| gone.contains(&(tree.clone(), dir));
+        if let Err(broken) = kept(acked, state, dropped, &lost_dir) {
             return Err(Failure::new(
                 FailureKind::BrokenPromise,
                 format!("{}: {:?}/{}: {broken}", at.when, tree.cid, tree.tree),
@@ -442,13 +453,18 @@ fn carries(op: &Move, mark: &KeyValue) -> bool {
 /// One acknowledged write against the common state.
 /// `dropped`: some drop of the tree was sent, which may have erased ops
 /// this write's ops build on.
-fn kept(acked: &Acked, state: &Common, dropped: bool) -> std::result::Result<(), String> {
+fn kept(
+    acked: &Acked,
+    state: &Common,
+    dropped: bool,
+    lost_dir: &dyn Fn(NodeId) -> bool,
+) -> std::result::Result<(), String> {
     match acked {
         Acked::Created {
             node,
             sent: Some(sent),
             ..
-        } => created_as_sent(*node, sent, state, dropped),
+        } => created_as_sent(*node, sent, state, dropped, lost_dir),
         Acked::Created { sent: None, .. } => Ok(()),
         Acked::Moved {
             node, parent, tag, ..
@@ -505,6 +521,7 @@ fn created_as_sent(
     sent: &Sent,
     state: &Common,
     dropped: bool,
+    lost_dir: &dyn Fn(NodeId) -> bool,
 ) -> std::result::Result<(), String> {
     let Some(op) = state.view.op_at(node) else {
         return Ok(());
@@ -526,7 +543,9 @@ fn created_as_sent(
         let parent = state.view.op_at(op.parent).map(|p| p.meta.items.as_slice());
         // A drop may have erased the directory's op and kept the leaf's
         // (docs/design.md §6); a directory op that is there must match.
-        let erased = dropped && parent.is_none();
+        // So may a destroyed disk that held its last copy, and the
+        // directory's stamp may name another op since.
+        let erased = (dropped && parent.is_none()) || lost_dir(op.parent);
         (!erased && parent != Some(&expected[..]))
             .then(|| format!("under {} ({parent:?}), not directory {dir:?}", op.parent))
     } else {
