@@ -111,6 +111,10 @@ pub enum Response {
     },
     Health {
         replica_id: ReplicaId,
+        /// The epoch of the log this replica serves: new with every
+        /// database, so a log rebuilt on a replaced disk is told from the
+        /// old one (docs/design.md §6).
+        log_epoch: u64,
     },
     Error(Error),
     OpLogStamps {

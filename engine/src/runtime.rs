@@ -31,6 +31,13 @@ pub trait Runtime: Send + Sync + 'static {
     /// simulator runs it inline and then sleeps for the simulated disk time it
     /// consumed.
     fn run_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>) -> BoxFuture<'static, ()>;
+
+    /// A log epoch for a database created now: a number this replica's
+    /// databases never had before, so that a peer can tell a log rebuilt on
+    /// a replaced disk from the one it pulled (docs/design.md §6).
+    /// Production draws it at random; the simulator derives it from the
+    /// seed's time.
+    fn log_epoch_fresh(&self) -> u64;
 }
 
 /// Runs `work` through `runtime.run_blocking` and returns its result.

@@ -71,6 +71,19 @@ impl Runtime for TokioRuntime {
             let _ = handle.await;
         })
     }
+
+    fn log_epoch_fresh(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        // std's hasher keys come from the OS's randomness; the wall clock
+        // and the process id make a repeat across restarts even less likely.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        hasher.write_u128(wall.as_nanos());
+        hasher.write_u32(std::process::id());
+        hasher.finish()
+    }
 }
 
 /// The production environment: system clock and the ambient tokio runtime.

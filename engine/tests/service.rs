@@ -544,10 +544,10 @@ async fn bad_requests_get_typed_errors() {
     assert_eq!(expect_error(&node, meta).await, Error::NodeNotFound(12345));
     // Nothing of the above changed the tree.
     assert_eq!(dump(&node, &t).unwrap().log.len(), 1);
-    assert_eq!(
+    assert!(matches!(
         node.handle(&Caller::Anonymous, Request::Healthcheck).await,
-        Response::Health { replica_id: 1 }
-    );
+        Response::Health { replica_id: 1, .. }
+    ));
 }
 
 #[tokio::test(start_paused = true)]

@@ -235,7 +235,10 @@ async fn unknown_containers_and_anonymous_get_nothing_by_default() {
     let health = nodes[0]
         .handle(&Caller::Anonymous, Request::Healthcheck)
         .await;
-    assert_eq!(health, Response::Health { replica_id: 1 });
+    assert!(
+        matches!(health, Response::Health { replica_id: 1, .. }),
+        "{health:?}"
+    );
 }
 
 /// A client never injects a replicated op, whatever its role; a peer

@@ -24,7 +24,10 @@ impl Handler for Fake {
     fn handle<'a>(&'a self, _caller: &'a Caller, request: Request) -> BoxFuture<'a, Response> {
         Box::pin(async move {
             match request {
-                Request::Healthcheck => Response::Health { replica_id: 9 },
+                Request::Healthcheck => Response::Health {
+                    replica_id: 9,
+                    log_epoch: 0,
+                },
                 Request::TreeList { .. } => Response::Trees(vec!["x".repeat(MAX)]),
                 Request::GetOpLog { .. } => futures::future::pending().await,
                 _ => Response::Error(Error::InvalidOp("fake".into())),
@@ -64,7 +67,13 @@ async fn healthy(address: SocketAddr) {
     let response = tokio::time::timeout(PATIENCE, connection.call(&Request::Healthcheck))
         .await
         .unwrap();
-    assert_eq!(response, Ok(Response::Health { replica_id: 9 }));
+    assert_eq!(
+        response,
+        Ok(Response::Health {
+            replica_id: 9,
+            log_epoch: 0
+        })
+    );
 }
 
 /// Sends raw bytes, then reads until the server closes: the frames it sent
@@ -101,7 +110,10 @@ async fn requests_round_trip_on_one_connection() {
     for _ in 0..3 {
         assert_eq!(
             connection.call(&Request::Healthcheck).await,
-            Ok(Response::Health { replica_id: 9 })
+            Ok(Response::Health {
+                replica_id: 9,
+                log_epoch: 0
+            })
         );
     }
     let other = Request::Remove {
@@ -182,7 +194,13 @@ async fn a_valid_request_before_garbage_is_answered() {
     let bytes = [good, frame(b"\x01\xff\xff\xff")].concat();
     let responses = raw_exchange(address, &bytes, false).await;
     assert_eq!(responses.len(), 2, "{responses:?}");
-    assert_eq!(responses[0], Response::Health { replica_id: 9 });
+    assert_eq!(
+        responses[0],
+        Response::Health {
+            replica_id: 9,
+            log_epoch: 0
+        }
+    );
     assert!(matches!(responses[1], Response::Error(Error::Malformed(_))));
 }
 
@@ -202,7 +220,10 @@ async fn oversized_responses_become_errors() {
     // The connection stays usable: the error replaced the answer in step.
     assert_eq!(
         connection.call(&Request::Healthcheck).await,
-        Ok(Response::Health { replica_id: 9 })
+        Ok(Response::Health {
+            replica_id: 9,
+            log_epoch: 0
+        })
     );
 }
 
@@ -292,7 +313,13 @@ async fn transport_calls_time_out_and_name_unknown_peers() {
     let address = start(8).await;
     let transport = transport_to(address);
     let ok = transport.call(2, Request::Healthcheck, PATIENCE).await;
-    assert_eq!(ok, Ok(Response::Health { replica_id: 9 }));
+    assert_eq!(
+        ok,
+        Ok(Response::Health {
+            replica_id: 9,
+            log_epoch: 0
+        })
+    );
     let tree = arbor::TreeKey::new(ContainerId([1; 32]), "t");
     let request = Request::GetOpLog {
         tree,
@@ -311,7 +338,10 @@ async fn transport_calls_time_out_and_name_unknown_peers() {
     // not returned to the pool).
     assert_eq!(
         transport.call(2, Request::Healthcheck, PATIENCE).await,
-        Ok(Response::Health { replica_id: 9 })
+        Ok(Response::Health {
+            replica_id: 9,
+            log_epoch: 0
+        })
     );
 }
 
@@ -327,7 +357,13 @@ async fn transport_survives_a_closed_pooled_connection() {
             tokio::spawn(async move {
                 if let Ok(Some(body)) = tcp::read_frame(&mut stream, MAX).await {
                     let id = proto::decode::<Request>(&body, MAX).unwrap().id;
-                    let answer = proto::encode(id, &Response::Health { replica_id: 4 });
+                    let answer = proto::encode(
+                        id,
+                        &Response::Health {
+                            replica_id: 4,
+                            log_epoch: 0,
+                        },
+                    );
                     tcp::write_frame(&mut stream, &answer).await.unwrap();
                 }
             });
@@ -337,7 +373,10 @@ async fn transport_survives_a_closed_pooled_connection() {
     for _ in 0..3 {
         assert_eq!(
             transport.call(2, Request::Healthcheck, PATIENCE).await,
-            Ok(Response::Health { replica_id: 4 })
+            Ok(Response::Health {
+                replica_id: 4,
+                log_epoch: 0
+            })
         );
     }
 }
@@ -459,7 +498,10 @@ async fn transport_counts_the_connections_it_opens() {
     let reusing = transport_to(address).with_idle_per_peer(1);
     let dialling = transport_to(address).with_idle_per_peer(0);
     for _ in 0..4 {
-        let health = Ok(Response::Health { replica_id: 9 });
+        let health = Ok(Response::Health {
+            replica_id: 9,
+            log_epoch: 0,
+        });
         assert_eq!(
             reusing.call(2, Request::Healthcheck, PATIENCE).await,
             health
@@ -550,7 +592,13 @@ async fn idle_sockets_beyond_the_limit_do_not_lock_a_client_out() {
     let answer = tokio::time::timeout(idle_timeout, call)
         .await
         .expect("a client is served within the idle timeout");
-    assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+    assert_eq!(
+        answer,
+        Ok(Response::Health {
+            replica_id: 9,
+            log_epoch: 0
+        })
+    );
     // Served by closing idle sockets, never more open than the limit.
     let stats = handle.stats();
     assert!(stats.idle_evicted >= 1, "{stats:?}");
@@ -575,7 +623,13 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_idle_timeout() {
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let answer = busy.call(&Request::Healthcheck).await;
-        assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+        assert_eq!(
+            answer,
+            Ok(Response::Health {
+                replica_id: 9,
+                log_epoch: 0
+            })
+        );
     }
 }
 
@@ -623,7 +677,13 @@ async fn a_half_frame_flood_stays_within_the_frame_budget() {
     let mut client = connect(address).await;
     for _ in 0..3 {
         let answer = client.call(&Request::Healthcheck).await;
-        assert_eq!(answer, Ok(Response::Health { replica_id: 9 }));
+        assert_eq!(
+            answer,
+            Ok(Response::Health {
+                replica_id: 9,
+                log_epoch: 0
+            })
+        );
     }
     let stats = handle.stats();
     assert_eq!(stats.partial_frames_refused, 0, "{stats:?}");

@@ -86,6 +86,7 @@ impl Handler for Recorder {
                 .unwrap_or_else(Response::Error),
             _ => Response::Health {
                 replica_id: self.config.node.replica_id,
+                log_epoch: 0,
             },
         };
         Box::pin(async move { response })
@@ -175,7 +176,8 @@ fn healthy(response: arbor::Result<Response>) {
     assert_eq!(
         response,
         Ok(Response::Health {
-            replica_id: SERVER_ID
+            replica_id: SERVER_ID,
+            log_epoch: 0,
         })
     );
 }
@@ -437,8 +439,16 @@ async fn nodes_of_two_clusters_refuse_each_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn correctly_configured_nodes_accept_each_other() {
     let (a, b) = pair((CLUSTER, 1), (CLUSTER, 2)).await;
-    assert_eq!(dial_peer(&a).await, Ok(Response::Health { replica_id: 2 }));
-    assert_eq!(dial_peer(&b).await, Ok(Response::Health { replica_id: 1 }));
+    let answer = dial_peer(&a).await;
+    assert!(
+        matches!(answer, Ok(Response::Health { replica_id: 2, .. })),
+        "{answer:?}"
+    );
+    let answer = dial_peer(&b).await;
+    assert!(
+        matches!(answer, Ok(Response::Health { replica_id: 1, .. })),
+        "{answer:?}"
+    );
     for node in [&a, &b] {
         let stats = node.service.stats();
         assert_eq!((stats.peers_refused, stats.hellos_refused), (0, 0));

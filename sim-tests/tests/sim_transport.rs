@@ -28,6 +28,7 @@ impl Handler for Echo {
             match request {
                 Request::Healthcheck => Response::Health {
                     replica_id: self.replica_id,
+                    log_epoch: 0,
                 },
                 Request::TreeList { cid } => Response::Trees(vec![format!("{cid}")]),
                 _ => Response::Error(Error::InvalidOp("echo".into())),
@@ -97,7 +98,13 @@ fn round_trip_clog_and_filter() {
             client.spawn(async move { t.call(peer, req, timeout).await })
         };
         let answer = call(2, Request::Healthcheck).await.unwrap();
-        assert_eq!(answer, Ok(Response::Health { replica_id: 2 }));
+        assert_eq!(
+            answer,
+            Ok(Response::Health {
+                replica_id: 2,
+                log_epoch: 0
+            })
+        );
         let cid = ContainerId([7; 32]);
         let answer = call(1, Request::TreeList { cid }).await.unwrap();
         assert_eq!(answer, Ok(Response::Trees(vec![format!("{cid}")])));
@@ -115,7 +122,13 @@ fn round_trip_clog_and_filter() {
         assert!(started.elapsed() >= timeout);
         net.unclog_node(servers[0].id());
         let answer = call(1, Request::Healthcheck).await.unwrap();
-        assert_eq!(answer, Ok(Response::Health { replica_id: 1 }));
+        assert_eq!(
+            answer,
+            Ok(Response::Health {
+                replica_id: 1,
+                log_epoch: 0
+            })
+        );
 
         // One-way clog: the request arrives but the answer cannot return.
         net.clog_link(servers[1].id(), client.id());
@@ -139,7 +152,13 @@ fn round_trip_clog_and_filter() {
         };
         assert_eq!(call(1, pull).await.unwrap(), Err(Error::Timeout));
         let answer = call(1, Request::Healthcheck).await.unwrap();
-        assert_eq!(answer, Ok(Response::Health { replica_id: 1 }));
+        assert_eq!(
+            answer,
+            Ok(Response::Health {
+                replica_id: 1,
+                log_epoch: 0
+            })
+        );
     });
 }
 
@@ -165,7 +184,13 @@ fn killed_server_times_out_and_restarts() {
             .spawn(async move { t.call(2, Request::Healthcheck, timeout).await })
             .await
             .unwrap();
-        assert_eq!(answer, Ok(Response::Health { replica_id: 2 }));
+        assert_eq!(
+            answer,
+            Ok(Response::Health {
+                replica_id: 2,
+                log_epoch: 0
+            })
+        );
     });
 }
 

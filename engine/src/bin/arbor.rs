@@ -497,7 +497,10 @@ fn print_response(response: Response) -> Result<(), String> {
                 stamps.len()
             )
         }
-        Response::Health { replica_id } => println!("ok replica {replica_id}"),
+        Response::Health {
+            replica_id,
+            log_epoch,
+        } => println!("ok replica {replica_id} log epoch {log_epoch}"),
         Response::Hello {
             cluster_id,
             replica_id,

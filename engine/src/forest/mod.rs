@@ -8,6 +8,7 @@
 mod batch;
 mod check;
 mod dir_cache;
+mod epochs;
 mod overlay;
 mod query;
 mod read;

@@ -122,8 +122,9 @@ pub struct ServiceStats {
     pub stamp_conflicts: u64,
     /// Sync passes skipped because the peer answered as another replica.
     pub peer_identity_mismatches: u64,
-    /// Pull cursors started again from 0 because the peer's log ended
-    /// below them (its disk was replaced).
+    /// Peers whose log epoch changed (all their pull cursors started
+    /// again from 0) plus single pull cursors started again because the
+    /// peer's log ended below them: its disk was replaced.
     pub pull_cursors_reset: u64,
     /// True while a replaced node refuses local writes (`node.rejoin`).
     pub rejoining: bool,
@@ -180,6 +181,8 @@ struct Core {
     hellos_refused: std::sync::atomic::AtomicU64,
     /// Local writes wait while a replaced node learns its peers' logs.
     rejoin: Rejoin,
+    /// The epoch of this database's log, told to peers in `Health`.
+    log_epoch: u64,
 }
 
 impl Core {
@@ -239,6 +242,7 @@ impl Service {
         transport: Arc<dyn Transport>,
     ) -> Result<Arc<Service>> {
         check_identity(&config, &forest)?;
+        let log_epoch = forest.log_epoch_init(env.runtime.log_epoch_fresh())?;
         let membership = Arc::new(Membership::from_config(&config.node));
         let limits = &config.limits;
         let windows = Arc::new(PushWindows::new(
@@ -271,6 +275,7 @@ impl Service {
             storage_failed,
             hellos_refused: Default::default(),
             rejoin,
+            log_epoch,
         });
         let service = Arc::new(Service {
             pusher: Pusher::start(core.clone(), book, windows.clone()),

@@ -45,6 +45,18 @@ pub const CURSORS: TableDefinition<(u64, u8, u16), u64> = TableDefinition::new("
 /// Key of [`META`] holding the number the next new tree gets.
 pub const NEXT_TREE_NUMBER: &str = "next_tree_number";
 
+/// Key of [`META`] holding this database's log epoch: drawn when the
+/// database got its first service, never reused by the replica, so a peer
+/// tells a log rebuilt on a replaced disk from the one it pulled
+/// (docs/design.md §6).
+pub const LOG_EPOCH: &str = "log_epoch";
+
+/// Key of [`META`] holding the log epoch of `peer` that this database's
+/// pull cursors of `peer` count heights in.
+pub fn peer_log_epoch_key(peer: ReplicaId) -> String {
+    format!("peer_log_epoch/{peer}")
+}
+
 /// Key of [`META`] holding the layout version of the stored tables.
 pub const FORMAT_VERSION: &str = "format_version";
 

@@ -64,7 +64,8 @@ pub(super) struct PullCounters {
     /// Tree names a peer listed beyond `limits.max_tracked_trees`, left
     /// for later rounds.
     pub sync_names_deferred: AtomicU64,
-    /// Pull cursors started again because the peer's log ended below them.
+    /// Pull cursors started again because the peer's log ended below them
+    /// or its log epoch changed.
     pub logs_rebuilt: AtomicU64,
 }
 
@@ -108,6 +109,13 @@ impl PullCursors {
         self.by_pair.remove(&key);
     }
 
+    fn remove(&mut self, key: &(TreeKey, ReplicaId)) {
+        if let Some((_, used)) = self.by_pair.remove(key) {
+            self.by_use.remove(&used);
+        }
+        assert_eq!(self.by_pair.len(), self.by_use.len(), "pull cursor index");
+    }
+
     fn forget(&mut self, trees: &BTreeSet<TreeKey>) {
         self.by_pair.retain(|(tree, _), _| !trees.contains(tree));
         self.by_use.retain(|_, (tree, _)| !trees.contains(tree));
@@ -123,6 +131,10 @@ pub struct PullPass<'a> {
     pub cursor: u64,
     /// Ops the pass applied that were new here.
     pub fresh: u64,
+    /// The peer's log epoch the cursor counts heights of (`None` when the
+    /// peer never said): a peer whose disk was replaced after this round
+    /// verified it serves another epoch until the next round.
+    pub log_epoch: Option<u64>,
 }
 
 /// Told about every pull pass once it ended. Tests and the simulator check
@@ -161,6 +173,9 @@ impl Pulled {
 pub(super) struct Puller {
     core: Arc<Core>,
     cursors: Mutex<PullCursors>,
+    /// Per peer, the log epoch its pull cursors count heights of, as
+    /// recorded durably by the last round that verified the peer.
+    log_epochs: Mutex<BTreeMap<ReplicaId, u64>>,
     pub counters: PullCounters,
     observer: Mutex<Option<Arc<dyn PullObserver>>>,
 }
@@ -170,6 +185,7 @@ impl Puller {
         Self {
             core,
             cursors: Mutex::default(),
+            log_epochs: Mutex::default(),
             counters: PullCounters::default(),
             observer: Mutex::default(),
         }
@@ -247,8 +263,10 @@ impl Puller {
     /// Asks every peer this round may call who it is: a peer that answers
     /// as another replica (a misconfigured `node.replica_id`, two nodes
     /// with one id) would hand out ops stamped in another replica's name,
-    /// so it is not pulled from this round (docs/design.md §9). A peer
-    /// that does not answer is left to the round's own calls.
+    /// so it is not pulled from this round (docs/design.md §9). The answer
+    /// also names the peer's log epoch, which the pull cursors of that
+    /// peer must count heights in (§6): a peer that does not answer is not
+    /// pulled from this round either.
     async fn verify_peers(&self, failed_peers: &mut BTreeSet<ReplicaId>) {
         let peers: BTreeSet<ReplicaId> = self.core.membership.all_peers().collect();
         let timeout = self.core.config.tree.replication_timeout;
@@ -262,11 +280,22 @@ impl Puller {
         });
         for (peer, answer) in futures::future::join_all(calls).await {
             let error = match answer {
-                Ok(Response::Health { replica_id }) if replica_id == peer => continue,
-                Ok(Response::Health { .. }) if canary::active(Canary::PeerIdentityUnchecked) => {
-                    continue
+                Ok(Response::Health {
+                    replica_id,
+                    log_epoch,
+                }) if replica_id == peer => match self.follow_epoch(peer, log_epoch).await {
+                    Ok(()) => continue,
+                    Err(error) => error,
+                },
+                Ok(Response::Health { log_epoch, .. })
+                    if canary::active(Canary::PeerIdentityUnchecked) =>
+                {
+                    match self.follow_epoch(peer, log_epoch).await {
+                        Ok(()) => continue,
+                        Err(error) => error,
+                    }
                 }
-                Ok(Response::Health { replica_id }) => Error::WrongPeer {
+                Ok(Response::Health { replica_id, .. }) => Error::WrongPeer {
                     expected: peer,
                     answered: replica_id,
                 },
@@ -276,16 +305,74 @@ impl Puller {
             if let Error::WrongPeer { .. } = error {
                 tracing::error!(%error, "peer not pulled from: it answers as another replica");
                 self.core.trust.note(&error);
-                self.counters
-                    .sync_peer_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                failed_peers.insert(peer);
             } else {
-                // Left to the round's own calls, which may still get
-                // through (a lost datagram, a peer just restarting).
-                tracing::debug!(%error, peer, "peer did not say who it is");
+                // Its log epoch is unknown (or could not be followed here),
+                // so a cursor may count heights of a log it no longer has.
+                tracing::debug!(%error, peer, "peer's log epoch unknown this round");
+                self.core.note_error(&error);
             }
+            self.counters
+                .sync_peer_errors
+                .fetch_add(1, Ordering::Relaxed);
+            failed_peers.insert(peer);
         }
+    }
+
+    /// `peer` serves a log of epoch `epoch`. When the pull cursors of
+    /// `peer` count another epoch's heights (its disk was replaced and the
+    /// log rebuilt, which soon grows past them) or none was recorded, every
+    /// one of them starts over from 0 before any pass, and the epoch is
+    /// recorded (docs/design.md §6).
+    async fn follow_epoch(&self, peer: ReplicaId, epoch: u64) -> Result<()> {
+        if self.log_epochs.lock().expect("log epochs").get(&peer) == Some(&epoch) {
+            return Ok(());
+        }
+        let forest = self.core.forest.clone();
+        let runtime = &*self.core.env.runtime;
+        let known = blocking(runtime, move || forest.peer_log_epoch(peer)).await?;
+        if known == Some(epoch) {
+            self.log_epochs
+                .lock()
+                .expect("log epochs")
+                .insert(peer, epoch);
+            return Ok(());
+        }
+        let trees = self.core.forest.all_trees()?;
+        for tree in &trees {
+            self.forget_cursor(tree, peer).await?;
+        }
+        let forest = self.core.forest.clone();
+        blocking(runtime, move || forest.peer_log_epoch_set(peer, epoch)).await?;
+        self.log_epochs
+            .lock()
+            .expect("log epochs")
+            .insert(peer, epoch);
+        if known.is_some() {
+            tracing::info!(
+                peer,
+                epoch,
+                "peer's log epoch changed: its pull cursors start over"
+            );
+            self.counters.logs_rebuilt.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Deletes the pull cursor of `(tree, peer)`, in memory and durably,
+    /// under the tree's pull lock: a pass of an overlapping round either
+    /// ended before (its cursor is deleted) or starts after (from 0).
+    async fn forget_cursor(&self, tree: &TreeKey, peer: ReplicaId) -> Result<()> {
+        let _pulling = self.core.locks.pull(tree).await;
+        self.cursors
+            .lock()
+            .expect("pull cursors")
+            .remove(&(tree.clone(), peer));
+        let forest = self.core.forest.clone();
+        let key = tree.clone();
+        blocking(&*self.core.env.runtime, move || {
+            forest.reset_cursor(&key, CursorKind::Pull, peer)
+        })
+        .await
     }
 
     /// Trees to sync: the local ones plus what peers list for the
@@ -389,6 +476,12 @@ impl Puller {
             )?),
         };
         let start = cursor.position();
+        let log_epoch = self
+            .log_epochs
+            .lock()
+            .expect("log epochs")
+            .get(&peer)
+            .copied();
         let pulled_before = self.counters.ops_pulled.load(Ordering::Relaxed);
         let mut result = self.pull_pages(tree, peer, cursor_peer, &mut cursor).await;
         assert!(cursor.position() >= start, "pull cursor moved back");
@@ -417,6 +510,7 @@ impl Puller {
                 peer,
                 cursor: cursor.position(),
                 fresh: pulled.saturating_sub(pulled_before),
+                log_epoch,
             });
         }
         persisted.and(result.map(|end| end == PassEnd::LogEnd))

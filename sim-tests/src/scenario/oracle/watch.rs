@@ -254,10 +254,6 @@ pub struct SyncWatch {
     /// Per (puller, tree, peer): heights of the peer's log below this
     /// were found in the puller's log already.
     checked: Mutex<BTreeMap<(ReplicaId, TreeKey, ReplicaId), u64>>,
-    /// Replicas whose disk was replaced: a puller's cursor of their lost
-    /// log may lie beyond the rebuilt one until its next pass that reads
-    /// the log's end (docs/design.md §6, node replacement).
-    rebuilt: Mutex<BTreeSet<ReplicaId>>,
 }
 
 impl SyncWatch {
@@ -267,7 +263,6 @@ impl SyncWatch {
             verdict,
             coverage,
             checked: Mutex::default(),
-            rebuilt: Mutex::default(),
         }
     }
 
@@ -309,6 +304,24 @@ impl SyncWatch {
         Some((next_height, stamps))
     }
 
+    /// The pass counted heights of a log the peer no longer has: its disk
+    /// was replaced after the puller's round verified its log epoch. The
+    /// puller's next round learns the new epoch and starts its cursors
+    /// over (docs/design.md §6); until then its cursor says nothing about
+    /// the rebuilt log.
+    fn epoch_replaced(&self, pass: &PullPass) -> bool {
+        let Some(world) = self.world.upgrade() else {
+            return false;
+        };
+        let Some(service) = world.node(pass.peer).service() else {
+            return false;
+        };
+        match (pass.log_epoch, service.forest().log_epoch()) {
+            (Some(counted), Ok(Some(current))) => counted != current,
+            _ => false,
+        }
+    }
+
     fn check(&self, puller: ReplicaId, forest: &Forest, pass: &PullPass) -> Result<(), String> {
         let Ok(durable) = forest.cursor(pass.tree, CursorKind::Pull, pass.peer) else {
             return Ok(());
@@ -319,12 +332,12 @@ impl SyncWatch {
         if upto <= from {
             return Ok(());
         }
+        if self.epoch_replaced(pass) {
+            return Ok(());
+        }
         let Some((peer_next, stamps)) = self.peer_stamps(pass.peer, pass.tree, from, upto) else {
             return Ok(());
         };
-        if peer_next < upto && self.rebuilt.lock().unwrap().contains(&pass.peer) {
-            return Ok(());
-        }
         if peer_next < upto {
             return Err(format!(
                 "cursor {upto} beyond the peer's log, which ends at {peer_next}"
@@ -348,7 +361,6 @@ impl PullWatch for SyncWatch {
     fn disk_replaced(&self, replica: ReplicaId) {
         let mut checked = self.checked.lock().unwrap();
         checked.retain(|(puller, _, peer), _| *puller != replica && *peer != replica);
-        self.rebuilt.lock().unwrap().insert(replica);
     }
 
     fn pass_ended(&self, puller: ReplicaId, forest: &Arc<Forest>, pass: &PullPass) {
