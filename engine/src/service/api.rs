@@ -287,7 +287,7 @@ impl Core {
             } => self.op_log_stamps(&tree, from_height, limit),
             Request::Healthcheck => Ok(Response::Health {
                 replica_id: self.membership.own(),
-                log_epoch: self.log_epoch,
+                log_epoch: self.log_epoch()?,
             }),
             write => unreachable!("write request {write:?} routed to read"),
         }

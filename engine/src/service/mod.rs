@@ -181,11 +181,24 @@ struct Core {
     hellos_refused: std::sync::atomic::AtomicU64,
     /// Local writes wait while a replaced node learns its peers' logs.
     rejoin: Rejoin,
-    /// The epoch of this database's log, told to peers in `Health`.
-    log_epoch: u64,
+    /// The epoch of this database's log, told to peers in `Health`; set
+    /// once stored (a disk error at start leaves it to the first `Health`).
+    log_epoch: std::sync::OnceLock<u64>,
 }
 
 impl Core {
+    /// This database's log epoch, stored first if it has none yet (a
+    /// write, off the async workers like every read).
+    fn log_epoch(&self) -> Result<u64> {
+        if let Some(&epoch) = self.log_epoch.get() {
+            return Ok(epoch);
+        }
+        let epoch = self
+            .forest
+            .log_epoch_init(self.env.runtime.log_epoch_fresh())?;
+        Ok(*self.log_epoch.get_or_init(|| epoch))
+    }
+
     fn stopped(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
@@ -242,7 +255,11 @@ impl Service {
         transport: Arc<dyn Transport>,
     ) -> Result<Arc<Service>> {
         check_identity(&config, &forest)?;
-        let log_epoch = forest.log_epoch_init(env.runtime.log_epoch_fresh())?;
+        let log_epoch = std::sync::OnceLock::new();
+        match forest.log_epoch_init(env.runtime.log_epoch_fresh()) {
+            Ok(epoch) => drop(log_epoch.set(epoch)),
+            Err(error) => tracing::warn!(%error, "log epoch not stored yet"),
+        }
         let membership = Arc::new(Membership::from_config(&config.node));
         let limits = &config.limits;
         let windows = Arc::new(PushWindows::new(
