@@ -105,6 +105,16 @@ impl Replacements {
         gone
     }
 
+    /// Whether the disk that acknowledged write `index` was destroyed
+    /// later. With it went the `dropped` marks of that disk (docs/design.md
+    /// §6): once a drop erased the write everywhere, the rebuilt node may
+    /// give its stamp to another op.
+    pub fn acking_disk_destroyed(&self, index: usize, acked: &Acked) -> bool {
+        let disk = self.sent_to_disk.get(&index).copied().unwrap_or(0);
+        let acker = acker_of(acked);
+        (self.destroyed.iter()).any(|d| d.replica == acker && d.disk == disk)
+    }
+
     /// `at_risk`, with what each replica held at each destruction indexed.
     fn at_risk_among(
         &self,

@@ -233,9 +233,15 @@ impl Supervisor {
 
     /// Every commit is durable, so what a replica had stored before a
     /// restart must still be there once it serves again.
+    /// A disk destroyed while the replica boots (`replace_disk_for`) keeps
+    /// nothing by design: then nothing is checked.
     async fn check_nothing_lost(&self, replica: ReplicaId, before: Option<Heights>, cause: &str) {
         let Some(before) = before else { return };
+        let disk = self.world.disk_generation(replica);
         if !self.world.wait_up(replica, BOOT_DEADLINE).await {
+            return;
+        }
+        if self.world.disk_generation(replica) != disk {
             return;
         }
         let Some(after) = self.world.stored_heights(replica) else {

@@ -414,6 +414,14 @@ fn promises(at: &Checkpoint) -> Result {
             if at.ledger.erasable(index) && gone.contains(&(tree.clone(), *node)) {
                 continue;
             }
+            // A drop may have erased it on every replica, and its acker's
+            // disk, destroyed since, took the drop's marks along: the
+            // rebuilt node may stamp another op with its stamp. (A replica
+            // still holding it would meet that op as a stamp conflict,
+            // which `intruder` fails.)
+            if at.ledger.erasable(index) && at.ledger.replaced.acking_disk_destroyed(index, acked) {
+                continue;
+            }
         }
         let tree = match acked {
             Acked::Created { tree, .. }
