@@ -309,4 +309,19 @@ mod tests {
         let risky = replacements.at_risk_among(&ledger, &presences);
         assert_eq!(risky, BTreeSet::from([0, 3]));
     }
+
+    /// Only the disk a write was sent to counts: a write to replica 2's
+    /// second disk outlives the destruction of its first, and a write to
+    /// replica 3 outlives any destruction of replica 2.
+    #[test]
+    fn the_acking_disk_is_the_one_the_write_was_sent_to() {
+        let replacements = Replacements {
+            destroyed: vec![destruction(2)],
+            sent_to_disk: BTreeMap::from([(1, 1)]),
+        };
+        let to_2 = created(1 << 16 | 2, 2);
+        assert!(replacements.acking_disk_destroyed(0, &to_2));
+        assert!(!replacements.acking_disk_destroyed(1, &to_2));
+        assert!(!replacements.acking_disk_destroyed(2, &created(1 << 16 | 3, 3)));
+    }
 }
