@@ -41,16 +41,11 @@ fn rejoin_config(mut config: Config) -> Config {
     config
 }
 
-/// Node 2 writes ten ops, which node 1 pulls (its pull cursor of node 2's
-/// log reaches 10), and loses its disk. Back on an empty one, while it
-/// cannot reach node 1, it refuses writes (`Rejoining`) and takes node
-/// 1's next op by push: its rebuilt log (a new log epoch) ends at 1,
-/// below node 1's cursor, which node 1's next pull starts again from 0. Once node 2 pulled node 1's
-/// log it writes again, with counters above the ten its lost disk gave,
-/// and both nodes converge without a stamp conflict.
-#[tokio::test(start_paused = true)]
-async fn a_replaced_node_writes_only_above_the_stamps_its_peers_hold() {
-    let net = LocalNet::new();
+/// Two nodes replicating `cid()`: node 2 writes ten ops of tree `t`,
+/// node 1 pulls them (its pull cursor of node 2's log reaches 10), and
+/// node 2 stops for good. Calls to node 1 then fail. Returns the configs,
+/// node 1 alone and the tree.
+async fn node_2_pulled_then_lost(net: &Arc<LocalNet>) -> (Vec<Config>, Vec<Arc<Service>>, TreeKey) {
     let mut configs = cluster_configs(2);
     for config in &mut configs {
         config.node.containers.push(ContainerConfig {
@@ -58,7 +53,7 @@ async fn a_replaced_node_writes_only_above_the_stamps_its_peers_hold() {
             replicas: vec![1, 2],
         });
     }
-    let mut nodes = start_cluster(&net, configs.clone());
+    let mut nodes = start_cluster(net, configs.clone());
     let t = tree("t");
     for i in 0..10 {
         added(&nodes[1], &t, &format!("old-{i}")).await;
@@ -69,10 +64,23 @@ async fn a_replaced_node_writes_only_above_the_stamps_its_peers_hold() {
         10
     );
     eventually("old ops pushed", PATIENCE, || nodes[1].replication_idle()).await;
-
     let old = nodes.pop().expect("node 2");
-    stop_node(&net, old).await;
+    stop_node(net, old).await;
     net.set_down(1, true);
+    (configs, nodes, t)
+}
+
+/// Node 2 writes ten ops, which node 1 pulls (its pull cursor of node 2's
+/// log reaches 10), and loses its disk. Back on an empty one, while it
+/// cannot reach node 1, it refuses writes (`Rejoining`) and takes node
+/// 1's next op by push: its rebuilt log (a new log epoch) ends at 1,
+/// below node 1's cursor, which node 1's next pull starts again from 0. Once node 2 pulled node 1's
+/// log it writes again, with counters above the ten its lost disk gave,
+/// and both nodes converge without a stamp conflict.
+#[tokio::test(start_paused = true)]
+async fn a_replaced_node_writes_only_above_the_stamps_its_peers_hold() {
+    let net = LocalNet::new();
+    let (configs, nodes, t) = node_2_pulled_then_lost(&net).await;
     let config = rejoin_config(configs[1].clone());
     let replaced = start_node(&net, config.clone(), memory_forest(&config));
     replaced.sync_now().await;
@@ -135,28 +143,7 @@ fn rejoin_needs_sync() {
 #[tokio::test(start_paused = true)]
 async fn a_rebuilt_log_grown_past_the_pull_cursor_is_pulled_from_the_start() {
     let net = LocalNet::new();
-    let mut configs = cluster_configs(2);
-    for config in &mut configs {
-        config.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
-    }
-    let mut nodes = start_cluster(&net, configs.clone());
-    let t = tree("t");
-    for i in 0..10 {
-        added(&nodes[1], &t, &format!("old-{i}")).await;
-    }
-    nodes[0].sync_now().await;
-    assert_eq!(
-        nodes[0].forest().cursor(&t, CursorKind::Pull, 2).unwrap(),
-        10
-    );
-    eventually("old ops pushed", PATIENCE, || nodes[1].replication_idle()).await;
-
-    let old = nodes.pop().expect("node 2");
-    stop_node(&net, old).await;
-    net.set_down(1, true);
+    let (configs, nodes, t) = node_2_pulled_then_lost(&net).await;
     let config = configs[1].clone();
     let replaced = start_node(&net, config.clone(), memory_forest(&config));
     added(&nodes[0], &t, "from-1").await;
