@@ -215,6 +215,7 @@ impl Service {
             None => forest.trees_drop(&listed),
         })
         .await?;
+        tracing::debug!(?cid, trees = trees.len(), "drop ran");
         let dropped: BTreeSet<TreeKey> = trees.into_iter().collect();
         self.pusher.forget(&dropped);
         if !canary::active(Canary::DropKeepsPullCursors) {

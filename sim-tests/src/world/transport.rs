@@ -47,6 +47,47 @@ impl Handler for arbor::service::Service {
     }
 }
 
+/// A handler that counts the client requests it is serving. A client that
+/// timed out leaves its request running on the server (a `Drop` waiting
+/// for its locks, say), and such a request may still change the replica:
+/// the checks of a healed cluster wait until none is left.
+pub struct Counted {
+    pub inner: Arc<dyn Handler>,
+    pub serving: Arc<AtomicU64>,
+}
+
+impl Handler for Counted {
+    fn serve(self: Arc<Self>, caller: Caller, request: Request) -> BoxFuture<'static, Response> {
+        if let Caller::Peer(_) = caller {
+            return self.inner.clone().serve(caller, request);
+        }
+        let serving = ServingGuard::enter(&self.serving);
+        let answer = self.inner.clone().serve(caller, request);
+        Box::pin(async move {
+            let response = answer.await;
+            drop(serving);
+            response
+        })
+    }
+}
+
+/// One client request being served, counted while it lives.
+struct ServingGuard(Arc<AtomicU64>);
+
+impl ServingGuard {
+    fn enter(count: &Arc<AtomicU64>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for ServingGuard {
+    fn drop(&mut self) {
+        let before = self.0.fetch_sub(1, Ordering::SeqCst);
+        assert!(before > 0, "client requests served went below zero");
+    }
+}
+
 /// A service whose answers an `AnswerWatch` sees before they leave.
 pub struct Watched {
     pub replica: ReplicaId,
