@@ -61,30 +61,13 @@ impl Handler for Counted {
         if let Caller::Peer(_) = caller {
             return self.inner.clone().serve(caller, request);
         }
-        let serving = ServingGuard::enter(&self.serving);
+        let serving = super::supervisor::InFlight::enter(&self.serving);
         let answer = self.inner.clone().serve(caller, request);
         Box::pin(async move {
             let response = answer.await;
             drop(serving);
             response
         })
-    }
-}
-
-/// One client request being served, counted while it lives.
-struct ServingGuard(Arc<AtomicU64>);
-
-impl ServingGuard {
-    fn enter(count: &Arc<AtomicU64>) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Self(count.clone())
-    }
-}
-
-impl Drop for ServingGuard {
-    fn drop(&mut self) {
-        let before = self.0.fetch_sub(1, Ordering::SeqCst);
-        assert!(before > 0, "client requests served went below zero");
     }
 }
 
