@@ -215,6 +215,7 @@ impl Service {
             None => forest.trees_drop(&listed),
         })
         .await;
+        tracing::debug!(?cid, trees = trees.len(), ok = outcome.is_ok(), "drop ran");
         // Forgotten whatever the outcome: a commit that reported a storage
         // error may still have reached the disk, and a pull cursor kept
         // for a tree that is gone would skip the peer's ops below it for

@@ -27,6 +27,7 @@ use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use transport::{CallIds, MessageFilter, SimTransport};
@@ -83,6 +84,16 @@ impl SimNode {
 
     pub fn madsim_id(&self) -> madsim::task::NodeId {
         self.node.id()
+    }
+
+    /// Client requests the current incarnation is still serving, answered
+    /// or not (a caller that timed out leaves its request running); none
+    /// while the node is down.
+    pub fn client_requests_serving(&self) -> u64 {
+        if self.service().is_none() {
+            return 0;
+        }
+        self.boot.serving.lock().unwrap().load(Ordering::SeqCst)
     }
 
     /// True while the node runs as a stand-in (`World::stand_in`).
@@ -538,6 +549,7 @@ fn build_node(
         trace,
         hooks,
         slot: service.clone(),
+        serving: Mutex::default(),
         stand_in: Mutex::new(None),
     };
     let boot = Arc::new(boot);
@@ -574,6 +586,8 @@ struct Boot {
     trace: Trace,
     hooks: Arc<hooks::Hooks>,
     slot: Arc<Mutex<Option<Arc<Service>>>>,
+    /// Client requests the current incarnation serves (`Counted`).
+    serving: Mutex<Arc<AtomicU64>>,
     /// Set while a stand-in runs on this machine instead of the replica.
     stand_in: Mutex<Option<StandIn>>,
 }
@@ -640,6 +654,12 @@ impl Boot {
             }),
             _ => service,
         };
+        let serving = Arc::new(AtomicU64::new(0));
+        *self.serving.lock().unwrap() = serving.clone();
+        let handler = Arc::new(transport::Counted {
+            inner: handler,
+            serving,
+        });
         let limits = (limits.max_message_bytes, limits.max_connections);
         transport::serve_as(config.node.replica_id, addr, handler, caller_at, limits).await;
     }

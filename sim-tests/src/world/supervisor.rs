@@ -342,11 +342,12 @@ impl Supervisor {
     }
 }
 
-/// Counts a drained restart under way for as long as it lives.
-struct InFlight(Arc<AtomicU64>);
+/// Counts one thing under way (a drained restart, a client request being
+/// served) for as long as it lives.
+pub(crate) struct InFlight(Arc<AtomicU64>);
 
 impl InFlight {
-    fn enter(counter: &Arc<AtomicU64>) -> Self {
+    pub(crate) fn enter(counter: &Arc<AtomicU64>) -> Self {
         counter.fetch_add(1, Ordering::SeqCst);
         Self(counter.clone())
     }

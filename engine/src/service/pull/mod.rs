@@ -6,6 +6,7 @@
 
 mod page;
 
+use super::backoff::backoff;
 use super::cursor::{self, persist_period, LazyCursor};
 use super::Core;
 use crate::canary::{self, Canary};
@@ -18,6 +19,7 @@ use page::{check_page, missing_runs, SyncPage};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Pages pulled from one peer for one tree in one sync round. Keeps a round
 /// finite when a peer keeps writing; the next round goes on from the cursor.
@@ -657,7 +659,7 @@ impl Puller {
                 op: WriteOp::Apply { op: entry.op },
             })
             .collect();
-        let mut results = self.core.batcher.submit_all(requests).await?.into_iter();
+        let mut results = self.submit_pulled(requests).await?.into_iter();
         let mut applied_to = from;
         let mut fresh = 0;
         for (height, submitted) in heights.into_iter().zip(submit) {
@@ -679,6 +681,33 @@ impl Puller {
         }
         assert!(results.next().is_none(), "one result per request");
         Ok((applied_to, fresh, None))
+    }
+
+    /// Hands a pulled page to the batcher. A full batcher is this node's
+    /// own load (client writes, pushes, a second round), not the peer's
+    /// failure: the page waits for room, by the retry schedule of pushes,
+    /// for at most `tree.replication_timeout` in all, and only then stops
+    /// the pass (which skips the peer for the rest of the round).
+    async fn submit_pulled(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<Result<WriteOutcome>>> {
+        let cap = self.core.config.tree.replication_timeout;
+        let mut waited = Duration::ZERO;
+        let mut refusals = 0;
+        loop {
+            let error = match self.core.batcher.submit_all(requests.clone()).await {
+                Err(error @ Error::Overloaded(_)) if waited < cap => error,
+                answer => return answer,
+            };
+            refusals += 1;
+            let wait = backoff(refusals, cap).min(cap - waited);
+            tracing::debug!(%error, ?wait, "pulled page waits for room in the batcher");
+            if self.core.sleep_or_stop(wait).await {
+                return Err(Error::ShuttingDown);
+            }
+            waited += wait;
+        }
     }
 
     /// A pulled op must be stamped by a replica of its container: a peer
