@@ -43,10 +43,14 @@ pub enum Canary {
     /// from zero: its stamps repeat the dropped incarnation's, and peers'
     /// pull cursors of the old log pass over its first ops.
     DropForgetsMarks = 16,
+    /// A replica pulling a tree it does not hold yet (a joiner of its
+    /// container) stops pulling it from that peer after the first page,
+    /// for as long as the process lives.
+    JoinerStopsAfterFirstPage = 17,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 16] = [
+    pub const ALL: [Canary; 17] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -63,6 +67,7 @@ impl Canary {
         Canary::DefiniteFailureApplied,
         Canary::DropKeepsPullCursors,
         Canary::DropForgetsMarks,
+        Canary::JoinerStopsAfterFirstPage,
     ];
 }
 

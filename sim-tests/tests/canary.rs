@@ -156,3 +156,8 @@ fn drop_keeps_pull_cursors() {
 fn drop_forgets_marks() {
     caught(Canary::DropForgetsMarks);
 }
+
+#[test]
+fn joiner_stops_after_first_page() {
+    caught(Canary::JoinerStopsAfterFirstPage);
+}

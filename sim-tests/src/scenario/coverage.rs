@@ -50,13 +50,22 @@ pub enum Coverage {
     WriteAfterDrop,
     /// Acknowledged writes a drop erased (at each checkpoint).
     ErasedByDrop,
+    /// Replicas that joined a container, and left one.
+    MemberJoined,
+    MemberLeft,
+    /// Leaves called off: the leaver's ops did not reach the others in time.
+    LeaveCalledOff,
+    /// Joiners that held their members' ops with pushes into them dropped.
+    JoinerSyncedAlone,
+    /// `GetOpLog` pages such joiners had pulled by then.
+    JoinerPages,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 23] = [
+    pub const ALL: [Coverage; 28] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -80,6 +89,11 @@ impl Coverage {
         Coverage::DropContainer,
         Coverage::WriteAfterDrop,
         Coverage::ErasedByDrop,
+        Coverage::MemberJoined,
+        Coverage::MemberLeft,
+        Coverage::LeaveCalledOff,
+        Coverage::JoinerSyncedAlone,
+        Coverage::JoinerPages,
     ];
 
     pub fn name(self) -> &'static str {
@@ -107,6 +121,11 @@ impl Coverage {
             Coverage::DropContainer => "containers dropped",
             Coverage::WriteAfterDrop => "writes after a drop",
             Coverage::ErasedByDrop => "writes erased by drops",
+            Coverage::MemberJoined => "replicas joined",
+            Coverage::MemberLeft => "replicas left",
+            Coverage::LeaveCalledOff => "leaves called off",
+            Coverage::JoinerSyncedAlone => "joiners caught up by sync alone",
+            Coverage::JoinerPages => "pages joiners pulled",
         }
     }
 }

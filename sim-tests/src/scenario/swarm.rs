@@ -55,6 +55,11 @@ pub enum Profile {
     /// Sync is the only route between replicas: every push is dropped for
     /// the whole run, sync runs every 500 ms, and disks fail.
     SyncOnly,
+    /// Replica sets change: four replicas, the last joins the second
+    /// container early in the run (pushes into it dropped from then on, so
+    /// it converges by sync alone, from pages of at most 32 ops), and in
+    /// half the seeds a replica leaves the first container after that.
+    Members,
 }
 
 impl Profile {
@@ -66,6 +71,7 @@ impl Profile {
             | Canary::SyncDropsTreeOnPeerError
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks => Profile::SyncHeavy,
+            Canary::JoinerStopsAfterFirstPage => Profile::Members,
             Canary::FailedBatchHangs => Profile::StorageErrors,
             Canary::PullCursorPastFailedPage | Canary::PullCursorPersistedEarly => {
                 Profile::SyncOnly
@@ -88,6 +94,7 @@ impl Profile {
             Profile::SyncHeavy => "sync-heavy",
             Profile::StorageErrors => "storage-errors",
             Profile::SyncOnly => "sync-only",
+            Profile::Members => "members",
         }
     }
 
@@ -98,6 +105,7 @@ impl Profile {
             Profile::SyncHeavy,
             Profile::StorageErrors,
             Profile::SyncOnly,
+            Profile::Members,
         ]
         .into_iter()
         .find(|p| p.name() == name)
@@ -299,6 +307,12 @@ impl Swarm {
                     self.disk_faults.write_error_probability = 0.05;
                     self.disk_faults.sync_error_probability = 0.05;
                 }
+            }
+            Profile::Members => {
+                self.replicas = 4;
+                self.skews.resize(4, ClockSkew::default());
+                self.knobs.sync_interval = Some(Duration::from_millis(300));
+                self.knobs.sync_page_size = self.knobs.sync_page_size.min(32);
             }
             Profile::StorageErrors => {
                 if faults_on {
