@@ -404,11 +404,18 @@ impl Driver {
     }
 
     /// Drops sent so far per tree (whole-container drops count for every
-    /// tree).
-    fn drops_sent<'t>(&self, trees: impl Iterator<Item = &'t TreeKey>) -> BTreeMap<TreeKey, u64> {
+    /// tree), and whether each was answered: an unanswered drop may still
+    /// run at any time.
+    fn drops_sent<'t>(
+        &self,
+        trees: impl Iterator<Item = &'t TreeKey>,
+    ) -> BTreeMap<TreeKey, (u64, bool)> {
         let ledger = self.workload.ledger.lock().unwrap();
         trees
-            .map(|tree| (tree.clone(), ledger.drops.sent_of(tree)))
+            .map(|tree| {
+                let sent = ledger.drops.sent_of(tree);
+                (tree.clone(), (sent, ledger.drops.answered_of(tree) == sent))
+            })
             .collect()
     }
 
@@ -434,14 +441,14 @@ impl Driver {
 
     /// After the leaver stopped serving the container: every op it had
     /// stamped there must be held by a remaining member, unless a drop of
-    /// its tree was sent since the drain began.
+    /// its tree was sent since the drain began or is still unanswered.
     fn check_left_nothing(
         &self,
         leaver: ReplicaId,
         cid: ContainerId,
         remaining: &[ReplicaId],
         held: Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>,
-        drops_before: BTreeMap<TreeKey, u64>,
+        drops_before: BTreeMap<TreeKey, (u64, bool)>,
     ) {
         let Some(held) = held else { return };
         let drops_after = self.drops_sent(held.keys());
@@ -450,7 +457,8 @@ impl Driver {
             .filter_map(|&m| stamps_of(&self.world, m, &cid))
             .collect();
         for (tree, stamps) in held {
-            if drops_after.get(&tree) != drops_before.get(&tree) {
+            let after = drops_after.get(&tree);
+            if after != drops_before.get(&tree) || after.is_some_and(|&(_, answered)| !answered) {
                 continue;
             }
             let kept = |ts: &Timestamp| {
