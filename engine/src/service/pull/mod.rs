@@ -357,12 +357,15 @@ impl Puller {
         };
         let start = cursor.position();
         let pulled_before = self.counters.ops_pulled.load(Ordering::Relaxed);
-        let result = if self.joiner_stalls(tree, peer, start)? {
-            self.pull_first_page(tree, peer, cursor_peer, &mut cursor)
-                .await
-        } else {
-            self.pull_pages(tree, peer, cursor_peer, &mut cursor).await
+        let pages_max = match self.joiner_stalls(tree, peer, start)? {
+            // Planted bug: a joining pair pulls its first page, then no more.
+            true if start > 0 => 0,
+            true => 1,
+            false => MAX_PULL_PAGES_PER_ROUND,
         };
+        let result = self
+            .pull_pages(tree, peer, cursor_peer, &mut cursor, pages_max)
+            .await;
         assert!(cursor.position() >= start, "pull cursor moved back");
         let now = self.core.env.clock.now();
         let period = persist_period(self.core.config.tree.replication_timeout);
@@ -408,21 +411,6 @@ impl Puller {
         Ok(joining)
     }
 
-    /// One page at most, and only for a pair seen joining in this pass.
-    async fn pull_first_page(
-        &self,
-        tree: &TreeKey,
-        peer: ReplicaId,
-        cursor_peer: ReplicaId,
-        cursor: &mut LazyCursor,
-    ) -> Result<()> {
-        if cursor.position() > 0 {
-            return Ok(()); // Planted bug: the pair stopped after its first page.
-        }
-        self.pull_pages_max(tree, peer, cursor_peer, cursor, 1)
-            .await
-    }
-
     /// Forgets the in-memory pull cursors of dropped trees (their durable
     /// ones went with the tree).
     pub fn forget(&self, trees: &BTreeSet<TreeKey>) {
@@ -450,17 +438,6 @@ impl Puller {
     }
 
     async fn pull_pages(
-        &self,
-        tree: &TreeKey,
-        peer: ReplicaId,
-        cursor_peer: ReplicaId,
-        cursor: &mut LazyCursor,
-    ) -> Result<()> {
-        self.pull_pages_max(tree, peer, cursor_peer, cursor, MAX_PULL_PAGES_PER_ROUND)
-            .await
-    }
-
-    async fn pull_pages_max(
         &self,
         tree: &TreeKey,
         peer: ReplicaId,
