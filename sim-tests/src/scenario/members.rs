@@ -393,6 +393,10 @@ impl Driver {
             self.world.hooks.coverage.hit(Coverage::LeaveCalledOff);
             return;
         }
+        // At the instant the drain was seen complete: the remaining members
+        // hold what the leaver acknowledged, and only their drops can erase
+        // it from now on (the leaver's copy is no longer served).
+        (self.workload.ledger.lock().unwrap()).handed_off(cid, leaver, remaining.clone());
         let held = stamps_of(&self.world, leaver, &cid).map(|s| stamped_by(s, leaver));
         self.configure_all(&sets);
         self.supervisor.restart_for_membership(leaver).await;
