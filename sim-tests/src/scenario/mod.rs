@@ -436,13 +436,18 @@ async fn run_workload(
         span,
     )));
     let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
-    tasks.push(madsim::task::spawn(members::run(
-        plan.changes.clone(),
-        supervisor.clone(),
-        workload.clone(),
-        plan.swarm.profile,
-        start,
-    )));
+    // A task more changes the schedule of the whole run: spawned only when
+    // there is a change to carry out, so a seed without one runs (and its
+    // capsules replay) as before membership changes existed.
+    if !plan.changes.is_empty() {
+        tasks.push(madsim::task::spawn(members::run(
+            plan.changes.clone(),
+            supervisor.clone(),
+            workload.clone(),
+            plan.swarm.profile,
+            start,
+        )));
+    }
     for task in tasks {
         let _ = task.await;
     }
