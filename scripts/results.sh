@@ -104,8 +104,9 @@ readonly CANARIES=(
     "DropKeepsPullCursors|sync-heavy|a drop keeps the tree's pull cursors in memory"
     "DropForgetsMarks|sync-heavy|a tree created again after a drop restarts its counter and heights at zero"
     "PeerIdentityUnchecked|misconfig|sync pulls from a peer answering as another replica"
+    "JoinerStopsAfterFirstPage|members|a joining replica stops pulling a tree after its first page"
 )
-readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig)
+readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members)
 
 sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
 canary_cmd() {

@@ -47,10 +47,16 @@ pub enum Canary {
     /// the peer names (its `Hello` answer, its sync check): a process
     /// claiming another replica's id hands out its ops.
     PeerIdentityUnchecked = 17,
+    // 18 is reserved for the node-replacement canary `RejoinAcceptsWrites`
+    // (a sibling branch); numbers are never reused or renumbered.
+    /// A replica pulling a tree it does not hold yet (a joiner of its
+    /// container) stops pulling it from that peer after the first page,
+    /// for as long as the process lives.
+    JoinerStopsAfterFirstPage = 19,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 17] = [
+    pub const ALL: [Canary; 18] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -68,6 +74,7 @@ impl Canary {
         Canary::DropKeepsPullCursors,
         Canary::DropForgetsMarks,
         Canary::PeerIdentityUnchecked,
+        Canary::JoinerStopsAfterFirstPage,
     ];
 }
 

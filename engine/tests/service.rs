@@ -70,10 +70,9 @@ fn all_idle(nodes: &[Arc<Service>]) -> bool {
 /// trees on a node that does not hold them yet.
 fn list_container_on_both(configs: &mut [Config]) {
     for c in configs {
-        c.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
+        c.node
+            .containers
+            .push(ContainerConfig::new(cid(), vec![1, 2]));
     }
 }
 
@@ -403,10 +402,10 @@ async fn bad_requests_get_typed_errors() {
     let mut config = cluster_configs(1).remove(0);
     config.limits.max_meta_bytes = 256;
     config.limits.max_path_len = 4;
-    config.node.containers.push(ContainerConfig {
-        cid: arbor::ContainerId([9; 32]),
-        replicas: vec![],
-    });
+    config
+        .node
+        .containers
+        .push(ContainerConfig::new(arbor::ContainerId([9; 32]), vec![]));
     // A container listed without this node: it is not ours.
     config.node.containers[0].replicas = vec![];
     let forest = memory_forest(&config);

@@ -161,3 +161,8 @@ fn drop_forgets_marks() {
 fn peer_identity_unchecked() {
     caught(Canary::PeerIdentityUnchecked);
 }
+
+#[test]
+fn joiner_stops_after_first_page() {
+    caught(Canary::JoinerStopsAfterFirstPage);
+}

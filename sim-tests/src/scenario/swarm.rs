@@ -58,6 +58,11 @@ pub enum Profile {
     /// Replicas' machines often run a process claiming another replica's
     /// id for a window; sync runs every 500 ms.
     Misconfig,
+    /// Replica sets change: four replicas, the last joins the second
+    /// container early in the run (pushes into it dropped from then on, so
+    /// it converges by sync alone, from pages of at most 32 ops), and in
+    /// half the seeds a replica leaves the first container after that.
+    Members,
 }
 
 impl Profile {
@@ -69,6 +74,7 @@ impl Profile {
             | Canary::SyncDropsTreeOnPeerError
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks => Profile::SyncHeavy,
+            Canary::JoinerStopsAfterFirstPage => Profile::Members,
             Canary::FailedBatchHangs => Profile::StorageErrors,
             Canary::PeerIdentityUnchecked => Profile::Misconfig,
             Canary::PullCursorPastFailedPage | Canary::PullCursorPersistedEarly => {
@@ -93,6 +99,7 @@ impl Profile {
             Profile::StorageErrors => "storage-errors",
             Profile::SyncOnly => "sync-only",
             Profile::Misconfig => "misconfig",
+            Profile::Members => "members",
         }
     }
 
@@ -104,6 +111,7 @@ impl Profile {
             Profile::StorageErrors,
             Profile::SyncOnly,
             Profile::Misconfig,
+            Profile::Members,
         ]
         .into_iter()
         .find(|p| p.name() == name)
@@ -330,6 +338,12 @@ impl Swarm {
                 if faults_on {
                     self.faults.misconfig = 1.0;
                 }
+            }
+            Profile::Members => {
+                self.replicas = 4;
+                self.skews.resize(4, ClockSkew::default());
+                self.knobs.sync_interval = Some(Duration::from_millis(300));
+                self.knobs.sync_page_size = self.knobs.sync_page_size.min(32);
             }
             Profile::StorageErrors => {
                 if faults_on {

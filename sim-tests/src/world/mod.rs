@@ -17,7 +17,7 @@ pub mod transport;
 
 use crate::disk::{DiskConfig, DiskFaults, SimDisk, WeakDisk};
 use crate::trace::Trace;
-use arbor::config::Config;
+use arbor::config::{Config, ContainerConfig};
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
@@ -65,6 +65,9 @@ pub struct SimNode {
     pub replica_id: ReplicaId,
     pub addr: SocketAddr,
     pub config: Config,
+    /// `node.containers` of the node's next start: `config`'s until a
+    /// membership change (`World::set_node_containers`).
+    containers: Arc<Mutex<Vec<ContainerConfig>>>,
     pub disk: SimDisk,
     /// The disk's faults outside error windows (torn writes, say).
     pub base_faults: DiskFaults,
@@ -124,6 +127,9 @@ pub struct World {
     /// The network's config when the world was built: what healing
     /// restores.
     base_net: madsim::net::Config,
+    /// The replica sets clients and checkers go by (`replicas_of`): the
+    /// operator's map, which a membership change rewrites.
+    view: Mutex<Vec<ContainerConfig>>,
 }
 
 impl World {
@@ -132,6 +138,10 @@ impl World {
         let filter = Arc::new(MessageFilter::default());
         let call_ids = CallIds::default();
         let hooks = Arc::new(hooks::Hooks::default());
+        let view = specs
+            .first()
+            .map(|spec| spec.config.node.containers.clone())
+            .unwrap_or_default();
         let nodes = specs
             .into_iter()
             .map(|spec| {
@@ -148,6 +158,7 @@ impl World {
             call_ids,
             clients: 0,
             base_net: net_config(),
+            view: Mutex::new(view),
         }
     }
 
@@ -197,18 +208,35 @@ impl World {
         self.nodes.iter().map(|n| n.replica_id).collect()
     }
 
-    /// The replicas holding a container, as the membership config says
-    /// (every node's config lists the same sets): its own replica set, or
-    /// every replica when it has none.
+    /// The replicas holding a container, as the operator's map says
+    /// (`view`): its own replica set, or every replica when it has none.
     pub fn replicas_of(&self, cid: &arbor::ContainerId) -> Vec<ReplicaId> {
-        let listed = self.nodes.first().and_then(|node| {
-            let containers = &node.config.node.containers;
-            containers.iter().find(|c| c.cid == *cid)
-        });
-        match listed {
+        let view = self.view.lock().unwrap();
+        match view.iter().find(|c| c.cid == *cid) {
             Some(container) => container.replicas.clone(),
             None => self.replica_ids(),
         }
+    }
+
+    /// The replica sets clients and checkers go by.
+    pub fn view(&self) -> Vec<ContainerConfig> {
+        self.view.lock().unwrap().clone()
+    }
+
+    /// Rewrites the map clients and checkers go by; the nodes keep their
+    /// own until they restart (`set_node_containers`).
+    pub fn set_view(&self, containers: Vec<ContainerConfig>) {
+        self.trace.record(
+            "world",
+            format!("replica sets now {}", sets_text(&containers)),
+        );
+        *self.view.lock().unwrap() = containers;
+    }
+
+    /// The `node.containers` the replica starts with from its next start.
+    pub fn set_node_containers(&self, replica: ReplicaId, containers: Vec<ContainerConfig>) {
+        let node = self.node(replica);
+        *node.containers.lock().unwrap() = containers;
     }
 
     /// True when the replicas run background sync.
@@ -499,6 +527,15 @@ async fn stop_incarnation(node: &SimNode) {
 /// How often the world polls for a state it waits for (simulated).
 const POLL: Duration = Duration::from_millis(1);
 
+/// Replica sets in brief, for the trace.
+fn sets_text(containers: &[ContainerConfig]) -> String {
+    let sets: Vec<String> = containers
+        .iter()
+        .map(|c| format!("{}: {:?} (retired {:?})", c.cid, c.replicas, c.retired))
+        .collect();
+    sets.join("; ")
+}
+
 /// Checks `done` every `poll` for at most `limit` (simulated); whether it
 /// came true.
 async fn poll_until(limit: Duration, poll: Duration, done: impl Fn() -> bool) -> bool {
@@ -536,11 +573,13 @@ fn build_node(
         .expect("a simulated node listens on an ip:port");
     let clock = Arc::new(SimClock::new(spec.skew));
     let service = Arc::new(Mutex::new(None));
+    let containers = Arc::new(Mutex::new(config.node.containers.clone()));
     let disk = SimDisk::new(spec.disk);
     let base_faults = spec.disk.faults;
     let boot = Boot {
         name: name.clone(),
         config: config.clone(),
+        containers: containers.clone(),
         disk: disk.clone(),
         redb_cache_bytes: spec.redb_cache_bytes,
         clock: clock.clone(),
@@ -565,6 +604,7 @@ fn build_node(
         replica_id,
         addr,
         config,
+        containers,
         disk,
         base_faults,
         clock,
@@ -578,6 +618,8 @@ fn build_node(
 struct Boot {
     name: String,
     config: Config,
+    /// Replaces `config`'s `node.containers` at each start.
+    containers: Arc<Mutex<Vec<ContainerConfig>>>,
     disk: SimDisk,
     redb_cache_bytes: Option<usize>,
     clock: Arc<SimClock>,
@@ -595,10 +637,16 @@ struct Boot {
 impl Boot {
     /// The config and disk of the incarnation to start, and whether it is
     /// the replica itself (the scenario's observers watch only replicas).
+    /// The replica starts with the replica sets of its latest membership
+    /// change.
     fn incarnation(&self) -> (Config, SimDisk, bool) {
         match &*self.stand_in.lock().unwrap() {
             Some(s) => (s.config.clone(), s.disk.clone(), false),
-            None => (self.config.clone(), self.disk.clone(), true),
+            None => {
+                let mut config = self.config.clone();
+                config.node.containers = self.containers.lock().unwrap().clone();
+                (config, self.disk.clone(), true)
+            }
         }
     }
 

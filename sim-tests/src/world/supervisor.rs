@@ -173,6 +173,25 @@ impl Supervisor {
         });
     }
 
+    /// A drained restart that makes the replica take its new membership
+    /// config (`World::set_node_containers`), once no other restart of it
+    /// is under way. A replica that is down takes the config when it
+    /// starts again, so there is nothing to do for it.
+    pub async fn restart_for_membership(self: &Arc<Self>, replica: ReplicaId) {
+        loop {
+            if !self.world.is_up(replica) {
+                return;
+            }
+            if self.supervised.lock().unwrap().insert(replica) {
+                break;
+            }
+            madsim::time::sleep(DRAIN_POLL).await;
+        }
+        let _guard = InFlight::enter(&self.in_flight);
+        self.drain_and_restart_now(replica).await;
+        self.supervised.lock().unwrap().remove(&replica);
+    }
+
     /// Before the restart, which would drop any caller the replica left
     /// hanging, its inbound traffic stops for a moment and every caller
     /// must have had its answer by then.

@@ -43,6 +43,8 @@ pub(super) struct PullCounters {
     /// Tree names a peer listed beyond `limits.max_tracked_trees`, left
     /// for later rounds.
     pub sync_names_deferred: AtomicU64,
+    /// `GetOpLog` pages applied (not the stamp pages).
+    pub sync_pages_pulled: AtomicU64,
 }
 
 /// The pull cursors kept in memory, at most `limits.max_tracked_trees`,
@@ -140,6 +142,9 @@ pub(super) struct Puller {
     cursors: Mutex<PullCursors>,
     pub counters: PullCounters,
     observer: Mutex<Option<Arc<dyn PullObserver>>>,
+    /// The (tree, peer) pairs the planted bug `JoinerStopsAfterFirstPage`
+    /// stopped pulling; always empty without it.
+    stalled: Mutex<BTreeSet<(TreeKey, ReplicaId)>>,
 }
 
 impl Puller {
@@ -149,6 +154,7 @@ impl Puller {
             cursors: Mutex::default(),
             counters: PullCounters::default(),
             observer: Mutex::default(),
+            stalled: Mutex::default(),
         }
     }
 
@@ -356,7 +362,15 @@ impl Puller {
         };
         let start = cursor.position();
         let pulled_before = self.counters.ops_pulled.load(Ordering::Relaxed);
-        let result = self.pull_pages(tree, peer, cursor_peer, &mut cursor).await;
+        let pages_max = match self.joiner_stalls(tree, peer, start)? {
+            // Planted bug: a joining pair pulls its first page, then no more.
+            true if start > 0 => 0,
+            true => 1,
+            false => MAX_PULL_PAGES_PER_ROUND,
+        };
+        let result = self
+            .pull_pages(tree, peer, cursor_peer, &mut cursor, pages_max)
+            .await;
         assert!(cursor.position() >= start, "pull cursor moved back");
         let now = self.core.env.clock.now();
         let period = persist_period(self.core.config.tree.replication_timeout);
@@ -381,6 +395,25 @@ impl Puller {
             });
         }
         persisted.and(result)
+    }
+
+    /// The planted bug `JoinerStopsAfterFirstPage`: true when this pass
+    /// pulls at most one page, for a tree not held here when its first
+    /// pass from `peer` began; a stalled pair pulls nothing more.
+    fn joiner_stalls(&self, tree: &TreeKey, peer: ReplicaId, start: u64) -> Result<bool> {
+        if !canary::active(Canary::JoinerStopsAfterFirstPage) {
+            return Ok(false);
+        }
+        let key = (tree.clone(), peer);
+        let mut stalled = self.stalled.lock().expect("stalled pulls");
+        if stalled.contains(&key) {
+            return Ok(true);
+        }
+        let joining = start == 0 && !self.core.forest.tree_exists(tree)?;
+        if joining {
+            stalled.insert(key);
+        }
+        Ok(joining)
     }
 
     /// Forgets the in-memory pull cursors of dropped trees (their durable
@@ -415,8 +448,9 @@ impl Puller {
         peer: ReplicaId,
         cursor_peer: ReplicaId,
         cursor: &mut LazyCursor,
+        pages_max: usize,
     ) -> Result<()> {
-        for _ in 0..MAX_PULL_PAGES_PER_ROUND {
+        for _ in 0..pages_max {
             let asked = cursor.position();
             let stamps = match self.fetch_stamps(tree, peer, asked).await? {
                 Some(stamps) if !stamps.is_empty() => stamps,
@@ -618,6 +652,9 @@ impl Puller {
                 return Ok(());
             }
             let (applied_to, fresh, stop) = self.apply_page(tree, from, entries).await?;
+            self.counters
+                .sync_pages_pulled
+                .fetch_add(1, Ordering::Relaxed);
             pulled.fresh += fresh;
             pulled.reach(applied_to);
             if stop.is_some() {
@@ -710,13 +747,12 @@ impl Puller {
         }
     }
 
-    /// A pulled op must be stamped by a replica of its container: a peer
-    /// holds and hands out others' ops, but only ever those of the
-    /// container's replicas (docs/design.md §9).
+    /// A pulled op must be stamped by a replica of its container, present
+    /// or retired: a peer holds and hands out others' ops, but only ever
+    /// those of the container's replicas (docs/design.md §6, §9).
     fn check_origin(&self, tree: &TreeKey, op: &Move) -> Result<()> {
         let origin = timestamp_replica(op.ts());
-        let members = &self.core.membership;
-        if origin == members.own() || members.peers_of(&tree.cid).contains(&origin) {
+        if self.core.membership.may_stamp(&tree.cid, origin) {
             return Ok(());
         }
         self.core
