@@ -81,11 +81,11 @@ pub struct Watched {
 impl Handler for Watched {
     fn serve(self: Arc<Self>, caller: Caller, request: Request) -> BoxFuture<'static, Response> {
         Box::pin(async move {
-            let seen = self.watch.wants(&caller, &request).then(|| request.clone());
+            let seen = self.watch.wants(&self.service, &caller, &request);
             let response = self.service.handle(&caller, request).await;
-            if let Some(request) = seen {
+            if let Some(seen) = seen {
                 let watch = &self.watch;
-                watch.answered(self.replica, &self.service, &caller, &request, &response);
+                watch.answered(self.replica, &self.service, &caller, seen, &response);
             }
             response
         })
