@@ -237,10 +237,10 @@ async fn a_drop_whose_outcome_is_unknown_forgets_the_pull_cursors() {
     let mut configs = cluster_configs(2);
     // Listed, so that sync looks for the tree after this node dropped it.
     for config in &mut configs {
-        config.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
+        config
+            .node
+            .containers
+            .push(ContainerConfig::new(cid(), vec![1, 2]));
     }
     let peer_config = configs.remove(1);
     let mut config = configs.remove(0);
