@@ -105,8 +105,9 @@ readonly CANARIES=(
     "DropForgetsMarks|sync-heavy|a tree created again after a drop restarts its counter and heights at zero"
     "PeerIdentityUnchecked|misconfig|sync pulls from a peer answering as another replica"
     "RejoinAcceptsWrites|replace|a node rejoining after its disk was replaced writes before it pulled its peers' logs"
+    "JoinerStopsAfterFirstPage|members|a joining replica stops pulling a tree after its first page"
 )
-readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig replace)
+readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace)
 
 sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
 canary_cmd() {

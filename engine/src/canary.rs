@@ -51,10 +51,14 @@ pub enum Canary {
     /// before it pulled its peers' logs: its new stamps repeat ones its
     /// lost disk gave to other ops.
     RejoinAcceptsWrites = 18,
+    /// A replica pulling a tree it does not hold yet (a joiner of its
+    /// container) stops pulling it from that peer after the first page,
+    /// for as long as the process lives.
+    JoinerStopsAfterFirstPage = 19,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 18] = [
+    pub const ALL: [Canary; 19] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -73,6 +77,7 @@ impl Canary {
         Canary::DropForgetsMarks,
         Canary::PeerIdentityUnchecked,
         Canary::RejoinAcceptsWrites,
+        Canary::JoinerStopsAfterFirstPage,
     ];
 }
 

@@ -70,10 +70,9 @@ fn all_idle(nodes: &[Arc<Service>]) -> bool {
 /// trees on a node that does not hold them yet.
 fn list_container_on_both(configs: &mut [Config]) {
     for c in configs {
-        c.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
+        c.node
+            .containers
+            .push(ContainerConfig::new(cid(), vec![1, 2]));
     }
 }
 
@@ -403,10 +402,10 @@ async fn bad_requests_get_typed_errors() {
     let mut config = cluster_configs(1).remove(0);
     config.limits.max_meta_bytes = 256;
     config.limits.max_path_len = 4;
-    config.node.containers.push(ContainerConfig {
-        cid: arbor::ContainerId([9; 32]),
-        replicas: vec![],
-    });
+    config
+        .node
+        .containers
+        .push(ContainerConfig::new(arbor::ContainerId([9; 32]), vec![]));
     // A container listed without this node: it is not ours.
     config.node.containers[0].replicas = vec![];
     let forest = memory_forest(&config);
@@ -690,6 +689,67 @@ async fn sync_survives_dropped_calls() {
     net.drop_calls_to(1, 0);
     nodes[2].sync_now().await;
     assert_eq!(dump(&nodes[2], &t), dump(&nodes[0], &t));
+}
+
+/// Adds `count` nodes to `t`, retrying each add that a full batcher
+/// refused: a client load that keeps the node's write queue full.
+async fn add_through_overload(service: Arc<Service>, t: TreeKey, name: String, count: usize) {
+    for i in 0..count {
+        let request = Request::Add {
+            tree: t.clone(),
+            parent: ROOT,
+            items: vec![kv(ATTR_FILE_NAME, &format!("{name}-{i}"))],
+        };
+        loop {
+            match service.handle(&Caller::Anonymous, request.clone()).await {
+                Response::Added { .. } => break,
+                Response::Error(Error::Overloaded(_)) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await
+                }
+                other => panic!("add failed: {other:?}"),
+            }
+        }
+    }
+}
+
+/// Regression (sync-only seed 341): a sync round on a node whose batcher
+/// was full took the refusal of a pulled page as the peer's failure and
+/// skipped the peer for the rest of the round, so one round did not bring
+/// the node the peer's ops. A full batcher is the node's own load; the
+/// page waits for room. Failed before the fix: `t` stayed empty on node 2.
+#[tokio::test(start_paused = true)]
+async fn sync_waits_out_its_own_full_batcher() {
+    let net = LocalNet::new();
+    let mut configs = cluster_configs(2);
+    for c in &mut configs {
+        c.limits.max_pending_writes = 4;
+        c.limits.sync_page_size = 4;
+    }
+    list_container_on_both(&mut configs);
+    let nodes = start_cluster(&net, configs);
+    let t = tree("t");
+    net.cut(1, 2, true);
+    for i in 0..12 {
+        add(&nodes[0], &t, ROOT, &format!("n{i}")).await;
+    }
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let load = add_through_overload(nodes[1].clone(), tree("load"), format!("w{w}"), 10);
+            tokio::spawn(load)
+        })
+        .collect();
+    nodes[1].sync_now().await;
+    let pulled = dump(&nodes[1], &t).map_or(0, |d| d.log.len());
+    assert_eq!(pulled, 12, "one round pulls the whole log of the peer");
+    assert_eq!(dump(&nodes[1], &t), dump(&nodes[0], &t));
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    assert!(
+        nodes[1].stats().writes_rejected_overload > 0,
+        "the batcher was never full: the test proves nothing"
+    );
+    assert_eq!(nodes[1].stats().sync_peer_errors, 0);
 }
 
 /// Regression (found by service_random): a peer with a smaller page limit

@@ -143,10 +143,10 @@ async fn a_peer_listing_more_trees_than_the_bound_is_synced_over_rounds() {
     let mut configs = bounded_configs(2);
     for config in &mut configs {
         // Listed, so node 2 asks for trees it does not hold yet.
-        config.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
+        config
+            .node
+            .containers
+            .push(ContainerConfig::new(cid(), vec![1, 2]));
     }
     let nodes: Vec<Arc<Service>> = start_cluster(&net, configs);
     // Only sync carries node 1's trees to node 2.

@@ -106,10 +106,9 @@ async fn shared_cursor(planted: bool) -> usize {
     let net = LocalNet::new();
     let mut configs = cluster_configs(3);
     for c in &mut configs {
-        c.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2, 3],
-        });
+        c.node
+            .containers
+            .push(ContainerConfig::new(cid(), vec![1, 2, 3]));
     }
     let nodes = start_cluster(&net, configs);
     // Nodes 1 and 2 cannot reach each other or node 3: their logs differ.

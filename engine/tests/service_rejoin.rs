@@ -48,10 +48,10 @@ fn rejoin_config(mut config: Config) -> Config {
 async fn node_2_pulled_then_lost(net: &Arc<LocalNet>) -> (Vec<Config>, Vec<Arc<Service>>, TreeKey) {
     let mut configs = cluster_configs(2);
     for config in &mut configs {
-        config.node.containers.push(ContainerConfig {
-            cid: cid(),
-            replicas: vec![1, 2],
-        });
+        config
+            .node
+            .containers
+            .push(ContainerConfig::new(cid(), vec![1, 2]));
     }
     let mut nodes = start_cluster(net, configs.clone());
     let t = tree("t");

@@ -5,13 +5,17 @@
 
 mod service_support;
 
+use arbor::config::ContainerConfig;
 use arbor::forest::{Forest, ForestOptions, WriteOutcome};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
 use arbor::Caller;
 use arbor::{Error, KeyValue, ROOT};
 use redb::StorageBackend;
-use service_support::{add_to_root as add, cluster_configs, eventually, test_env, tree, LocalNet};
+use service_support::{
+    add_to_root as add, cid, cluster_configs, dump, eventually, memory_forest, start_node,
+    test_env, tree, LocalNet,
+};
 use std::io::Error as BackendIoError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +27,9 @@ use std::time::Duration;
 struct SharedDisk {
     bytes: Arc<Mutex<Vec<u8>>>,
     failing: Arc<AtomicBool>,
+    /// Syncs fail although every write already reached the bytes: the
+    /// write is durable and only its report failed.
+    sync_failing: Arc<AtomicBool>,
 }
 
 impl SharedDisk {
@@ -33,6 +40,10 @@ impl SharedDisk {
 
     fn set_failing(&self, failing: bool) {
         self.failing.store(failing, Ordering::SeqCst);
+    }
+
+    fn set_sync_failing(&self, failing: bool) {
+        self.sync_failing.store(failing, Ordering::SeqCst);
     }
 }
 
@@ -77,7 +88,11 @@ impl StorageBackend for SharedBackend {
     }
 
     fn sync_data(&self) -> Result<(), BackendIoError> {
-        self.check()
+        self.check()?;
+        if self.0.sync_failing.load(Ordering::SeqCst) {
+            return Err(BackendIoError::other("injected sync error"));
+        }
+        Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
@@ -209,4 +224,66 @@ async fn service_reopens_its_database_after_an_io_error() {
     assert!(ids.contains(&kept), "a committed node was lost: {ids:?}");
     assert_eq!(dump.log.len(), 2, "only `kept` and `after` were stored");
     service.shutdown();
+}
+
+/// Regression (sync-heavy seed 836): a Drop whose commit reported a sync
+/// error had in fact reached the disk, but the service kept the tree's
+/// in-memory pull cursors, since it forgot them only after a successful
+/// drop. After the reopen the tree was gone while the cursor still stood
+/// past the peer's ops, so the next pull skipped them for good.
+#[tokio::test(start_paused = true)]
+async fn a_drop_whose_outcome_is_unknown_forgets_the_pull_cursors() {
+    let disk = SharedDisk::default();
+    let mut configs = cluster_configs(2);
+    // Listed, so that sync looks for the tree after this node dropped it.
+    for config in &mut configs {
+        config
+            .node
+            .containers
+            .push(ContainerConfig::new(cid(), vec![1, 2]));
+    }
+    let peer_config = configs.remove(1);
+    let mut config = configs.remove(0);
+    config.pilorama.reopen_attempts_max = 5;
+    let forest =
+        Forest::open_with_backend_factory(disk.factory(), config.forest_options()).expect("open");
+    let net = LocalNet::new();
+    let peer = start_node(&net, peer_config.clone(), memory_forest(&peer_config));
+    let node = start_node(&net, config, forest);
+    for i in 0..5 {
+        let added = add_via(&peer, &format!("peer-{i}")).await;
+        assert!(matches!(added, Response::Added { .. }), "{added:?}");
+    }
+    node.sync_now().await;
+    assert_eq!(dump(&node, &tree("t")).map(|d| d.log.len()), Some(5));
+
+    // The drop reaches the disk; only the sync's report fails.
+    disk.set_sync_failing(true);
+    let drop = Request::Drop {
+        cid: cid(),
+        tree: Some("t".into()),
+    };
+    let dropped = node.handle(&Caller::Anonymous, drop).await;
+    assert!(
+        matches!(dropped, Response::Error(Error::Storage(_))),
+        "{dropped:?}"
+    );
+    disk.set_sync_failing(false);
+    eventually(
+        "the node reopened its database",
+        Duration::from_secs(10),
+        || node.stats().reopens >= 1,
+    )
+    .await;
+    assert!(
+        dump(&node, &tree("t")).is_none(),
+        "the drop did not reach the disk, so this test proves nothing"
+    );
+
+    // The peer pushed everything long ago: only a pull brings it back.
+    node.sync_now().await;
+    let log = dump(&node, &tree("t")).map(|d| d.log.len());
+    assert_eq!(log, Some(5), "the pull skipped the peer's ops");
+    node.shutdown();
+    peer.shutdown();
 }

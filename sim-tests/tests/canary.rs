@@ -166,3 +166,8 @@ fn peer_identity_unchecked() {
 fn rejoin_accepts_writes() {
     caught(Canary::RejoinAcceptsWrites);
 }
+
+#[test]
+fn joiner_stops_after_first_page() {
+    caught(Canary::JoinerStopsAfterFirstPage);
+}

@@ -110,6 +110,22 @@ pub struct PeerConfig {
 pub struct ContainerConfig {
     pub cid: ContainerId,
     pub replicas: Vec<ReplicaId>,
+    /// Replicas that held the container once and left it
+    /// (docs/design.md §6, membership): neither peers nor served, but the
+    /// ops they stamped while members are still the container's, so a
+    /// pull accepts them.
+    pub retired: Vec<ReplicaId>,
+}
+
+impl ContainerConfig {
+    /// A container held by `replicas`, none retired.
+    pub fn new(cid: ContainerId, replicas: Vec<ReplicaId>) -> Self {
+        Self {
+            cid,
+            replicas,
+            retired: Vec::new(),
+        }
+    }
 }
 
 /// `limits:` section: bounds on everything that could grow.
@@ -419,6 +435,16 @@ impl Config {
             if let Some(unknown) = container.replicas.iter().find(|r| !known.contains(r)) {
                 return Err(Error::Config(format!(
                     "node.containers: replica {unknown} of {} is neither this node nor a peer",
+                    container.cid
+                )));
+            }
+            if let Some(both) = container
+                .retired
+                .iter()
+                .find(|r| container.replicas.contains(r))
+            {
+                return Err(Error::Config(format!(
+                    "node.containers: replica {both} of {} is listed as a replica and as retired",
                     container.cid
                 )));
             }

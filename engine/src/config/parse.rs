@@ -138,8 +138,17 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
                 "{replicas_key}: must list at least one replica"
             )));
         }
+        let retired_key = c.key("retired");
+        let mut retired = Vec::new();
+        for (j, r) in c.list("retired")?.into_iter().enumerate() {
+            retired.push(as_replica_id(&format!("{retired_key}[{j}]"), &r)?);
+        }
         c.finish()?;
-        containers.push(ContainerConfig { cid, replicas });
+        containers.push(ContainerConfig {
+            cid,
+            replicas,
+            retired,
+        });
     }
     let cluster_id = s
         .string("cluster_id")?

@@ -25,6 +25,7 @@ node:
   containers:
     - cid: "0101010101010101010101010101010101010101010101010101010101010101"
       replicas: [1, 2]
+      retired: [3]
 limits:
   max_pending_writes: 7
   max_commit_size: 300
@@ -50,6 +51,7 @@ fn full_file_parses() {
     assert_eq!(c.node.peers[1].address, "127.0.0.1:7003");
     assert_eq!(c.node.containers[0].cid, ContainerId([1; 32]));
     assert_eq!(c.node.containers[0].replicas, vec![1, 2]);
+    assert_eq!(c.node.containers[0].retired, vec![3]);
     assert_eq!(c.limits.max_pending_writes, 7);
     assert_eq!(c.limits.max_commit_size, 300);
     assert_eq!(c.limits.push_scan_heights, 40);
@@ -158,6 +160,10 @@ fn node_section_errors() {
     let stranger =
         format!("node: {{ replica_id: 1, containers: [ {{ cid: \"{cid}\", replicas: [9] }} ] }}");
     assert!(err(&stranger).starts_with("node.containers:"));
+    let both = format!(
+        "node: {{ replica_id: 1, containers: [ {{ cid: \"{cid}\", replicas: [1], retired: [1] }} ] }}"
+    );
+    assert!(err(&both).contains("as a replica and as retired"));
 }
 
 #[test]

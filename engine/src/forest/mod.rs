@@ -215,16 +215,58 @@ impl WriteTxn<'_> {
     }
 }
 
+/// Creates an empty database at `path` when nothing (or an empty file) is
+/// there. redb writes a new file's header in two steps, its magic number
+/// last; a failure or crash in between leaves a file it refuses to open
+/// from then on. So the database is made under a temporary name, synced,
+/// renamed over `path` and the directory synced: `path` is either empty
+/// or a whole database. A temporary file left by an earlier try is
+/// replaced.
+fn create_aside(path: &std::path::Path) -> Result<()> {
+    let io = |what: &str, error: std::io::Error| Error::Storage(format!("{what}: {error}"));
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.len() > 0 => return Ok(()),
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(io("reading the database file", error)),
+    }
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".creating");
+    let aside = path.with_file_name(name);
+    match std::fs::remove_file(&aside) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(io("removing an unfinished database", error)),
+    }
+    drop(redb::Builder::new().create(&aside)?);
+    std::fs::File::open(&aside)
+        .and_then(|file| file.sync_all())
+        .map_err(|error| io("syncing the new database", error))?;
+    std::fs::rename(&aside, path).map_err(|error| io("installing the new database", error))?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|error| io("syncing the database directory", error))
+}
+
 fn closed_database() -> Error {
     Error::Storage("database closed after a storage error; reopening".into())
 }
 
 impl Forest {
     /// Opens (or creates) a forest in a file; `reopen` opens the file again.
+    /// A missing or empty file is first created whole on the side
+    /// (`create_aside`), so a creation cut short leaves no file redb refuses.
     pub fn open(path: &std::path::Path, options: ForestOptions) -> Result<Self> {
         let path = path.to_path_buf();
         Self::open_reopenable(
-            Box::new(move || Ok(redb::Builder::new().create(&path)?)),
+            Box::new(move || {
+                create_aside(&path)?;
+                Ok(redb::Builder::new().create(&path)?)
+            }),
             options,
         )
     }

@@ -208,3 +208,38 @@ fn the_first_layout_is_refused() {
     let error = open_error(&path);
     assert!(matches!(error, Error::Storage(_)), "{error:?}");
 }
+
+#[test]
+fn a_new_database_is_created_aside_and_renamed_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    // Left by a creation that died half way: replaced, never opened.
+    let aside = dir.path().join("tree.db.creating");
+    std::fs::write(&aside, [0u8; 4096]).unwrap();
+    // An empty file at the path counts as nothing there.
+    std::fs::write(&path, []).unwrap();
+    let forest = Forest::open(&path, ForestOptions::default()).unwrap();
+    let t = TreeKey::new(ContainerId([1; 32]), "t");
+    add(&forest, &t);
+    drop(forest);
+    assert!(!aside.exists(), "the temporary file is renamed away");
+    let forest = Forest::open(&path, ForestOptions::default()).unwrap();
+    assert_eq!(forest.next_height(&t), Ok(1), "the database kept its write");
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    std::fs::write(&path, [0u8; 4096]).unwrap();
+    let error = open_error(&path);
+    assert!(
+        matches!(&error, Error::Storage(m) if m.contains("magic")),
+        "{error:?}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        vec![0u8; 4096],
+        "left as it was"
+    );
+}

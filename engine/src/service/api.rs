@@ -211,16 +211,22 @@ impl Service {
         };
         let forest = self.core.forest.clone();
         let listed = trees.clone();
-        blocking(&*self.core.env.runtime, move || match tree {
+        let outcome = blocking(&*self.core.env.runtime, move || match tree {
             Some(name) => forest.tree_drop(&cid, Some(&name)),
             None => forest.trees_drop(&listed),
         })
-        .await?;
+        .await;
+        tracing::debug!(?cid, trees = trees.len(), ok = outcome.is_ok(), "drop ran");
+        // Forgotten whatever the outcome: a commit that reported a storage
+        // error may still have reached the disk, and a pull cursor kept
+        // for a tree that is gone would skip the peer's ops below it for
+        // good. Forgetting costs at most a re-pull from the durable cursor.
         let dropped: BTreeSet<TreeKey> = trees.into_iter().collect();
         self.pusher.forget(&dropped);
         if !canary::active(Canary::DropKeepsPullCursors) {
             self.puller.forget(&dropped);
         }
+        outcome?;
         Ok(Response::Done)
     }
 }

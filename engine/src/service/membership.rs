@@ -23,6 +23,8 @@ struct Listed {
     held_here: bool,
     /// The container's other replicas, ascending, each once.
     peers: Vec<ReplicaId>,
+    /// Replicas that left the container, ascending, each once.
+    retired: Vec<ReplicaId>,
 }
 
 impl Membership {
@@ -40,6 +42,7 @@ impl Membership {
                 let listed = Listed {
                     held_here: container.replicas.contains(&own),
                     peers: peers_except_own(&mut container.replicas.iter().copied()),
+                    retired: peers_except_own(&mut container.retired.iter().copied()),
                 };
                 (container.cid, listed)
             })
@@ -77,6 +80,17 @@ impl Membership {
         }
     }
 
+    /// True when `origin` may have stamped ops of the container: this
+    /// node, one of its other replicas, or one that left it (its ops stay
+    /// the container's, and reach a joiner or a dropped tree by pull).
+    pub fn may_stamp(&self, cid: &ContainerId, origin: ReplicaId) -> bool {
+        let retired = self
+            .listed
+            .get(cid)
+            .is_some_and(|listed| listed.retired.contains(&origin));
+        origin == self.own || self.peers_of(cid).contains(&origin) || retired
+    }
+
     /// Every configured peer, ascending.
     pub fn all_peers(&self) -> impl Iterator<Item = ReplicaId> + '_ {
         self.unlisted_peers.iter().copied()
@@ -109,11 +123,9 @@ mod tests {
             ContainerConfig {
                 cid: ContainerId([1; 32]),
                 replicas: vec![4, 2, 1, 4],
+                retired: vec![3],
             },
-            ContainerConfig {
-                cid: ContainerId([2; 32]),
-                replicas: vec![1, 3],
-            },
+            ContainerConfig::new(ContainerId([2; 32]), vec![1, 3]),
         ];
         node
     }
@@ -133,5 +145,18 @@ mod tests {
         ));
         let listed: Vec<_> = members.listed_here().collect();
         assert_eq!(listed, vec![&ContainerId([1; 32])]);
+    }
+
+    /// A retired replica is no peer, but its ops are still the container's.
+    #[test]
+    fn retired_replicas_stamp_but_are_no_peers() {
+        let members = Membership::from_config(&node());
+        let cid = ContainerId([1; 32]);
+        assert!(!members.peers_of(&cid).contains(&3));
+        assert!(members.may_stamp(&cid, 3));
+        assert!(members.may_stamp(&cid, 2));
+        assert!(members.may_stamp(&cid, 4));
+        assert!(!members.may_stamp(&cid, 5));
+        assert!(!members.may_stamp(&ContainerId([2; 32]), 4));
     }
 }

@@ -61,6 +61,8 @@ pub struct ServiceStats {
     pub writes_rejected_overload: u64,
     pub ops_pushed: u64,
     pub ops_pulled: u64,
+    /// `GetOpLog` pages a sync applied.
+    pub sync_pages_pulled: u64,
     pub sync_rounds: u64,
     /// Writes admitted by the batcher and not answered yet (whether or not
     /// their caller still waits); a value that stays above 0 on an idle
@@ -337,6 +339,7 @@ impl Service {
             writes_rejected_overload: batcher.rejected,
             ops_pushed: load(&push.ops_pushed),
             ops_pulled: load(&pull.ops_pulled),
+            sync_pages_pulled: load(&pull.sync_pages_pulled),
             sync_rounds: load(&pull.sync_rounds),
             pending_writes: batcher.pending,
             commit_us: batcher.commit_us,

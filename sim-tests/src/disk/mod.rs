@@ -361,6 +361,36 @@ impl SimDisk {
         state.stats.disks_destroyed += 1;
     }
 
+    /// Puts `image` in place of an empty disk in one step, as a rename of
+    /// a fully written and synced file over a path holding nothing, then a
+    /// sync of its directory: a database is created aside and installed
+    /// only once whole (docs/design.md §5). A sync error (drawn like a
+    /// `sync_data` error) installs nothing.
+    pub fn install(&self, image: &[u8]) -> io::Result<()> {
+        let mut state = self.lock();
+        assert_eq!(
+            state.current.len, 0,
+            "a database is installed on an empty disk"
+        );
+        let latency = state.config.latency;
+        state.latency_owed += latency.per_write
+            + latency.per_sync
+            + Duration::from_nanos(latency.per_byte_nanos * image.len() as u64);
+        let failure = state.config.faults.sync_error_probability;
+        if state.rng.chance(failure) {
+            state.stats.sync_errors_injected += 1;
+            return Err(io::Error::other("simulated sync error (install)"));
+        }
+        let image = Image::from_bytes(image, state.page_bytes);
+        state.pending.clear();
+        state.pending_pages.clear();
+        state.unchanged_pages = image.pages.len();
+        state.current = image.clone();
+        state.durable = image;
+        state.stats.syncs += 1;
+        Ok(())
+    }
+
     /// Simulated time consumed since the last call.
     pub fn take_latency(&self) -> Duration {
         std::mem::take(&mut self.lock().latency_owed)

@@ -223,10 +223,10 @@ impl Script {
     fn start(setup: Setup, trace: &Trace) -> Arc<Script> {
         // The container is in every node's membership config, as in the
         // scenario: a replica that never saw one of its trees still syncs it.
-        let container = ContainerConfig {
-            cid: fuzz_container(),
-            replicas: (1..=setup.replicas as ReplicaId).collect(),
-        };
+        let container = ContainerConfig::new(
+            fuzz_container(),
+            (1..=setup.replicas as ReplicaId).collect(),
+        );
         let configs = cluster_configs_with(setup.replicas, &setup.knobs, &[container]);
         let disk_config = |i: usize| {
             let mut config = DiskConfig::reliable(i as u64 + 1);

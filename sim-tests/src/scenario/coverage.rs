@@ -65,13 +65,22 @@ pub enum Coverage {
     MisconfigDetected,
     /// Writes that process acknowledged (to a misconfigured node).
     MisconfigAcked,
+    /// Replicas that joined a container, and left one.
+    MemberJoined,
+    MemberLeft,
+    /// Leaves called off: the leaver's ops did not reach the others in time.
+    LeaveCalledOff,
+    /// Joiners that held their members' ops with pushes into them dropped.
+    JoinerSyncedAlone,
+    /// `GetOpLog` pages such joiners had pulled by then.
+    JoinerPages,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 30] = [
+    pub const ALL: [Coverage; 35] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -102,6 +111,11 @@ impl Coverage {
         Coverage::MisconfigWindow,
         Coverage::MisconfigDetected,
         Coverage::MisconfigAcked,
+        Coverage::MemberJoined,
+        Coverage::MemberLeft,
+        Coverage::LeaveCalledOff,
+        Coverage::JoinerSyncedAlone,
+        Coverage::JoinerPages,
     ];
 
     pub fn name(self) -> &'static str {
@@ -136,6 +150,11 @@ impl Coverage {
             Coverage::MisconfigWindow => "misconfiguration windows",
             Coverage::MisconfigDetected => "misconfigurations detected",
             Coverage::MisconfigAcked => "writes acked by a misconfigured node",
+            Coverage::MemberJoined => "replicas joined",
+            Coverage::MemberLeft => "replicas left",
+            Coverage::LeaveCalledOff => "leaves called off",
+            Coverage::JoinerSyncedAlone => "joiners caught up by sync alone",
+            Coverage::JoinerPages => "pages joiners pulled",
         }
     }
 }

@@ -134,6 +134,13 @@ pub type DropScope = (ContainerId, Option<String>);
 /// back to the others by sync). A drop sent to the acker may erase the
 /// write unless it was answered before the write was sent; a drop left
 /// unanswered (a timeout) may take effect any time later.
+///
+/// Once the acker has left the container (docs/design.md §6, membership)
+/// its copy is no longer served, so a drop at the acker is no longer the
+/// only way to erase the write: the leave drained, so every remaining
+/// member held the write then (`Handoff`), and the write may be erased
+/// only if each of them was sent a drop of its tree that it had not
+/// answered by then.
 #[derive(Clone, Debug, Default)]
 pub struct Drops {
     /// Drops sent, per scope and replica.
@@ -146,6 +153,22 @@ pub struct Drops {
     pub answered_before: BTreeMap<usize, u64>,
     /// Drops answered `Done`.
     pub done: u64,
+    /// The leaves that took effect, in time order.
+    pub handoffs: Vec<Handoff>,
+}
+
+/// A leave that drained: when it was checked, every member remaining in
+/// `cid` held every op `leaver` had stamped there, and it never served
+/// the container again.
+#[derive(Clone, Debug)]
+pub struct Handoff {
+    pub cid: ContainerId,
+    pub leaver: ReplicaId,
+    /// The remaining members, each holding the leaver's ops.
+    pub holders: Vec<ReplicaId>,
+    /// `Drops::answered` when the drain was checked: those drops had
+    /// taken effect before the holders were seen holding the ops.
+    answered: BTreeMap<(DropScope, ReplicaId), u64>,
 }
 
 impl Drops {
@@ -185,6 +208,22 @@ impl Drops {
     /// Drops of `tree` answered by any replica so far.
     pub fn answered_of(&self, tree: &TreeKey) -> u64 {
         Self::count(&self.answered, tree, None)
+    }
+
+    /// Whether every holder `acker`'s leave of `tree`'s container handed
+    /// its writes to was sent a drop of `tree` it had not answered when
+    /// the leave drained. False while `acker` has not left.
+    fn dropped_by_every_holder(&self, tree: &TreeKey, acker: ReplicaId) -> bool {
+        let handoff = self
+            .handoffs
+            .iter()
+            .find(|h| h.cid == tree.cid && h.leaver == acker);
+        handoff.is_some_and(|h| {
+            let dropped = |&holder: &ReplicaId| {
+                self.sent_to(tree, holder) > Self::count(&h.answered, tree, Some(holder))
+            };
+            !h.holders.is_empty() && h.holders.iter().all(dropped)
+        })
     }
 }
 
@@ -322,13 +361,31 @@ impl Ledger {
 
     /// Whether a drop may have erased the acknowledged write at `index`:
     /// some drop of its tree sent to its acker was not answered before the
-    /// write was sent.
+    /// write was sent, or its acker left the container and every member it
+    /// handed the write to was sent a drop after (`Drops`).
     pub fn erasable(&self, index: usize) -> bool {
         let Some(&before) = self.drops.answered_before.get(&index) else {
             return false;
         };
         let acked = &self.acked[index];
-        self.drops.sent_to(acked.tree(), acked.acker()) > before
+        let (tree, acker) = (acked.tree(), acked.acker());
+        self.drops.sent_to(tree, acker) > before || self.drops.dropped_by_every_holder(tree, acker)
+    }
+
+    /// Records that `leaver`'s leave of `cid` drained into `holders`: from
+    /// now on only they keep what it acknowledged there.
+    pub fn handed_off(&mut self, cid: ContainerId, leaver: ReplicaId, holders: Vec<ReplicaId>) {
+        assert!(
+            !holders.contains(&leaver),
+            "a leaver hands its writes to others"
+        );
+        let answered = self.drops.answered.clone();
+        self.drops.handoffs.push(Handoff {
+            cid,
+            leaver,
+            holders,
+            answered,
+        });
     }
 
     /// Records a drop about to be sent.
@@ -456,5 +513,47 @@ mod tests {
         assert!(!ledger.erasable(2), "recorded without its drops");
         assert_eq!(ledger.drops.sent_of(&tree), 3);
         assert_eq!(ledger.drops.answered_of(&tree), 2);
+    }
+
+    /// After its acker left the container, a write is erasable only when
+    /// every member the leave handed it to was sent a drop of its tree
+    /// that it had not answered when the leave drained. Members-profile
+    /// seed 6 failed with a lost write before this: its acker had left,
+    /// and the drop that erased it went to every remaining member.
+    #[test]
+    fn after_a_leave_only_drops_at_every_holder_may_erase_the_leavers_writes() {
+        let cid = ContainerId([1; 32]);
+        let tree = TreeKey::new(cid, "t");
+        let other = TreeKey::new(cid, "u");
+        let add = Request::Add {
+            tree: tree.clone(),
+            parent: ROOT,
+            items: vec![KeyValue::new(ATTR_FILE_NAME, b"x".to_vec())],
+        };
+        let t = || (cid, Some("t".to_string()));
+        let mut ledger = Ledger::default();
+        ledger.record_after_drops(1, &add, &Response::Added { node: 5 }, 0);
+        ledger.record_after_drops(4, &add, &Response::Added { node: 6 }, 0);
+        // Answered at replica 3 before the drain: taken into account then.
+        ledger.drop_sent(t(), 3);
+        ledger.drop_answered(t(), 3, true);
+        // Still on its way to replica 2 when the leave drained.
+        ledger.drop_sent(t(), 2);
+        ledger.handed_off(cid, 1, vec![2, 3]);
+        assert!(!ledger.erasable(0), "replica 3 holds it since its drop");
+        ledger.drop_sent((cid, Some("u".into())), 3);
+        assert!(!ledger.erasable(0), "another tree's drop");
+        assert_eq!(ledger.drops.sent_to(&other, 3), 1);
+        ledger.drop_sent((cid, None), 3);
+        assert!(ledger.erasable(0), "every holder was sent a drop since");
+        assert!(
+            !ledger.erasable(1),
+            "its acker did not leave and got no drop of its own"
+        );
+        let mut ledger = Ledger::default();
+        ledger.record_after_drops(1, &add, &Response::Added { node: 5 }, 0);
+        ledger.handed_off(ContainerId([2; 32]), 1, vec![2]);
+        ledger.drop_sent(t(), 2);
+        assert!(!ledger.erasable(0), "its acker left another container");
     }
 }

@@ -113,9 +113,11 @@ async fn check(world: &World, ledger: &Ledger) -> Result {
         // before the quiet period, so no push in flight can help.
         convergence::block_pushes(world);
         madsim::time::sleep(SETTLE).await;
+        liveness::client_requests_end(world).await?;
         convergence::sync_converges(world, ledger, &checkers).await?;
     } else {
         madsim::time::sleep(SETTLE).await;
+        liveness::client_requests_end(world).await?;
     }
     convergence::push_converges(world, ledger, &checkers).await?;
     checkers::answers::count_situations(world)?;

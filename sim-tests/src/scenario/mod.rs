@@ -7,6 +7,7 @@ pub mod coverage;
 pub mod intruder;
 pub mod ledger;
 pub mod lifecycle;
+pub mod members;
 pub mod misconfig;
 pub mod nemesis;
 pub mod oracle;
@@ -192,12 +193,13 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::DropForgetsMarks => "drop_forgets_marks",
         Canary::PeerIdentityUnchecked => "peer_identity_unchecked",
         Canary::RejoinAcceptsWrites => "rejoin_accepts_writes",
+        Canary::JoinerStopsAfterFirstPage => "joiner_stops_after_first_page",
     }
 }
 
 /// The containers of the workload and their replica sets: with four
 /// replicas the second container lives on three of them only.
-fn replica_sets(replicas: usize) -> Vec<(ContainerId, Vec<ReplicaId>)> {
+pub(crate) fn replica_sets(replicas: usize) -> Vec<(ContainerId, Vec<ReplicaId>)> {
     let all: Vec<ReplicaId> = (1..=replicas as ReplicaId).collect();
     workload::containers()
         .into_iter()
@@ -284,7 +286,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 fn build_world(swarm: &Swarm, trace: &Trace) -> World {
     let containers: Vec<ContainerConfig> = replica_sets(swarm.replicas)
         .into_iter()
-        .map(|(cid, replicas)| ContainerConfig { cid, replicas })
+        .map(|(cid, replicas)| ContainerConfig::new(cid, replicas))
         .collect();
     let mut configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
     let access = intruder::access_config(swarm.size.clients);
@@ -338,7 +340,8 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
     }
     let result = async {
         lifecycle::boot(&world).await?;
-        run_workload(plan, &workload, &nemesis, clients, intruder).await;
+        let drivers = (&workload, &nemesis, &supervisor);
+        run_workload(plan, drivers, clients, intruder).await;
         let ledger = async { workload.ledger.lock().unwrap().clone() };
         lifecycle::heal_and_check(&supervisor, ledger).await
     }
@@ -409,8 +412,7 @@ fn count_disk_situations(world: &World) {
 
 async fn run_workload(
     plan: &Plan,
-    workload: &Arc<Workload>,
-    nemesis: &Arc<Nemesis>,
+    (workload, nemesis, supervisor): (&Arc<Workload>, &Arc<Nemesis>, &Arc<Supervisor>),
     clients: Vec<crate::world::Client>,
     intruder: crate::world::Client,
 ) {
@@ -436,6 +438,18 @@ async fn run_workload(
         span,
     )));
     let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
+    // A task more changes the schedule of the whole run: spawned only when
+    // there is a change to carry out, so a seed without one runs (and its
+    // capsules replay) as before membership changes existed.
+    if !plan.changes.is_empty() {
+        tasks.push(madsim::task::spawn(members::run(
+            plan.changes.clone(),
+            supervisor.clone(),
+            workload.clone(),
+            plan.swarm.profile,
+            start,
+        )));
+    }
     for task in tasks {
         let _ = task.await;
     }

@@ -308,11 +308,12 @@ impl Nemesis {
 /// The workload's containers that `replica` holds, with their replica
 /// sets: what a rejoining node lists, as an operator's network map would.
 fn replicated_containers(world: &World, replica: ReplicaId) -> Vec<ContainerConfig> {
+    let view = world.view();
     super::workload::containers()
         .into_iter()
-        .map(|cid| ContainerConfig {
-            cid,
-            replicas: world.replicas_of(&cid),
+        .map(|cid| match view.iter().find(|c| c.cid == cid) {
+            Some(container) => container.clone(),
+            None => ContainerConfig::new(cid, world.replica_ids()),
         })
         .filter(|c| c.replicas.contains(&replica))
         .collect()

@@ -6,6 +6,7 @@
 //! one client's ops cut) still replays: the other faults keep their times
 //! and the other clients their ops.
 
+use super::members::{self, PlannedChange};
 use super::swarm::{FaultMix, Swarm};
 use crate::disk::SplitMix64;
 use arbor::ReplicaId;
@@ -149,6 +150,9 @@ pub struct Plan {
     /// In order of `at_ms`.
     pub faults: Vec<PlannedFault>,
     pub clients: Vec<ClientPlan>,
+    /// Replica sets changed mid-run (`members`), in time order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<PlannedChange>,
 }
 
 /// Why a plan cannot run.
@@ -174,6 +178,8 @@ pub enum PlanError {
     BadClient { index: usize },
     #[error("the plan has {skews} clock skews for {replicas} replicas")]
     Skews { skews: usize, replicas: usize },
+    #[error("membership change {index} {why}")]
+    BadChange { index: usize, why: &'static str },
 }
 
 fn range(rng: &mut SplitMix64, low: u64, high_inclusive: u64) -> u64 {
@@ -203,10 +209,12 @@ impl Plan {
                 skip: Vec::new(),
             })
             .collect();
+        let changes = members::draw(&swarm);
         Plan {
             swarm,
             faults,
             clients,
+            changes,
         }
     }
 
@@ -248,7 +256,8 @@ impl Plan {
             });
         }
         self.validate_faults()?;
-        self.validate_clients()
+        self.validate_clients()?;
+        members::validate(&self.swarm, &self.changes)
     }
 
     fn validate_faults(&self) -> Result<(), PlanError> {
@@ -302,6 +311,9 @@ impl Plan {
         plan.swarm.skews.truncate(replicas);
         plan.faults
             .retain(|f| f.kind.replicas().iter().all(|&r| r as usize <= replicas));
+        if members::validate(&plan.swarm, &plan.changes).is_err() {
+            plan.changes.clear();
+        }
         plan
     }
 }

@@ -61,6 +61,11 @@ pub enum Profile {
     /// Replicas' machines often run a process claiming another replica's
     /// id for a window; sync runs every 500 ms.
     Misconfig,
+    /// Replica sets change: four replicas, the last joins the second
+    /// container early in the run (pushes into it dropped from then on, so
+    /// it converges by sync alone, from pages of at most 32 ops), and in
+    /// half the seeds a replica leaves the first container after that.
+    Members,
 }
 
 impl Profile {
@@ -73,6 +78,7 @@ impl Profile {
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks => Profile::SyncHeavy,
             Canary::RejoinAcceptsWrites => Profile::Replace,
+            Canary::JoinerStopsAfterFirstPage => Profile::Members,
             Canary::FailedBatchHangs => Profile::StorageErrors,
             Canary::PeerIdentityUnchecked => Profile::Misconfig,
             Canary::PullCursorPastFailedPage | Canary::PullCursorPersistedEarly => {
@@ -98,6 +104,7 @@ impl Profile {
             Profile::SyncOnly => "sync-only",
             Profile::Replace => "replace",
             Profile::Misconfig => "misconfig",
+            Profile::Members => "members",
         }
     }
 
@@ -110,6 +117,7 @@ impl Profile {
             Profile::SyncOnly,
             Profile::Replace,
             Profile::Misconfig,
+            Profile::Members,
         ]
         .into_iter()
         .find(|p| p.name() == name)
@@ -361,6 +369,12 @@ impl Swarm {
                 if faults_on {
                     self.faults.misconfig = 1.0;
                 }
+            }
+            Profile::Members => {
+                self.replicas = 4;
+                self.skews.resize(4, ClockSkew::default());
+                self.knobs.sync_interval = Some(Duration::from_millis(300));
+                self.knobs.sync_page_size = self.knobs.sync_page_size.min(32);
             }
             Profile::StorageErrors => {
                 if faults_on {

@@ -10,23 +10,33 @@ use arbor::service::{PullObserver, PullPass, Service};
 use arbor::{Caller, ReplicaId};
 use std::sync::{Arc, Mutex};
 
-/// Sees an answer right after `Service::handle` gave it, in the same step
-/// of the simulation: a read's answer was computed from the replica's
-/// state as it still is.
+/// Sees an answer right after `Service::handle` gave it. A read's answer
+/// was computed from the replica's state at some moment of the call: a
+/// read that spent simulated disk time slept after its work, and commits
+/// may have landed meanwhile, so `Seen` carries what the watch noted of
+/// the replica before the call.
 pub trait AnswerWatch: Send + Sync {
-    /// Whether `answered` wants to see this request (saves a clone).
-    fn wants(&self, caller: &Caller, request: &Request) -> bool;
+    /// `Some` when `answered` wants to see this request, with what the
+    /// watch notes of `service` before the call.
+    fn wants(&self, service: &Service, caller: &Caller, request: &Request) -> Option<Seen>;
     fn answered(
         &self,
         replica: ReplicaId,
         service: &Service,
         caller: &Caller,
-        request: &Request,
+        seen: Seen,
         response: &Response,
     );
     /// The replica's disk was destroyed: what was learnt of its state
     /// (logs, sessions) is void; a new database may reuse tree numbers.
     fn disk_replaced(&self, _replica: ReplicaId) {}
+}
+
+/// A request an `AnswerWatch` follows, and the (incarnation, next height)
+/// of the tree it reads as they were before the call.
+pub struct Seen {
+    pub request: Request,
+    pub before: Option<(Option<u64>, u64)>,
 }
 
 /// Sees every pull pass of a replica once it ended.

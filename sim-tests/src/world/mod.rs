@@ -65,6 +65,9 @@ pub struct SimNode {
     pub replica_id: ReplicaId,
     pub addr: SocketAddr,
     pub config: Config,
+    /// `node.containers` of the node's next start: `config`'s until a
+    /// membership change (`World::set_node_containers`).
+    containers: Arc<Mutex<Vec<ContainerConfig>>>,
     pub disk: SimDisk,
     /// The disk's faults outside error windows (torn writes, say).
     pub base_faults: DiskFaults,
@@ -89,6 +92,16 @@ impl SimNode {
 
     pub fn madsim_id(&self) -> madsim::task::NodeId {
         self.node.id()
+    }
+
+    /// Client requests the current incarnation is still serving, answered
+    /// or not (a caller that timed out leaves its request running); none
+    /// while the node is down.
+    pub fn client_requests_serving(&self) -> u64 {
+        if self.service().is_none() {
+            return 0;
+        }
+        self.boot.serving.lock().unwrap().load(Ordering::SeqCst)
     }
 
     /// True while the node runs as a stand-in (`World::stand_in`).
@@ -119,6 +132,9 @@ pub struct World {
     /// The network's config when the world was built: what healing
     /// restores.
     base_net: madsim::net::Config,
+    /// The replica sets clients and checkers go by (`replicas_of`): the
+    /// operator's map, which a membership change rewrites.
+    view: Mutex<Vec<ContainerConfig>>,
 }
 
 impl World {
@@ -127,6 +143,10 @@ impl World {
         let filter = Arc::new(MessageFilter::default());
         let call_ids = CallIds::default();
         let hooks = Arc::new(hooks::Hooks::default());
+        let view = specs
+            .first()
+            .map(|spec| spec.config.node.containers.clone())
+            .unwrap_or_default();
         let nodes = specs
             .into_iter()
             .map(|spec| {
@@ -143,6 +163,7 @@ impl World {
             call_ids,
             clients: 0,
             base_net: net_config(),
+            view: Mutex::new(view),
         }
     }
 
@@ -192,18 +213,35 @@ impl World {
         self.nodes.iter().map(|n| n.replica_id).collect()
     }
 
-    /// The replicas holding a container, as the membership config says
-    /// (every node's config lists the same sets): its own replica set, or
-    /// every replica when it has none.
+    /// The replicas holding a container, as the operator's map says
+    /// (`view`): its own replica set, or every replica when it has none.
     pub fn replicas_of(&self, cid: &arbor::ContainerId) -> Vec<ReplicaId> {
-        let listed = self.nodes.first().and_then(|node| {
-            let containers = &node.config.node.containers;
-            containers.iter().find(|c| c.cid == *cid)
-        });
-        match listed {
+        let view = self.view.lock().unwrap();
+        match view.iter().find(|c| c.cid == *cid) {
             Some(container) => container.replicas.clone(),
             None => self.replica_ids(),
         }
+    }
+
+    /// The replica sets clients and checkers go by.
+    pub fn view(&self) -> Vec<ContainerConfig> {
+        self.view.lock().unwrap().clone()
+    }
+
+    /// Rewrites the map clients and checkers go by; the nodes keep their
+    /// own until they restart (`set_node_containers`).
+    pub fn set_view(&self, containers: Vec<ContainerConfig>) {
+        self.trace.record(
+            "world",
+            format!("replica sets now {}", sets_text(&containers)),
+        );
+        *self.view.lock().unwrap() = containers;
+    }
+
+    /// The `node.containers` the replica starts with from its next start.
+    pub fn set_node_containers(&self, replica: ReplicaId, containers: Vec<ContainerConfig>) {
+        let node = self.node(replica);
+        *node.containers.lock().unwrap() = containers;
     }
 
     /// True when the replicas run background sync.
@@ -517,6 +555,15 @@ async fn stop_incarnation(node: &SimNode) {
 /// How often the world polls for a state it waits for (simulated).
 const POLL: Duration = Duration::from_millis(1);
 
+/// Replica sets in brief, for the trace.
+fn sets_text(containers: &[ContainerConfig]) -> String {
+    let sets: Vec<String> = containers
+        .iter()
+        .map(|c| format!("{}: {:?} (retired {:?})", c.cid, c.replicas, c.retired))
+        .collect();
+    sets.join("; ")
+}
+
 /// Checks `done` every `poll` for at most `limit` (simulated); whether it
 /// came true.
 async fn poll_until(limit: Duration, poll: Duration, done: impl Fn() -> bool) -> bool {
@@ -554,12 +601,14 @@ fn build_node(
         .expect("a simulated node listens on an ip:port");
     let clock = Arc::new(SimClock::new(spec.skew));
     let service = Arc::new(Mutex::new(None));
+    let containers = Arc::new(Mutex::new(config.node.containers.clone()));
     let disk = SimDisk::new(spec.disk);
     let base_faults = spec.disk.faults;
     let rejoin = Arc::new(Mutex::new(None));
     let boot = Boot {
         name: name.clone(),
         config: config.clone(),
+        containers: containers.clone(),
         disk: disk.clone(),
         redb_cache_bytes: spec.redb_cache_bytes,
         clock: clock.clone(),
@@ -569,6 +618,7 @@ fn build_node(
         hooks,
         slot: service.clone(),
         rejoin: rejoin.clone(),
+        serving: Mutex::default(),
         stand_in: Mutex::new(None),
     };
     let boot = Arc::new(boot);
@@ -584,6 +634,7 @@ fn build_node(
         replica_id,
         addr,
         config,
+        containers,
         disk,
         base_faults,
         clock,
@@ -599,6 +650,8 @@ fn build_node(
 struct Boot {
     name: String,
     config: Config,
+    /// Replaces `config`'s `node.containers` at each start.
+    containers: Arc<Mutex<Vec<ContainerConfig>>>,
     disk: SimDisk,
     redb_cache_bytes: Option<usize>,
     clock: Arc<SimClock>,
@@ -608,14 +661,18 @@ struct Boot {
     hooks: Arc<hooks::Hooks>,
     slot: Arc<Mutex<Option<Arc<Service>>>>,
     rejoin: Arc<Mutex<Option<Vec<ContainerConfig>>>>,
+    /// Client requests the current incarnation serves (`Counted`).
+    serving: Mutex<Arc<AtomicU64>>,
     /// Set while a stand-in runs on this machine instead of the replica.
     stand_in: Mutex<Option<StandIn>>,
 }
 
 impl Boot {
-    /// The config of this start: a node whose disk was replaced rejoins.
+    /// The config of this start: the replica sets of its latest
+    /// membership change; a node whose disk was replaced rejoins.
     fn config(&self) -> Config {
         let mut config = self.config.clone();
+        config.node.containers = self.containers.lock().unwrap().clone();
         if let Some(containers) = self.rejoin.lock().unwrap().clone() {
             config.node.rejoin = true;
             for container in containers {
@@ -634,6 +691,8 @@ impl Boot {
 
     /// The config and disk of the incarnation to start, and whether it is
     /// the replica itself (the scenario's observers watch only replicas).
+    /// The replica starts with the replica sets of its latest membership
+    /// change.
     fn incarnation(&self) -> (Config, SimDisk, bool) {
         match &*self.stand_in.lock().unwrap() {
             Some(s) => (s.config.clone(), s.disk.clone(), false),
@@ -693,6 +752,12 @@ impl Boot {
             }),
             _ => service,
         };
+        let serving = Arc::new(AtomicU64::new(0));
+        *self.serving.lock().unwrap() = serving.clone();
+        let handler = Arc::new(transport::Counted {
+            inner: handler,
+            serving,
+        });
         let limits = (limits.max_message_bytes, limits.max_connections);
         transport::serve_as(config.node.replica_id, addr, handler, caller_at, limits).await;
     }

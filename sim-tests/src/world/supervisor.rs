@@ -199,6 +199,25 @@ impl Supervisor {
         });
     }
 
+    /// A drained restart that makes the replica take its new membership
+    /// config (`World::set_node_containers`), once no other restart of it
+    /// is under way. A replica that is down takes the config when it
+    /// starts again, so there is nothing to do for it.
+    pub async fn restart_for_membership(self: &Arc<Self>, replica: ReplicaId) {
+        loop {
+            if !self.world.is_up(replica) {
+                return;
+            }
+            if self.supervised.lock().unwrap().insert(replica) {
+                break;
+            }
+            madsim::time::sleep(DRAIN_POLL).await;
+        }
+        let _guard = InFlight::enter(&self.in_flight);
+        self.drain_and_restart_now(replica).await;
+        self.supervised.lock().unwrap().remove(&replica);
+    }
+
     /// Before the restart, which would drop any caller the replica left
     /// hanging, its inbound traffic stops for a moment and every caller
     /// must have had its answer by then.
@@ -374,11 +393,12 @@ impl Supervisor {
     }
 }
 
-/// Counts a drained restart under way for as long as it lives.
-struct InFlight(Arc<AtomicU64>);
+/// Counts one thing under way (a drained restart, a client request being
+/// served) for as long as it lives.
+pub(crate) struct InFlight(Arc<AtomicU64>);
 
 impl InFlight {
-    fn enter(counter: &Arc<AtomicU64>) -> Self {
+    pub(crate) fn enter(counter: &Arc<AtomicU64>) -> Self {
         counter.fetch_add(1, Ordering::SeqCst);
         Self(counter.clone())
     }

@@ -47,6 +47,30 @@ impl Handler for arbor::service::Service {
     }
 }
 
+/// A handler that counts the client requests it is serving. A client that
+/// timed out leaves its request running on the server (a `Drop` waiting
+/// for its locks, say), and such a request may still change the replica:
+/// the checks of a healed cluster wait until none is left.
+pub struct Counted {
+    pub inner: Arc<dyn Handler>,
+    pub serving: Arc<AtomicU64>,
+}
+
+impl Handler for Counted {
+    fn serve(self: Arc<Self>, caller: Caller, request: Request) -> BoxFuture<'static, Response> {
+        if let Caller::Peer(_) = caller {
+            return self.inner.clone().serve(caller, request);
+        }
+        let serving = super::supervisor::InFlight::enter(&self.serving);
+        let answer = self.inner.clone().serve(caller, request);
+        Box::pin(async move {
+            let response = answer.await;
+            drop(serving);
+            response
+        })
+    }
+}
+
 /// A service whose answers an `AnswerWatch` sees before they leave.
 pub struct Watched {
     pub replica: ReplicaId,
@@ -57,11 +81,11 @@ pub struct Watched {
 impl Handler for Watched {
     fn serve(self: Arc<Self>, caller: Caller, request: Request) -> BoxFuture<'static, Response> {
         Box::pin(async move {
-            let seen = self.watch.wants(&caller, &request).then(|| request.clone());
+            let seen = self.watch.wants(&self.service, &caller, &request);
             let response = self.service.handle(&caller, request).await;
-            if let Some(request) = seen {
+            if let Some(seen) = seen {
                 let watch = &self.watch;
-                watch.answered(self.replica, &self.service, &caller, &request, &response);
+                watch.answered(self.replica, &self.service, &caller, seen, &response);
             }
             response
         })

@@ -6,6 +6,7 @@
 
 mod page;
 
+use super::backoff::backoff;
 use super::cursor::{self, persist_period, LazyCursor};
 use super::Core;
 use crate::canary::{self, Canary};
@@ -19,6 +20,7 @@ use page::{check_page, missing_runs, SyncPage};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Pages pulled from one peer for one tree in one sync round. Keeps a round
 /// finite when a peer keeps writing; the next round goes on from the cursor.
@@ -67,6 +69,8 @@ pub(super) struct PullCounters {
     /// Pull cursors started again because the peer's log ended below them
     /// or its log epoch changed.
     pub logs_rebuilt: AtomicU64,
+    /// `GetOpLog` pages applied (not the stamp pages).
+    pub sync_pages_pulled: AtomicU64,
 }
 
 /// The pull cursors kept in memory, at most `limits.max_tracked_trees`,
@@ -178,6 +182,9 @@ pub(super) struct Puller {
     log_epochs: Mutex<BTreeMap<ReplicaId, u64>>,
     pub counters: PullCounters,
     observer: Mutex<Option<Arc<dyn PullObserver>>>,
+    /// The (tree, peer) pairs the planted bug `JoinerStopsAfterFirstPage`
+    /// stopped pulling; always empty without it.
+    stalled: Mutex<BTreeSet<(TreeKey, ReplicaId)>>,
 }
 
 impl Puller {
@@ -188,6 +195,7 @@ impl Puller {
             log_epochs: Mutex::default(),
             counters: PullCounters::default(),
             observer: Mutex::default(),
+            stalled: Mutex::default(),
         }
     }
 
@@ -483,7 +491,15 @@ impl Puller {
             .get(&peer)
             .copied();
         let pulled_before = self.counters.ops_pulled.load(Ordering::Relaxed);
-        let mut result = self.pull_pages(tree, peer, cursor_peer, &mut cursor).await;
+        let pages_max = match self.joiner_stalls(tree, peer, start)? {
+            // Planted bug: a joining pair pulls its first page, then no more.
+            true if start > 0 => 0,
+            true => 1,
+            false => MAX_PULL_PAGES_PER_ROUND,
+        };
+        let mut result = self
+            .pull_pages(tree, peer, cursor_peer, &mut cursor, pages_max)
+            .await;
         assert!(cursor.position() >= start, "pull cursor moved back");
         if let Ok(PassEnd::LogRebuilt) = result {
             result = self
@@ -544,6 +560,25 @@ impl Puller {
         Ok(PassEnd::Partial)
     }
 
+    /// The planted bug `JoinerStopsAfterFirstPage`: true when this pass
+    /// pulls at most one page, for a tree not held here when its first
+    /// pass from `peer` began; a stalled pair pulls nothing more.
+    fn joiner_stalls(&self, tree: &TreeKey, peer: ReplicaId, start: u64) -> Result<bool> {
+        if !canary::active(Canary::JoinerStopsAfterFirstPage) {
+            return Ok(false);
+        }
+        let key = (tree.clone(), peer);
+        let mut stalled = self.stalled.lock().expect("stalled pulls");
+        if stalled.contains(&key) {
+            return Ok(true);
+        }
+        let joining = start == 0 && !self.core.forest.tree_exists(tree)?;
+        if joining {
+            stalled.insert(key);
+        }
+        Ok(joining)
+    }
+
     /// Forgets the in-memory pull cursors of dropped trees (their durable
     /// ones went with the tree).
     pub fn forget(&self, trees: &BTreeSet<TreeKey>) {
@@ -576,8 +611,9 @@ impl Puller {
         peer: ReplicaId,
         cursor_peer: ReplicaId,
         cursor: &mut LazyCursor,
+        pages_max: usize,
     ) -> Result<PassEnd> {
-        for _ in 0..MAX_PULL_PAGES_PER_ROUND {
+        for _ in 0..pages_max {
             let asked = cursor.position();
             let stamps = match self.fetch_stamps(tree, peer, asked).await? {
                 Some((stamps, _)) if !stamps.is_empty() => stamps,
@@ -782,6 +818,9 @@ impl Puller {
                 return Ok(());
             }
             let (applied_to, fresh, stop) = self.apply_page(tree, from, entries).await?;
+            self.counters
+                .sync_pages_pulled
+                .fetch_add(1, Ordering::Relaxed);
             pulled.fresh += fresh;
             pulled.reach(applied_to);
             if stop.is_some() {
@@ -823,7 +862,7 @@ impl Puller {
                 op: WriteOp::Apply { op: entry.op },
             })
             .collect();
-        let mut results = self.core.batcher.submit_all(requests).await?.into_iter();
+        let mut results = self.submit_pulled(requests).await?.into_iter();
         let mut applied_to = from;
         let mut fresh = 0;
         for (height, submitted) in heights.into_iter().zip(submit) {
@@ -847,13 +886,39 @@ impl Puller {
         Ok((applied_to, fresh, None))
     }
 
-    /// A pulled op must be stamped by a replica of its container: a peer
-    /// holds and hands out others' ops, but only ever those of the
-    /// container's replicas (docs/design.md §9).
+    /// Hands a pulled page to the batcher. A full batcher is this node's
+    /// own load (client writes, pushes, a second round), not the peer's
+    /// failure: the page waits for room, by the retry schedule of pushes,
+    /// for at most `tree.replication_timeout` in all, and only then stops
+    /// the pass (which skips the peer for the rest of the round).
+    async fn submit_pulled(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<Result<WriteOutcome>>> {
+        let cap = self.core.config.tree.replication_timeout;
+        let mut waited = Duration::ZERO;
+        let mut refusals = 0;
+        loop {
+            let error = match self.core.batcher.submit_all(requests.clone()).await {
+                Err(error @ Error::Overloaded(_)) if waited < cap => error,
+                answer => return answer,
+            };
+            refusals += 1;
+            let wait = backoff(refusals, cap).min(cap - waited);
+            tracing::debug!(%error, ?wait, "pulled page waits for room in the batcher");
+            if self.core.sleep_or_stop(wait).await {
+                return Err(Error::ShuttingDown);
+            }
+            waited += wait;
+        }
+    }
+
+    /// A pulled op must be stamped by a replica of its container, present
+    /// or retired: a peer holds and hands out others' ops, but only ever
+    /// those of the container's replicas (docs/design.md §6, §9).
     fn check_origin(&self, tree: &TreeKey, op: &Move) -> Result<()> {
         let origin = timestamp_replica(op.ts());
-        let members = &self.core.membership;
-        if origin == members.own() || members.peers_of(&tree.cid).contains(&origin) {
+        if self.core.membership.may_stamp(&tree.cid, origin) {
             return Ok(());
         }
         self.core

@@ -96,6 +96,10 @@ fn check_error(request: &Request, error: &Error, view: Option<&TreeView>) -> Che
                 Checked::Wrong(format!("NodeNotFound({node}) for a node the model holds"))
             }
         }
+        // A refusal by membership or rights says nothing of the tree: a
+        // replica out of the container, or one whose config does not yet
+        // list the caller while a membership change rolls out.
+        (Error::NotReplica(_) | Error::PermissionDenied { .. }, _) => Checked::Skipped,
         (_, None) if tree_of(request).is_some() => {
             Checked::Wrong(format!("{error} for a tree it does not hold"))
         }

@@ -62,6 +62,33 @@ impl TreeView {
         }))
     }
 
+    /// The tree as it was before the ops `late` (the last ones its log
+    /// took: within one incarnation a log only grows, so without them it
+    /// is an earlier state). Only the log is kept: the answer checks read
+    /// nothing else.
+    pub fn without(&self, late: &BTreeSet<Timestamp>) -> TreeView {
+        let log: Vec<Move> = self
+            .log
+            .iter()
+            .filter(|op| !late.contains(&op.ts()))
+            .cloned()
+            .collect();
+        assert_eq!(
+            log.len() + late.len(),
+            self.log.len(),
+            "late ops are logged"
+        );
+        TreeView {
+            log,
+            nodes: Vec::new(),
+            first_height: self.first_height,
+            incarnation: self.incarnation,
+            model: OnceLock::new(),
+            children: OnceLock::new(),
+            timestamps: OnceLock::new(),
+        }
+    }
+
     /// The model of this log: every op applied in timestamp order.
     pub fn model(&self) -> &TreeModel {
         self.model.get_or_init(|| {

@@ -7,7 +7,7 @@ use super::expect::{check_read, is_read, tree_of, wrong_detail, Checked};
 use super::TreeView;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::scenario::coverage::{Coverage, CoverageCounter};
-use crate::world::hooks::{AnswerWatch, PullWatch};
+use crate::world::hooks::{AnswerWatch, PullWatch, Seen};
 use crate::world::World;
 use arbor::forest::{CursorKind, Forest};
 use arbor::proto::{Request, Response};
@@ -188,12 +188,12 @@ impl AnswerWatch for AnswerOracle {
         self.views.lock().unwrap().retain(|(r, _), _| *r != replica);
     }
 
-    fn wants(&self, caller: &Caller, request: &Request) -> bool {
+    fn wants(&self, service: &Service, caller: &Caller, request: &Request) -> Option<Seen> {
         let sampled = |every: u64| {
             let count = self.peer_reads.fetch_add(1, Ordering::Relaxed);
             count.is_multiple_of(every)
         };
-        match caller {
+        let wanted = match caller {
             Caller::Client(name) if self.strangers.contains(name) => false,
             Caller::Client(_) if is_log_read(request) => sampled(CLIENT_LOG_READ_SAMPLE),
             Caller::Client(_) => {
@@ -201,7 +201,11 @@ impl AnswerWatch for AnswerOracle {
                     || matches!(request, Request::Add { .. } | Request::AddByPath { .. })
             }
             _ => is_read(request) && sampled(PEER_READ_SAMPLE),
-        }
+        };
+        wanted.then(|| Seen {
+            request: request.clone(),
+            before: tree_of(request).and_then(|tree| tree_heights(service.forest(), tree)),
+        })
     }
 
     fn answered(
@@ -209,9 +213,10 @@ impl AnswerWatch for AnswerOracle {
         replica: ReplicaId,
         service: &Service,
         caller: &Caller,
-        request: &Request,
+        seen: Seen,
         response: &Response,
     ) {
+        let request = &seen.request;
         let client = match caller {
             Caller::Client(name) => Some(name.as_str()),
             _ => None,
@@ -229,7 +234,8 @@ impl AnswerWatch for AnswerOracle {
             // A poisoned database (disk errors): nothing to compare with.
             Some(Err(_)) => return,
         };
-        match check_read(request, response, view.as_deref(), forest) {
+        let (checked, view) = check_during_call(request, response, view, seen.before, forest);
+        match checked {
             Checked::Agreed(kind) => self.coverage.hit(kind),
             Checked::Skipped => {}
             Checked::Wrong(wrong) => {
@@ -242,6 +248,54 @@ impl AnswerWatch for AnswerOracle {
             self.session_read(client, replica, tree, view);
         }
     }
+}
+
+/// A tree's incarnation and next height; `None` when they cannot be read.
+fn tree_heights(forest: &Forest, tree: &TreeKey) -> Option<(Option<u64>, u64)> {
+    Some((
+        forest.tree_incarnation(tree).ok()?,
+        forest.next_height(tree).ok()?,
+    ))
+}
+
+/// Checks a read's answer against the state it was computed from: some
+/// state of the call. With no commit meanwhile that is the tree `now`;
+/// otherwise any state of the same incarnation from the height before the
+/// call up to now (a read that spent simulated disk time slept after its
+/// work), earliest first, and the state that agreed is the one returned. A
+/// drop or re-creation during the call leaves nothing to compare with.
+fn check_during_call(
+    request: &Request,
+    response: &Response,
+    now: Option<Arc<TreeView>>,
+    before: Option<(Option<u64>, u64)>,
+    forest: &Forest,
+) -> (Checked, Option<Arc<TreeView>>) {
+    let checked = check_read(request, response, now.as_deref(), forest);
+    let (Checked::Wrong(_), Some(view), Some((incarnation, height))) = (&checked, &now, before)
+    else {
+        return (checked, now);
+    };
+    let end = view.first_height + view.log.len() as u64;
+    if height == end && incarnation == Some(view.incarnation) {
+        return (checked, now);
+    }
+    let tree = tree_of(request).expect("a read of a tree");
+    let late = match forest.get_op_log(tree, height, (end - height) as usize) {
+        Ok(late) if incarnation == Some(view.incarnation) && height < end => late,
+        _ => return (Checked::Skipped, None),
+    };
+    assert_eq!(late.len() as u64, end - height, "one read, one log");
+    let mut gone: BTreeSet<Timestamp> = late.iter().map(|entry| entry.op.ts()).collect();
+    for entry in &late {
+        let earlier = view.without(&gone);
+        let again = check_read(request, response, Some(&earlier), forest);
+        if !matches!(again, Checked::Wrong(_)) {
+            return (again, Some(Arc::new(earlier)));
+        }
+        gone.remove(&entry.op.ts());
+    }
+    (checked, now)
 }
 
 /// After each pull pass, every op of the peer below the puller's cursor,
