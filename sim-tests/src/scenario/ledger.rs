@@ -200,6 +200,18 @@ impl Drops {
         Self::count(&self.sent, tree, Some(replica))
     }
 
+    /// Whether `replica` was sent a drop of `tree` that it had not
+    /// answered when `answered_then` (a copy of `answered`) was taken:
+    /// such a drop may have run after that moment.
+    pub fn dropped_since(
+        &self,
+        tree: &TreeKey,
+        replica: ReplicaId,
+        answered_then: &BTreeMap<(DropScope, ReplicaId), u64>,
+    ) -> bool {
+        self.sent_to(tree, replica) > Self::count(answered_then, tree, Some(replica))
+    }
+
     /// Drops of `tree` sent to any replica so far.
     pub fn sent_of(&self, tree: &TreeKey) -> u64 {
         Self::count(&self.sent, tree, None)

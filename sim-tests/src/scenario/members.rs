@@ -235,7 +235,13 @@ fn stamps_of(
     replica: ReplicaId,
     cid: &ContainerId,
 ) -> Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>> {
-    let service = world.node(replica).service()?;
+    let node = world.node(replica);
+    // A stand-in on the replica's machine runs on a disk of its own: what
+    // it holds says nothing of the replica's.
+    if node.is_stand_in() {
+        return None;
+    }
+    let service = node.service()?;
     let forest = service.forest();
     let mut stamps = BTreeMap::new();
     for tree in forest.tree_list(cid).ok()? {
@@ -396,6 +402,9 @@ impl Driver {
         // At the instant the drain was seen complete: the remaining members
         // hold what the leaver acknowledged, and only their drops can erase
         // it from now on (the leaver's copy is no longer served).
+        self.note(format!(
+            "replica-{leaver} drained into {remaining:?}: its leave takes effect"
+        ));
         (self.workload.ledger.lock().unwrap()).handed_off(cid, leaver, remaining.clone());
         let held = stamps_of(&self.world, leaver, &cid).map(|s| stamped_by(s, leaver));
         self.configure_all(&sets);

@@ -257,7 +257,10 @@ impl Nemesis {
         let world = self.world();
         let ids = world.replica_ids();
         let busy = ids.iter().any(|&r| {
-            !world.is_up(r) || self.supervisor.is_supervised(r) || self.supervisor.is_poisoned(r)
+            !world.is_up(r)
+                || world.node(r).is_stand_in()
+                || self.supervisor.is_supervised(r)
+                || self.supervisor.is_poisoned(r)
         });
         let captured = if busy {
             None
@@ -274,17 +277,15 @@ impl Nemesis {
             "destroy the disk of replica-{victim}, replace it after {downtime:?}"
         ));
         let disk = world.disk_generation(victim);
-        self.workload
-            .ledger
-            .lock()
-            .unwrap()
-            .replaced
-            .destroyed
-            .push(Destruction {
-                replica: victim,
-                disk,
-                held,
-            });
+        let mut ledger = self.workload.ledger.lock().unwrap();
+        let drops_answered = ledger.drops.answered.clone();
+        ledger.replaced.destroyed.push(Destruction {
+            replica: victim,
+            disk,
+            held,
+            drops_answered,
+        });
+        drop(ledger);
         let containers = replicated_containers(world, victim);
         self.sweeps.forget(victim);
         self.supervisor

@@ -19,7 +19,7 @@
 //! copy of a write its acker had already handed on.
 
 use super::checkers::Contents;
-use super::ledger::{Acked, Ledger};
+use super::ledger::{Acked, DropScope, Drops, Ledger};
 use arbor::forest::records::LogView;
 use arbor::forest::ReplicaContent;
 use arbor::{timestamp_replica, NodeId, ReplicaId, TreeKey, TRASH};
@@ -34,19 +34,31 @@ pub struct Destruction {
     /// Every tree of every replica, the victim's included, as captured
     /// then.
     pub held: Contents,
+    /// `Drops::answered` then: a drop sent to a replica and not answered
+    /// by then may have erased what it held at the capture.
+    pub drops_answered: BTreeMap<(DropScope, ReplicaId), u64>,
 }
 
 impl Destruction {
     /// Whether this destruction took the last copy of `acked`: the victim
-    /// held it and no other replica did.
-    fn took_last_copy(&self, presence: &BTreeMap<ReplicaId, Presence<'_>>, acked: &Acked) -> bool {
+    /// held it, and every other replica that held it then was sent a drop
+    /// of its tree that may have run after (docs/design.md §6: a drop on
+    /// the replicas that held a write erases it), so none may keep it.
+    fn took_last_copy(
+        &self,
+        presence: &BTreeMap<ReplicaId, Presence<'_>>,
+        acked: &Acked,
+        drops: &Drops,
+    ) -> bool {
         let victim_held = presence
             .get(&self.replica)
             .is_some_and(|held| held.holds(acked));
-        let held_elsewhere = presence
-            .iter()
-            .any(|(&replica, held)| replica != self.replica && held.holds(acked));
-        victim_held && !held_elsewhere
+        let kept_elsewhere = presence.iter().any(|(&replica, held)| {
+            replica != self.replica
+                && held.holds(acked)
+                && !drops.dropped_since(acked.tree(), replica, &self.drops_answered)
+        });
+        victim_held && !kept_elsewhere
     }
 }
 
@@ -134,7 +146,7 @@ impl Replacements {
                 continue;
             };
             let mut later = self.destroyed.iter().zip(presences).skip(first);
-            if later.any(|(d, presence)| d.took_last_copy(presence, acked)) {
+            if later.any(|(d, presence)| d.took_last_copy(presence, acked, &ledger.drops)) {
                 risky.insert(index);
             }
         }
@@ -264,6 +276,7 @@ mod tests {
             replica,
             disk: 0,
             held: Contents::new(),
+            drops_answered: BTreeMap::new(),
         }
     }
 
@@ -308,6 +321,43 @@ mod tests {
         let presences = [first, second];
         let risky = replacements.at_risk_among(&ledger, &presences);
         assert_eq!(risky, BTreeSet::from([0, 3]));
+    }
+
+    // Regression (standard small seed 67): replica 1 acknowledged a write
+    // and pushed it to replica 3 only; replica 1's disk was destroyed, and
+    // then a drop of the tree ran on replica 3. No replica kept it, yet
+    // neither rule excused it: the drop was not sent to the acker, and the
+    // destruction did not take the last copy. Both together did.
+    #[test]
+    fn a_destruction_and_a_drop_together_take_the_last_copy() {
+        let write = (12 << 16) | 1;
+        let mut ledger = Ledger {
+            acked: vec![created(write, 1)],
+            ..Ledger::default()
+        };
+        let held = BTreeMap::from([(1, holding(&[write])), (3, holding(&[write]))]);
+        let replacements = Replacements {
+            destroyed: vec![destruction(1)],
+            sent_to_disk: BTreeMap::new(),
+        };
+        let presences = [held];
+        assert!(replacements.at_risk_among(&ledger, &presences).is_empty());
+        // A drop of another tree changes nothing.
+        let other = TreeKey::new(tree().cid, "other");
+        ledger.drop_sent((other.cid, Some(other.tree.clone())), 3);
+        assert!(replacements.at_risk_among(&ledger, &presences).is_empty());
+        ledger.drop_sent((tree().cid, Some(tree().tree.clone())), 3);
+        assert_eq!(
+            replacements.at_risk_among(&ledger, &presences),
+            BTreeSet::from([0])
+        );
+        // A drop replica 3 had answered before the capture ran before it:
+        // replica 3 held the write after it.
+        let mut answered_before = replacements.clone();
+        answered_before.destroyed[0].drops_answered = ledger.drops.sent.clone();
+        assert!(answered_before
+            .at_risk_among(&ledger, &presences)
+            .is_empty());
     }
 
     /// Only the disk a write was sent to counts: a write to replica 2's

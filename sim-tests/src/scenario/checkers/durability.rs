@@ -123,9 +123,22 @@ fn acked_present(at: &Checkpoint) -> Result {
             continue;
         }
         if !present {
+            let tree = acked.tree();
+            let holders: Vec<ReplicaId> = (at.contents.iter())
+                .filter(|(_, trees)| {
+                    let presence = crate::scenario::replace::Presence::of(
+                        trees.iter().filter(|(t, _)| *t == tree),
+                    );
+                    presence.holds(acked)
+                })
+                .map(|(&replica, _)| replica)
+                .collect();
             return Err(Failure::new(
                 FailureKind::LostWrite,
-                format!("{}: acknowledged {acked:?} is missing", at.when),
+                format!(
+                    "{}: acknowledged {acked:?} is missing (replicas holding it now: {holders:?})",
+                    at.when
+                ),
             ));
         }
     }
