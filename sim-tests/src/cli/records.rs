@@ -87,30 +87,12 @@ pub fn replay_command(run: &SeedRun, options: &Options) -> String {
     format!("{}{no_faults}", run.report.replay_commands())
 }
 
-/// The source commit: `ARBOR_COMMIT` at build time when the builder set
-/// it, else `git rev-parse HEAD` of the tree this binary was built from
-/// (with `-dirty` when tracked files differ from it), else "unknown".
+/// The source commit the binary was built from (`build.rs`):
+/// `ARBOR_COMMIT` when the builder set it, else `git rev-parse HEAD` at
+/// build time (with `-dirty` when tracked files differed from it), else
+/// "unknown".
 pub fn commit() -> String {
-    if let Some(commit) = option_env!("ARBOR_COMMIT") {
-        return commit.to_string();
-    }
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(env!("CARGO_MANIFEST_DIR"))
-            .args(args)
-            .output()
-            .ok()
-            .filter(|out| out.status.success())
-            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    let Some(head) = git(&["rev-parse", "HEAD"]).filter(|h| !h.is_empty()) else {
-        return "unknown".to_string();
-    };
-    match git(&["status", "--porcelain", "--untracked-files=no"]) {
-        Some(changes) if changes.is_empty() => head,
-        _ => format!("{head}-dirty"),
-    }
+    env!("ARBOR_BUILD_COMMIT").to_string()
 }
 
 /// `--jsonl`: appends a line per seed, flushed, as seeds finish.

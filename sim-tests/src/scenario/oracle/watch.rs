@@ -281,9 +281,13 @@ fn check_during_call(
         return (checked, now);
     }
     let tree = tree_of(request).expect("a read of a tree");
-    let late = match forest.get_op_log(tree, height, (end - height) as usize) {
-        Ok(late) if incarnation == Some(view.incarnation) && height < end => late,
-        _ => return (Checked::Skipped, None),
+    // Another incarnation, or a log that is not longer than at the call's
+    // start: no states to go back through.
+    if incarnation != Some(view.incarnation) || height >= end {
+        return (Checked::Skipped, None);
+    }
+    let Ok(late) = forest.get_op_log(tree, height, (end - height) as usize) else {
+        return (Checked::Skipped, None);
     };
     assert_eq!(late.len() as u64, end - height, "one read, one log");
     let mut gone: BTreeSet<Timestamp> = late.iter().map(|entry| entry.op.ts()).collect();
