@@ -13,7 +13,8 @@
 //! acknowledged it (the replacement's downtime exceeds any message's
 //! flight). A write is at risk when the disk that acknowledged it was
 //! destroyed and, at that destruction or a later one, the destroyed disk
-//! held it and no other replica did: its last copy went with that disk.
+//! held it and every other replica that did was sent a drop of its tree
+//! that may have run after: its last copy went with that disk.
 //! One destruction at a time loses only what the acker alone held; a
 //! second one while a rebuilt node is still pulling can take the last
 //! copy of a write its acker had already handed on.
