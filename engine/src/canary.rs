@@ -55,10 +55,15 @@ pub enum Canary {
     /// container) stops pulling it from that peer after the first page,
     /// for as long as the process lives.
     JoinerStopsAfterFirstPage = 19,
+    /// A drop leaves the directory cache as it was, and a tree created
+    /// again under the same name takes back its dropped incarnation's
+    /// number: cached directory lookups of the old incarnation resolve
+    /// paths of the new one.
+    DropKeepsDirCache = 20,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 19] = [
+    pub const ALL: [Canary; 20] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -78,6 +83,7 @@ impl Canary {
         Canary::PeerIdentityUnchecked,
         Canary::RejoinAcceptsWrites,
         Canary::JoinerStopsAfterFirstPage,
+        Canary::DropKeepsDirCache,
     ];
 }
 

@@ -3,6 +3,7 @@
 
 use super::records::*;
 use super::{open_all_tables, tree_number, CursorKind, Forest};
+use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::types::*;
 use redb::ReadableTable;
@@ -127,7 +128,9 @@ impl Forest {
         // Tree numbers are never reused, so the dropped trees' lookups
         // could not be hit again; emptying the cache keeps it small.
         let mut dirs = self.lock_dir_cache();
-        dirs.clear();
+        if !canary::active(Canary::DropKeepsDirCache) {
+            dirs.clear();
+        }
         let txn = self.begin_write()?;
         for (key, number) in victims {
             remember_marks(&txn, key, *number)?;

@@ -76,7 +76,8 @@ impl Profile {
             Canary::SharedSyncCursor
             | Canary::SyncDropsTreeOnPeerError
             | Canary::DropKeepsPullCursors
-            | Canary::DropForgetsMarks => Profile::SyncHeavy,
+            | Canary::DropForgetsMarks
+            | Canary::DropKeepsDirCache => Profile::SyncHeavy,
             Canary::RejoinAcceptsWrites => Profile::Replace,
             Canary::JoinerStopsAfterFirstPage => Profile::Members,
             Canary::FailedBatchHangs => Profile::StorageErrors,

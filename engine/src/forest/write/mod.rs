@@ -230,14 +230,21 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// incarnations reached ([`DROPPED`]).
     fn new_tree_record(&mut self, key: &TreeKey) -> Result<TreeRecord> {
         let mut meta = self.txn.open_table(META)?;
-        let number = meta.get(NEXT_TREE_NUMBER)?.map_or(1, |g| g.value());
-        if number == 0 {
-            return Err(Error::Malformed("next tree number 0".into()));
-        }
-        if number > TREE_NUMBER_MAX {
-            return Err(Error::Storage("tree numbers exhausted".into()));
-        }
-        meta.insert(NEXT_TREE_NUMBER, number + 1)?;
+        let number = match self.numbers.hint(key) {
+            // Planted bug: the dropped incarnation's number again.
+            (_, Some(old)) if canary::active(Canary::DropKeepsDirCache) => old,
+            _ => {
+                let number = meta.get(NEXT_TREE_NUMBER)?.map_or(1, |g| g.value());
+                if number == 0 {
+                    return Err(Error::Malformed("next tree number 0".into()));
+                }
+                if number > TREE_NUMBER_MAX {
+                    return Err(Error::Storage("tree numbers exhausted".into()));
+                }
+                meta.insert(NEXT_TREE_NUMBER, number + 1)?;
+                number
+            }
+        };
         self.changed = true;
         let marks = self.txn.open_table(DROPPED)?;
         let (max_counter, next_height) = match marks.get(tree_key_bytes(key).as_slice())? {
