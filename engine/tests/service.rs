@@ -6,12 +6,16 @@ mod service_support;
 use arbor::config::{Config, ContainerConfig};
 use arbor::forest::{CursorKind, Forest};
 use arbor::proto::{Request, Response};
+use arbor::runtime::{BoxFuture, Env, Runtime};
 use arbor::service::Service;
+use arbor::system::TokioRuntime;
 use arbor::Caller;
 use arbor::{Error, KeyValue, Move, TreeKey, ATTR_FILE_NAME, ROOT, TRASH};
 use service_support::*;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
 const PATIENCE: Duration = Duration::from_secs(3600);
 
@@ -924,4 +928,87 @@ async fn pull_cursor_is_made_durable_lazily() {
     assert_eq!(n2.stats().ops_pulled, 5);
     assert_eq!(durable(), 5);
     assert_eq!(dump(&nodes[0], &t), dump(n2, &t));
+}
+
+/// Blocking work whose end is held once on demand: the first work that
+/// finishes after `armed` is set waits for `release` before its caller
+/// goes on, so a test can act between a storage commit and what its
+/// caller does next.
+#[derive(Default)]
+struct BlockingGate {
+    armed: AtomicBool,
+    held: Notify,
+    release: Notify,
+}
+
+struct GatedRuntime {
+    inner: TokioRuntime,
+    gate: Arc<BlockingGate>,
+}
+
+impl Runtime for GatedRuntime {
+    fn spawn(&self, name: &'static str, task: BoxFuture<'static, ()>) {
+        self.inner.spawn(name, task);
+    }
+
+    fn run_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>) -> BoxFuture<'static, ()> {
+        let done = self.inner.run_blocking(work);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            done.await;
+            if gate.armed.swap(false, AtomicOrdering::SeqCst) {
+                gate.held.notify_one();
+                gate.release.notified().await;
+            }
+        })
+    }
+}
+
+// Regression (misconfig seed 509 of the simulator): a client's write that
+// created a tree again after a Drop's commit, but before the Drop ended,
+// lost its push state to the Drop's forgetting, and nothing pushed it any
+// more (replication never went idle). Failed before the fix.
+#[tokio::test(start_paused = true)]
+async fn a_tree_created_again_while_its_drop_ends_is_still_pushed() {
+    for whole_container in [false, true] {
+        let net = LocalNet::new();
+        let configs = cluster_configs(2);
+        let gate = Arc::new(BlockingGate::default());
+        let env = Env {
+            runtime: Arc::new(GatedRuntime {
+                inner: TokioRuntime::default(),
+                gate: gate.clone(),
+            }),
+            ..test_env()
+        };
+        let forest = Arc::new(memory_forest(&configs[0]));
+        let n1 = Service::start(configs[0].clone(), forest, env, net.transport(1)).unwrap();
+        net.attach(1, n1.clone());
+        let n2 = start_node(&net, configs[1].clone(), memory_forest(&configs[1]));
+        let nodes = [n1.clone(), n2.clone()];
+        let t = tree("t");
+        add(&n1, &t, ROOT, "before").await;
+        eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+        // Nothing else runs blocking work now: the gate holds the drop's.
+        gate.armed.store(true, AtomicOrdering::SeqCst);
+        let drop = Request::Drop {
+            cid: cid(),
+            tree: (!whole_container).then(|| "t".to_string()),
+        };
+        let dropping = tokio::spawn({
+            let n1 = n1.clone();
+            async move { n1.handle(&Caller::Anonymous, drop).await }
+        });
+        gate.held.notified().await;
+        assert!(dump(&n1, &t).is_none(), "the drop committed");
+        let after = add(&n1, &t, ROOT, "after").await;
+        gate.release.notify_one();
+        assert_eq!(dropping.await.unwrap(), Response::Done);
+        eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+        let held = dump(&n2, &t).expect("node 2 keeps its tree");
+        assert!(
+            held.log.iter().any(|op| op.child == after),
+            "the write after the drop reached node 2 (whole container: {whole_container})"
+        );
+    }
 }

@@ -220,7 +220,8 @@ impl Service {
         // Forgotten whatever the outcome: a commit that reported a storage
         // error may still have reached the disk, and a pull cursor kept
         // for a tree that is gone would skip the peer's ops below it for
-        // good. Forgetting costs at most a re-pull from the durable cursor.
+        // good. Forgetting costs at most a re-pull from the durable cursor;
+        // the pusher tracks again a tree that a write created meanwhile.
         let dropped: BTreeSet<TreeKey> = trees.into_iter().collect();
         self.pusher.forget(&dropped);
         if !canary::active(Canary::DropKeepsPullCursors) {

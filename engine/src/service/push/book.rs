@@ -11,7 +11,9 @@
 //! nothing unsent, because every commit to it tracks it again. Two cases
 //! break that, and a walk over the forest's trees (a bounded stretch per
 //! sweep) covers them: the start (a restart may have interrupted pushes),
-//! and a commit to a tree that found the book full of unsettled trees.
+//! and a commit to a tree that found the book full of unsettled trees. A
+//! drop forgets its trees after its commit, when a write may already have
+//! created one again; `track_again` restores those (see `Pusher::forget`).
 
 use super::super::backoff::backoff;
 use super::super::cursor::LazyCursor;
@@ -574,16 +576,10 @@ impl PushBook {
         }
         for (i, tree) in found.iter().enumerate() {
             assert!(i == 0 || found[i - 1] < *tree, "trees listed out of order");
-            if self.pushes(tree) && !book.trees.contains_key(tree) {
-                let Some(tracked) = self.track(&mut book, tree) else {
-                    let before = found[..i].last().cloned().or(from.cloned());
-                    set_walk_after(&mut book.walk, before);
-                    return;
-                };
-                let peers: Vec<ReplicaId> = tracked.pairs.iter().map(|p| p.peer).collect();
-                for peer in peers {
-                    queue(&mut book, (tree.clone(), peer));
-                }
+            if self.track_queued(&mut book, tree).is_none() {
+                let before = found[..i].last().cloned().or(from.cloned());
+                set_walk_after(&mut book.walk, before);
+                return;
             }
         }
         match (&book.walk, complete) {
@@ -596,6 +592,38 @@ impl PushBook {
             (_, true) => book.walk = Walk::Done,
             (_, false) => set_walk_after(&mut book.walk, found.last().cloned()),
         }
+    }
+
+    /// Tracks `tree` and queues all its pairs when this node pushes it and
+    /// the book lacks it; returns the pairs queued, `None` when the book
+    /// is full of trees with work.
+    fn track_queued(&self, book: &mut Book, tree: &TreeKey) -> Option<usize> {
+        if !self.pushes(tree) || book.trees.contains_key(tree) {
+            return Some(0);
+        }
+        let tracked = self.track(book, tree)?;
+        let peers: Vec<ReplicaId> = tracked.pairs.iter().map(|p| p.peer).collect();
+        for peer in &peers {
+            queue(book, (tree.clone(), *peer));
+        }
+        Some(peers.len())
+    }
+
+    /// Tracks again, after `forget`, those of `trees` that the forest still
+    /// holds, each pair queued (its cursor is read afresh); a tree the
+    /// book has no room for is left to a new walk. Returns the pairs
+    /// queued.
+    pub fn track_again(&self, trees: &[TreeKey]) -> usize {
+        let mut book = self.lock();
+        let mut queued = 0;
+        for tree in trees {
+            match self.track_queued(&mut book, tree) {
+                Some(count) => queued += count,
+                None => walk_again(&mut book.walk),
+            }
+        }
+        self.check(&book);
+        queued
     }
 
     /// Forgets everything about `trees` (dropped: their heights start

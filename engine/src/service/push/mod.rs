@@ -398,9 +398,22 @@ impl Pusher {
         self.windows.len()
     }
 
-    /// Forgets the push state and windows of dropped trees.
+    /// Forgets the push state and windows of dropped trees, then tracks
+    /// again those the forest holds all the same: a client's write may
+    /// create a tree again between the drop's commit and this call, and
+    /// the hint of its commit went to the state forgotten here (a drop
+    /// whose commit failed may also have left its tree). An untracked tree
+    /// must have nothing unsent (see `book`).
     pub fn forget(&self, trees: &std::collections::BTreeSet<TreeKey>) {
         self.book.forget(trees);
         self.windows.forget(trees);
+        let held: Vec<TreeKey> = trees
+            .iter()
+            .filter(|tree| self.core.forest.tree_exists(tree).unwrap_or(true))
+            .cloned()
+            .collect();
+        if self.book.track_again(&held) > 0 {
+            self.book.wake.notify_one();
+        }
     }
 }

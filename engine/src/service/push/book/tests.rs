@@ -193,6 +193,29 @@ fn forgetting_a_tree_leaves_nothing_and_stales_its_running_pass() {
 }
 
 #[test]
+fn a_tree_tracked_again_after_forgetting_queues_fresh_pairs() {
+    let book = book(1, 100);
+    let (t, u) = (tree("t"), tree("u"));
+    // A write made t again before the drop forgot it: its commit's hint
+    // went to the state forgotten.
+    let (key, ticket, _) = commit_and_take(&book, &t);
+    book.forget(&BTreeSet::from([t.clone()]));
+    assert_eq!(book.track_again(std::slice::from_ref(&t)), 2);
+    assert_eq!(book.position(&key), None, "cursors are read afresh");
+    assert!(book.begin_pass(&key, ticket).is_none(), "the stale pass");
+    // Tracked already: nothing to do.
+    assert_eq!(book.track_again(std::slice::from_ref(&t)), 0);
+    assert_eq!(book.sizes().queued, 2);
+    assert_eq!(run_all(&book, 1), 2);
+    // No room (t has work): left to a walk that starts over.
+    commit_local(&book, &t);
+    assert_eq!(book.track_again(std::slice::from_ref(&u)), 0);
+    assert_eq!(book.sizes().trees, 1);
+    run_all(&book, 2);
+    assert_eq!(book.walk_position(), Some((None, 1)));
+}
+
+#[test]
 fn a_lagging_cursor_keeps_its_tree_until_written() {
     let book = book(100, 100);
     let t = tree("t");
