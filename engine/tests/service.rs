@@ -962,6 +962,10 @@ impl Runtime for GatedRuntime {
             }
         })
     }
+
+    fn log_epoch_fresh(&self) -> u64 {
+        self.inner.log_epoch_fresh()
+    }
 }
 
 // Regression (misconfig seed 509 of the simulator): a client's write that

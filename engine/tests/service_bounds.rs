@@ -6,7 +6,7 @@
 
 mod service_support;
 
-use arbor::config::{Config, ContainerConfig};
+use arbor::config::Config;
 use arbor::proto::{Request, Response};
 use arbor::service::{Service, ServiceStats};
 use arbor::Caller;
@@ -141,13 +141,7 @@ async fn more_live_trees_than_the_bound_all_replicate() {
 async fn a_peer_listing_more_trees_than_the_bound_is_synced_over_rounds() {
     let net = LocalNet::new();
     let mut configs = bounded_configs(2);
-    for config in &mut configs {
-        // Listed, so node 2 asks for trees it does not hold yet.
-        config
-            .node
-            .containers
-            .push(ContainerConfig::new(cid(), vec![1, 2]));
-    }
+    list_container(&mut configs, cid(), vec![1, 2]);
     let nodes: Vec<Arc<Service>> = start_cluster(&net, configs);
     // Only sync carries node 1's trees to node 2.
     net.cut(1, 2, true);

@@ -6,7 +6,7 @@
 
 mod service_support;
 
-use arbor::config::{Config, ContainerConfig};
+use arbor::config::Config;
 use arbor::forest::CursorKind;
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
@@ -47,12 +47,7 @@ fn rejoin_config(mut config: Config) -> Config {
 /// node 1 alone and the tree.
 async fn node_2_pulled_then_lost(net: &Arc<LocalNet>) -> (Vec<Config>, Vec<Arc<Service>>, TreeKey) {
     let mut configs = cluster_configs(2);
-    for config in &mut configs {
-        config
-            .node
-            .containers
-            .push(ContainerConfig::new(cid(), vec![1, 2]));
-    }
+    list_container(&mut configs, cid(), vec![1, 2]);
     let mut nodes = start_cluster(net, configs.clone());
     let t = tree("t");
     for i in 0..10 {

@@ -5,7 +5,6 @@
 
 mod service_support;
 
-use arbor::config::ContainerConfig;
 use arbor::forest::{Forest, ForestOptions, WriteOutcome};
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
@@ -13,8 +12,8 @@ use arbor::Caller;
 use arbor::{Error, KeyValue, ROOT};
 use redb::StorageBackend;
 use service_support::{
-    add_to_root as add, cid, cluster_configs, dump, eventually, memory_forest, start_node,
-    test_env, tree, LocalNet,
+    add_to_root as add, cid, cluster_configs, dump, eventually, list_container, memory_forest,
+    start_node, test_env, tree, LocalNet,
 };
 use std::io::Error as BackendIoError;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -236,12 +235,7 @@ async fn a_drop_whose_outcome_is_unknown_forgets_the_pull_cursors() {
     let disk = SharedDisk::default();
     let mut configs = cluster_configs(2);
     // Listed, so that sync looks for the tree after this node dropped it.
-    for config in &mut configs {
-        config
-            .node
-            .containers
-            .push(ContainerConfig::new(cid(), vec![1, 2]));
-    }
+    list_container(&mut configs, cid(), vec![1, 2]);
     let peer_config = configs.remove(1);
     let mut config = configs.remove(0);
     config.pilorama.reopen_attempts_max = 5;

@@ -252,6 +252,14 @@ pub fn cluster_configs(count: u16) -> Vec<Config> {
         .collect()
 }
 
+/// Lists container `cid`, held by `replicas`, in every config (so that
+/// sync looks for its trees on peers).
+pub fn list_container(configs: &mut [Config], cid: ContainerId, replicas: Vec<u16>) {
+    for config in configs {
+        (config.node.containers).push(arbor::config::ContainerConfig::new(cid, replicas.clone()));
+    }
+}
+
 pub fn start_node(net: &Arc<LocalNet>, config: Config, forest: Forest) -> Arc<Service> {
     let id = config.node.replica_id;
     let service = Service::start(config, Arc::new(forest), test_env(), net.transport(id)).unwrap();
