@@ -274,17 +274,15 @@ impl Nemesis {
             "destroy the disk of replica-{victim}, replace it after {downtime:?}"
         ));
         let disk = world.disk_generation(victim);
-        self.workload
-            .ledger
-            .lock()
-            .unwrap()
-            .replaced
-            .destroyed
-            .push(Destruction {
-                replica: victim,
-                disk,
-                held,
-            });
+        let mut ledger = self.workload.ledger.lock().unwrap();
+        let drops_sent = ledger.drops.sent.clone();
+        ledger.replaced.destroyed.push(Destruction {
+            replica: victim,
+            disk,
+            held,
+            drops_sent,
+        });
+        drop(ledger);
         let containers = replicated_containers(world, victim);
         self.sweeps.forget(victim);
         self.supervisor
