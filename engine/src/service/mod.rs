@@ -3,7 +3,8 @@
 //!
 //! Layout: `api` answers requests; `push` sends this node's ops to its
 //! peers and `pull` is background sync, each owning its own state; `cursor`
-//! is the lazily persisted cursor both keep; `membership` says who holds
+//! is the lazily persisted cursor both keep; `acks` holds a local write's
+//! answer until `tree.ack_replicas` replicas have it; `membership` says who holds
 //! which container; `locks` keeps Drop and replication passes apart;
 //! `observer` hears of every commit; `recovery` reopens the database after
 //! a storage error. `Core` is what they all share, and none of it reaches
