@@ -183,30 +183,16 @@ fn ack_replicas_fits_every_held_container() {
         |k: usize, containers: &str| format!("tree: {{ ack_replicas: {k} }}\n{}", node(containers));
     assert!(err(&with(0, "")).starts_with("tree.ack_replicas: must be at least 1"));
     assert!(err(&with(4, "")).starts_with("tree.ack_replicas: 4 but this node and its peers are 3"));
+    let accepted = |text: String| Config::from_yaml_str(&text).unwrap().tree.ack_replicas;
     let pair = format!(", containers: [ {{ cid: \"{cid}\", replicas: [1, 2] }} ]");
-    assert_eq!(
-        Config::from_yaml_str(&with(2, &pair))
-            .unwrap()
-            .tree
-            .ack_replicas,
-        2
-    );
+    assert_eq!(accepted(with(2, &pair)), 2);
     let m = err(&with(3, &pair));
     assert!(m.starts_with("tree.ack_replicas: 3 but container"), "{m}");
     assert!(m.ends_with("has 2 replicas"), "{m}");
     // A container this node does not hold takes no write here.
     let others = format!(", containers: [ {{ cid: \"{cid}\", replicas: [2] }} ]");
-    assert_eq!(
-        Config::from_yaml_str(&with(3, &others))
-            .unwrap()
-            .tree
-            .ack_replicas,
-        3
-    );
-    assert_eq!(
-        Config::from_yaml_str(&node("")).unwrap().tree.ack_replicas,
-        1
-    );
+    assert_eq!(accepted(with(3, &others)), 3);
+    assert_eq!(accepted(node("")), 1);
 }
 
 #[test]
