@@ -106,6 +106,7 @@ readonly CANARIES=(
     "PeerIdentityUnchecked|misconfig|sync pulls from a peer answering as another replica"
     "RejoinAcceptsWrites|replace|a node rejoining after its disk was replaced writes before it pulled its peers' logs"
     "JoinerStopsAfterFirstPage|members|a joining replica stops pulling a tree after its first page"
+    "AckBeforeReplicas|replace|with ack_replicas 2 a write is answered before a peer holds it"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace)
 

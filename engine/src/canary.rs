@@ -55,10 +55,13 @@ pub enum Canary {
     /// container) stops pulling it from that peer after the first page,
     /// for as long as the process lives.
     JoinerStopsAfterFirstPage = 19,
+    /// With `tree.ack_replicas` 2 or more, a local write is answered on
+    /// its local commit alone, before any peer acknowledged it.
+    AckBeforeReplicas = 20,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 19] = [
+    pub const ALL: [Canary; 20] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -78,6 +81,7 @@ impl Canary {
         Canary::PeerIdentityUnchecked,
         Canary::RejoinAcceptsWrites,
         Canary::JoinerStopsAfterFirstPage,
+        Canary::AckBeforeReplicas,
     ];
 }
 

@@ -171,3 +171,8 @@ fn rejoin_accepts_writes() {
 fn joiner_stops_after_first_page() {
     caught(Canary::JoinerStopsAfterFirstPage);
 }
+
+#[test]
+fn ack_before_replicas() {
+    caught(Canary::AckBeforeReplicas);
+}

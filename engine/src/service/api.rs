@@ -141,6 +141,10 @@ impl Service {
             op,
         };
         let outcome = self.core.batcher.submit(request).await?;
+        if canary::active(Canary::AckBeforeReplicas) {
+            // Planted bug: answered before any peer holds the write.
+            return Ok(outcome);
+        }
         let ts = match &outcome {
             WriteOutcome::Moved { ts, .. } | WriteOutcome::AddedByPath { ts, .. } => *ts,
             other => return Err(unexpected(other.clone())),

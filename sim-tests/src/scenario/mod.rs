@@ -194,6 +194,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::PeerIdentityUnchecked => "peer_identity_unchecked",
         Canary::RejoinAcceptsWrites => "rejoin_accepts_writes",
         Canary::JoinerStopsAfterFirstPage => "joiner_stops_after_first_page",
+        Canary::AckBeforeReplicas => "ack_before_replicas",
     }
 }
 

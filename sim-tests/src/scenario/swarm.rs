@@ -77,7 +77,7 @@ impl Profile {
             | Canary::SyncDropsTreeOnPeerError
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks => Profile::SyncHeavy,
-            Canary::RejoinAcceptsWrites => Profile::Replace,
+            Canary::RejoinAcceptsWrites | Canary::AckBeforeReplicas => Profile::Replace,
             Canary::JoinerStopsAfterFirstPage => Profile::Members,
             Canary::FailedBatchHangs => Profile::StorageErrors,
             Canary::PeerIdentityUnchecked => Profile::Misconfig,
