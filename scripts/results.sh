@@ -107,6 +107,7 @@ readonly CANARIES=(
     "RejoinAcceptsWrites|replace|a node rejoining after its disk was replaced writes before it pulled its peers' logs"
     "JoinerStopsAfterFirstPage|members|a joining replica stops pulling a tree after its first page"
     "DropKeepsDirCache|sync-heavy|a drop keeps the directory cache and the tree created again takes back its number"
+    "AckBeforeReplicas|replace|with ack_replicas 2 a write is answered before a peer holds it"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace)
 

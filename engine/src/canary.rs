@@ -60,10 +60,13 @@ pub enum Canary {
     /// number: cached directory lookups of the old incarnation resolve
     /// paths of the new one.
     DropKeepsDirCache = 20,
+    /// With `tree.ack_replicas` 2 or more, a local write is answered on
+    /// its local commit alone, before any peer acknowledged it.
+    AckBeforeReplicas = 21,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 20] = [
+    pub const ALL: [Canary; 21] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -84,6 +87,7 @@ impl Canary {
         Canary::RejoinAcceptsWrites,
         Canary::JoinerStopsAfterFirstPage,
         Canary::DropKeepsDirCache,
+        Canary::AckBeforeReplicas,
     ];
 }
 

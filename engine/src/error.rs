@@ -72,6 +72,13 @@ pub enum Error {
     /// (docs/design.md §6). Nothing was done; retry later or elsewhere.
     #[error("rejoining: no local writes until every peer's log is pulled")]
     Rejoining,
+    /// A local write committed on the node that took it, but fewer than
+    /// `needed` replicas (`tree.ack_replicas`) held it within
+    /// `tree.replication_timeout`: `held` did. It is durable there and
+    /// keeps replicating, so to the caller it is maybe applied, like a
+    /// `Timeout` (docs/design.md §6).
+    #[error("stored on {held} of the {needed} replicas required; it keeps replicating")]
+    NotReplicated { held: u32, needed: u32 },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -90,6 +97,7 @@ impl Error {
                 | Error::Network(_)
                 | Error::ShuttingDown
                 | Error::Rejoining
+                | Error::NotReplicated { .. }
         )
     }
 }

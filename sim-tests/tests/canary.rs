@@ -176,3 +176,8 @@ fn joiner_stops_after_first_page() {
 fn drop_keeps_dir_cache() {
     caught(Canary::DropKeepsDirCache);
 }
+
+#[test]
+fn ack_before_replicas() {
+    caught(Canary::AckBeforeReplicas);
+}

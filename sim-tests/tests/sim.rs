@@ -73,6 +73,8 @@ fn standard_seeds() {
     // tests/misconfig.rs requires them of the profile that targets them. A
     // leave called off is counted but not required either: it takes a
     // remaining member down or cut off for the whole of a leave's drain.
+    // Writes under ack_replicas 2 come only from the replace profile
+    // (tests/replace.rs requires them).
     println!("coverage: {}", summary.coverage);
     use arbor_sim::scenario::coverage::Coverage;
     let optional = [
@@ -83,6 +85,8 @@ fn standard_seeds() {
         Coverage::MisconfigDetected,
         Coverage::MisconfigAcked,
         Coverage::LeaveCalledOff,
+        Coverage::AckedByReplicas,
+        Coverage::NotReplicated,
     ];
     let missing: Vec<&str> = summary
         .coverage

@@ -41,6 +41,10 @@ pub struct TreeConfig {
     pub replication_timeout: Duration,
     /// `None` (0 or absent in the file): background sync off.
     pub sync_interval: Option<Duration>,
+    /// Replicas that must hold a local write before it is answered: this
+    /// node's commit plus `ack_replicas - 1` peers that acknowledged its
+    /// push (docs/design.md §6). 1: answered once committed here.
+    pub ack_replicas: usize,
 }
 
 /// `pilorama:` section.
@@ -203,6 +207,7 @@ impl Default for TreeConfig {
             replication_channel_capacity: 1000,
             replication_timeout: Duration::from_secs(5),
             sync_interval: None,
+            ack_replicas: 1,
         }
     }
 }
@@ -314,6 +319,7 @@ impl Config {
                 self.tree.replication_channel_capacity,
             ),
             ("pilorama.max_batch_size", self.pilorama.max_batch_size),
+            ("tree.ack_replicas", self.tree.ack_replicas),
             ("limits.max_pending_writes", self.limits.max_pending_writes),
             ("limits.max_commit_size", self.limits.max_commit_size),
             ("limits.sync_page_size", self.limits.sync_page_size),
@@ -367,6 +373,7 @@ impl Config {
         }
         self.validate_transport()?;
         self.validate_membership()?;
+        self.validate_ack_replicas()?;
         self.access.validate()
     }
 
@@ -448,6 +455,38 @@ impl Config {
                     container.cid
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Every container this node may take a write for must have at least
+    /// `tree.ack_replicas` replicas, or no write of it could ever be
+    /// answered: such a config is refused rather than the promise
+    /// silently weakened. A container not listed lives on this node and
+    /// every peer.
+    fn validate_ack_replicas(&self) -> Result<()> {
+        let needed = self.tree.ack_replicas;
+        if needed <= 1 {
+            return Ok(());
+        }
+        let own = self.node.replica_id;
+        let everyone = self.node.peers.len() + 1;
+        if everyone < needed {
+            return Err(Error::Config(format!(
+                "tree.ack_replicas: {needed} but this node and its peers are {everyone} replicas"
+            )));
+        }
+        let held = self
+            .node
+            .containers
+            .iter()
+            .filter(|c| c.replicas.contains(&own));
+        if let Some(small) = held.into_iter().find(|c| c.replicas.len() < needed) {
+            return Err(Error::Config(format!(
+                "tree.ack_replicas: {needed} but container {} has {} replicas",
+                small.cid,
+                small.replicas.len()
+            )));
         }
         Ok(())
     }

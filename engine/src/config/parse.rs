@@ -39,6 +39,7 @@ fn parse_tree(mut s: Section) -> Result<TreeConfig> {
             .duration("replication_timeout")?
             .unwrap_or(d.replication_timeout),
         sync_interval: s.duration("sync_interval")?.filter(|d| !d.is_zero()),
+        ack_replicas: s.usize("ack_replicas")?.unwrap_or(d.ack_replicas),
     };
     s.finish()?;
     Ok(config)

@@ -10,6 +10,7 @@ tree:
   replication_channel_capacity: 2
   replication_timeout: 250ms
   sync_interval: 5m
+  ack_replicas: 2
 pilorama:
   max_batch_delay: 5ms
   max_batch_size: 100
@@ -42,6 +43,7 @@ fn full_file_parses() {
     assert_eq!(c.tree.replication_worker_count, 8);
     assert_eq!(c.tree.replication_timeout, Duration::from_millis(250));
     assert_eq!(c.tree.sync_interval, Some(Duration::from_secs(300)));
+    assert_eq!(c.tree.ack_replicas, 2);
     assert_eq!(c.pilorama.path, PathBuf::from("/tmp/x.db"));
     assert_eq!(c.pilorama.replicated_batch_delay, Duration::from_millis(40));
     assert!(c.pilorama.no_sync);
@@ -164,6 +166,33 @@ fn node_section_errors() {
         "node: {{ replica_id: 1, containers: [ {{ cid: \"{cid}\", replicas: [1], retired: [1] }} ] }}"
     );
     assert!(err(&both).contains("as a replica and as retired"));
+}
+
+/// `tree.ack_replicas` is at least 1 and at most the replicas of every
+/// container this node holds: a container with fewer could never answer
+/// a write, so the config is refused instead of the promise weakened.
+#[test]
+fn ack_replicas_fits_every_held_container() {
+    let cid = "01".repeat(32);
+    let node = |containers: &str| {
+        format!(
+            "node: {{ replica_id: 1, peers: [ {{ replica_id: 2, address: a }}, {{ replica_id: 3, address: b }} ]{containers} }}"
+        )
+    };
+    let with =
+        |k: usize, containers: &str| format!("tree: {{ ack_replicas: {k} }}\n{}", node(containers));
+    assert!(err(&with(0, "")).starts_with("tree.ack_replicas: must be at least 1"));
+    assert!(err(&with(4, "")).starts_with("tree.ack_replicas: 4 but this node and its peers are 3"));
+    let accepted = |text: String| Config::from_yaml_str(&text).unwrap().tree.ack_replicas;
+    let pair = format!(", containers: [ {{ cid: \"{cid}\", replicas: [1, 2] }} ]");
+    assert_eq!(accepted(with(2, &pair)), 2);
+    let m = err(&with(3, &pair));
+    assert!(m.starts_with("tree.ack_replicas: 3 but container"), "{m}");
+    assert!(m.ends_with("has 2 replicas"), "{m}");
+    // A container this node does not hold takes no write here.
+    let others = format!(", containers: [ {{ cid: \"{cid}\", replicas: [2] }} ]");
+    assert_eq!(accepted(with(3, &others)), 3);
+    assert_eq!(accepted(node("")), 1);
 }
 
 #[test]

@@ -276,6 +276,20 @@ impl Forest {
         }
     }
 
+    /// The height of the op stored under `ts`; `None` when the tree holds
+    /// no op under it (or does not exist).
+    pub fn op_height(&self, tree: &TreeKey, ts: Timestamp) -> Result<Option<u64>> {
+        let TreeRead { rows, rec, .. } = match self.read_tree(tree) {
+            Ok(read) => read,
+            Err(Error::TreeNotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match rows.get(log_key(rec.number, ts))? {
+            Some(guard) => Ok(Some(decode_log(guard.value())?.tail.height)),
+            None => Ok(None),
+        }
+    }
+
     /// Full state of a tree, for checkers: nodes by id, log by timestamp.
     /// The log is read once; each node's meta comes from the logged op at
     /// its time (found in that read, not by a lookup per node).

@@ -127,10 +127,30 @@ impl Service {
         }
     }
 
+    /// A local write, answered once committed here and, with
+    /// `tree.ack_replicas` above 1, once that many replicas hold it.
     async fn write(&self, tree: TreeKey, op: WriteOp) -> Result<WriteOutcome> {
         self.core.check_tree_key(&tree)?;
         self.core.rejoin.check_writable()?;
-        self.core.batcher.submit(WriteRequest { tree, op }).await
+        if self.core.config.tree.ack_replicas <= 1 {
+            return self.core.batcher.submit(WriteRequest { tree, op }).await;
+        }
+        let watch = self.core.acks.watch(&tree)?;
+        let request = WriteRequest {
+            tree: tree.clone(),
+            op,
+        };
+        let outcome = self.core.batcher.submit(request).await?;
+        if canary::active(Canary::AckBeforeReplicas) {
+            // Planted bug: answered before any peer holds the write.
+            return Ok(outcome);
+        }
+        let ts = match &outcome {
+            WriteOutcome::Moved { ts, .. } | WriteOutcome::AddedByPath { ts, .. } => *ts,
+            other => return Err(unexpected(other.clone())),
+        };
+        self.core.await_replicas(&watch, &tree, ts).await?;
+        Ok(outcome)
     }
 
     /// Replicated ops: validated, then applied in one batch. Any failure is

@@ -3,7 +3,8 @@
 //!
 //! Layout: `api` answers requests; `push` sends this node's ops to its
 //! peers and `pull` is background sync, each owning its own state; `cursor`
-//! is the lazily persisted cursor both keep; `membership` says who holds
+//! is the lazily persisted cursor both keep; `acks` holds a local write's
+//! answer until `tree.ack_replicas` replicas have it; `membership` says who holds
 //! which container; `locks` keeps Drop and replication passes apart;
 //! `observer` hears of every commit; `recovery` reopens the database after
 //! a storage error. `Core` is what they all share, and none of it reaches
@@ -16,6 +17,7 @@
 //! (`limits.max_tracked_trees`) and can be rebuilt from them.
 
 mod access;
+mod acks;
 mod api;
 mod backoff;
 mod cursor;
@@ -38,6 +40,7 @@ use crate::forest::{CursorKind, Forest, WriteRequest};
 use crate::net::Transport;
 use crate::runtime::{blocking, Env};
 use access::Access;
+use acks::ReplicaAcks;
 use locks::TreeLocks;
 use membership::Membership;
 use observer::CommitWatch;
@@ -130,6 +133,9 @@ pub struct ServiceStats {
     pub pull_cursors_reset: u64,
     /// True while a replaced node refuses local writes (`node.rejoin`).
     pub rejoining: bool,
+    /// Local writes committed here that wait for `tree.ack_replicas`
+    /// replicas now (at most `limits.max_pending_writes`).
+    pub writes_awaiting_replicas: u64,
 }
 
 /// Counters of refusals and conflicts (see `ServiceStats`).
@@ -183,6 +189,8 @@ struct Core {
     hellos_refused: std::sync::atomic::AtomicU64,
     /// Local writes wait while a replaced node learns its peers' logs.
     rejoin: Rejoin,
+    /// Local writes wait until `tree.ack_replicas` replicas hold them.
+    acks: ReplicaAcks,
     /// The epoch of this database's log, told to peers in `Health`; set
     /// once stored (a disk error at start leaves it to the first `Health`).
     log_epoch: std::sync::OnceLock<u64>,
@@ -279,6 +287,7 @@ impl Service {
         let batcher = start_batcher(&config, &forest, &env, observer);
         let access = Access::new(config.access.clone());
         let rejoin = Rejoin::new(config.node.rejoin);
+        let acks = ReplicaAcks::new(config.limits.max_pending_writes);
         let core = Arc::new(Core {
             config,
             forest,
@@ -294,6 +303,7 @@ impl Service {
             storage_failed,
             hellos_refused: Default::default(),
             rejoin,
+            acks,
             log_epoch,
         });
         let service = Arc::new(Service {
@@ -367,6 +377,7 @@ impl Service {
             peer_identity_mismatches: load(&self.core.trust.peer_identity_mismatches),
             pull_cursors_reset: load(&pull.logs_rebuilt),
             rejoining: self.core.rejoin.pending(),
+            writes_awaiting_replicas: self.core.acks.waiting() as u64,
         }
     }
 

@@ -74,13 +74,18 @@ pub enum Coverage {
     JoinerSyncedAlone,
     /// `GetOpLog` pages such joiners had pulled by then.
     JoinerPages,
+    /// Writes acknowledged once `tree.ack_replicas` >= 2 replicas held
+    /// them.
+    AckedByReplicas,
+    /// Writes answered `NotReplicated`: stored, not yet on enough replicas.
+    NotReplicated,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 35] = [
+    pub const ALL: [Coverage; 37] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -116,6 +121,8 @@ impl Coverage {
         Coverage::LeaveCalledOff,
         Coverage::JoinerSyncedAlone,
         Coverage::JoinerPages,
+        Coverage::AckedByReplicas,
+        Coverage::NotReplicated,
     ];
 
     pub fn name(self) -> &'static str {
@@ -155,6 +162,8 @@ impl Coverage {
             Coverage::LeaveCalledOff => "leaves called off",
             Coverage::JoinerSyncedAlone => "joiners caught up by sync alone",
             Coverage::JoinerPages => "pages joiners pulled",
+            Coverage::AckedByReplicas => "writes acked by ack_replicas >= 2",
+            Coverage::NotReplicated => "writes not on ack_replicas in time",
         }
     }
 }

@@ -77,11 +77,16 @@ pub struct Failed {
 /// True for an error that says the write was not applied and never will
 /// be: the request was refused before it was queued (bad input, unknown
 /// tree or node, overload). The other errors (timeouts, network and
-/// storage errors, shutdown) leave the outcome unknown.
+/// storage errors, shutdown, a write stored but not yet on
+/// `tree.ack_replicas` replicas) leave the outcome unknown.
 pub fn definite(error: &Error) -> bool {
     !matches!(
         error,
-        Error::Timeout | Error::Storage(_) | Error::Network(_) | Error::ShuttingDown
+        Error::Timeout
+            | Error::Storage(_)
+            | Error::Network(_)
+            | Error::ShuttingDown
+            | Error::NotReplicated { .. }
     )
 }
 
@@ -151,6 +156,10 @@ pub struct Drops {
     /// had answered before the write was sent. Writes recorded without it
     /// (by the recorders that never drop) are never erasable.
     pub answered_before: BTreeMap<usize, u64>,
+    /// Per index into `Ledger::acked`: the drops of its tree sent to any
+    /// replica before the write was sent (`scenario::replace` asks
+    /// whether one was sent since).
+    pub sent_before: BTreeMap<usize, u64>,
     /// Drops answered `Done`.
     pub done: u64,
     /// The leaves that took effect, in time order.
@@ -174,7 +183,7 @@ pub struct Handoff {
 impl Drops {
     /// The drops of `tree` in `counts`, sent to `replica` or (`None`) to
     /// any replica.
-    fn count(
+    pub(crate) fn count(
         counts: &BTreeMap<(DropScope, ReplicaId), u64>,
         tree: &TreeKey,
         replica: Option<ReplicaId>,

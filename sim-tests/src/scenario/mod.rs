@@ -195,6 +195,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::RejoinAcceptsWrites => "rejoin_accepts_writes",
         Canary::JoinerStopsAfterFirstPage => "joiner_stops_after_first_page",
         Canary::DropKeepsDirCache => "drop_keeps_dir_cache",
+        Canary::AckBeforeReplicas => "ack_before_replicas",
     }
 }
 
@@ -293,6 +294,7 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> World {
     let access = intruder::access_config(swarm.size.clients);
     for config in &mut configs {
         config.pilorama.replicated_batch_delay = swarm.replicated_batch_delay;
+        config.tree.ack_replicas = swarm.ack_replicas;
         config.access = access.clone();
     }
     let disk_config = |i: usize| {
@@ -329,6 +331,7 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
     watch(&world, &verdict, swarm);
     let supervisor = Supervisor::new(world.clone(), verdict.clone());
     let workload = Arc::new(Workload::new(world.clone(), verdict.clone(), CALL_TIMEOUT));
+    workload.ledger.lock().unwrap().replaced.ack_replicas = swarm.ack_replicas;
     let faults = plan.faults.clone();
     let nemesis = Nemesis::new(
         supervisor.clone(),

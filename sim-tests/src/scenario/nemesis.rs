@@ -279,11 +279,13 @@ impl Nemesis {
         let disk = world.disk_generation(victim);
         let mut ledger = self.workload.ledger.lock().unwrap();
         let drops_answered = ledger.drops.answered.clone();
+        let drops_sent = ledger.drops.sent.clone();
         ledger.replaced.destroyed.push(Destruction {
             replica: victim,
             disk,
             held,
             drops_answered,
+            drops_sent,
         });
         drop(ledger);
         let containers = replicated_containers(world, victim);

@@ -18,6 +18,13 @@
 //! One destruction at a time loses only what the acker alone held; a
 //! second one while a rebuilt node is still pulling can take the last
 //! copy of a write its acker had already handed on.
+//!
+//! With `tree.ack_replicas` k >= 2 an acknowledged write was held by k
+//! replicas when it was answered, so it is at risk only when k of the
+//! disks that held it were destroyed (each destruction capture says
+//! whether its victim held it), or when a destruction took its last copy
+//! after a drop of its tree, sent since the write, may have erased the
+//! other copies. A single lost disk never excuses such a write.
 
 use super::checkers::Contents;
 use super::ledger::{Acked, DropScope, Drops, Ledger};
@@ -38,6 +45,8 @@ pub struct Destruction {
     /// `Drops::answered` then: a drop sent to a replica and not answered
     /// by then may have erased what it held at the capture.
     pub drops_answered: BTreeMap<(DropScope, ReplicaId), u64>,
+    /// `Drops::sent` then: the drops sent before the disk died.
+    pub drops_sent: BTreeMap<(DropScope, ReplicaId), u64>,
 }
 
 impl Destruction {
@@ -61,6 +70,11 @@ impl Destruction {
         });
         victim_held && !kept_elsewhere
     }
+
+    /// Whether a replica other than the victim held `acked` then.
+    fn held_elsewhere(&self, presence: &BTreeMap<ReplicaId, Presence<'_>>, acked: &Acked) -> bool {
+        (presence.iter()).any(|(&replica, held)| replica != self.replica && held.holds(acked))
+    }
 }
 
 /// The replacements of a run, in the ledger beside the writes.
@@ -71,6 +85,9 @@ pub struct Replacements {
     /// Per index into `Ledger::acked`: the acker's disk when the write
     /// was sent. Writes recorded without it were sent to a first disk.
     pub sent_to_disk: BTreeMap<usize, u64>,
+    /// `tree.ack_replicas` of every node of the run; 0 (a recorder that
+    /// never sets it) counts as 1.
+    pub ack_replicas: usize,
 }
 
 impl Replacements {
@@ -136,7 +153,14 @@ impl Replacements {
     ) -> BTreeSet<usize> {
         assert_eq!(presences.len(), self.destroyed.len());
         let mut risky = BTreeSet::new();
+        let needed = self.ack_replicas.max(1);
         for (index, acked) in ledger.acked.iter().enumerate() {
+            if needed >= 2 {
+                if self.replicated_at_risk(ledger, index, presences, needed) {
+                    risky.insert(index);
+                }
+                continue;
+            }
             let disk = self.sent_to_disk.get(&index).copied().unwrap_or(0);
             let acker = acker_of(acked);
             let Some(first) = self
@@ -152,6 +176,40 @@ impl Replacements {
             }
         }
         risky
+    }
+}
+
+impl Replacements {
+    /// Whether write `index`, acknowledged once `needed` replicas held
+    /// it, may be gone by design: `needed` destroyed disks held it, or a
+    /// destruction took its last copy after a drop of its tree was sent
+    /// since the write (the drop may have erased the other copies).
+    fn replicated_at_risk(
+        &self,
+        ledger: &Ledger,
+        index: usize,
+        presences: &[BTreeMap<ReplicaId, Presence>],
+        needed: usize,
+    ) -> bool {
+        let acked = &ledger.acked[index];
+        let destructions = self.destroyed.iter().zip(presences);
+        let holders_destroyed = destructions
+            .clone()
+            .filter(|(d, presence)| presence.get(&d.replica).is_some_and(|h| h.holds(acked)))
+            .count();
+        if holders_destroyed >= needed {
+            return true;
+        }
+        let sent_before = ledger.drops.sent_before.get(&index);
+        let dropped_since = |d: &Destruction| {
+            sent_before.is_some_and(|&n| Drops::count(&d.drops_sent, acked.tree(), None) > n)
+        };
+        // A last copy taken strictly (no other holder then) needs a drop
+        // sent before the destruction: k >= 2 replicas held the write.
+        // One taken with other holders then had drops erase those after.
+        let mut last_copies =
+            destructions.filter(|(d, p)| d.took_last_copy(p, acked, &ledger.drops));
+        last_copies.any(|(d, p)| dropped_since(d) || d.held_elsewhere(p, acked))
     }
 }
 
@@ -278,6 +336,7 @@ mod tests {
             disk: 0,
             held: Contents::new(),
             drops_answered: BTreeMap::new(),
+            drops_sent: BTreeMap::new(),
         }
     }
 
@@ -318,6 +377,7 @@ mod tests {
         let replacements = Replacements {
             destroyed: vec![destruction(2), destruction(1)],
             sent_to_disk: BTreeMap::from([(1, 1)]),
+            ack_replicas: 1,
         };
         let presences = [first, second];
         let risky = replacements.at_risk_among(&ledger, &presences);
@@ -340,6 +400,7 @@ mod tests {
         let replacements = Replacements {
             destroyed: vec![destruction(1)],
             sent_to_disk: BTreeMap::new(),
+            ack_replicas: 1,
         };
         let presences = [held];
         assert!(replacements.at_risk_among(&ledger, &presences).is_empty());
@@ -350,6 +411,16 @@ mod tests {
         ledger.drop_sent((tree().cid, Some(tree().tree.clone())), 3);
         assert_eq!(
             replacements.at_risk_among(&ledger, &presences),
+            BTreeSet::from([0])
+        );
+        // The same with two acknowledgements: both holders are gone, one
+        // with its disk and one by a drop.
+        let two_acks = Replacements {
+            ack_replicas: 2,
+            ..replacements.clone()
+        };
+        assert_eq!(
+            two_acks.at_risk_among(&ledger, &presences),
             BTreeSet::from([0])
         );
         // A drop replica 3 had answered before the capture ran before it:
@@ -369,10 +440,52 @@ mod tests {
         let replacements = Replacements {
             destroyed: vec![destruction(2)],
             sent_to_disk: BTreeMap::from([(1, 1)]),
+            ..Replacements::default()
         };
         let to_2 = created(1 << 16 | 2, 2);
         assert!(replacements.acking_disk_destroyed(0, &to_2));
         assert!(!replacements.acking_disk_destroyed(1, &to_2));
         assert!(!replacements.acking_disk_destroyed(2, &created(1 << 16 | 3, 3)));
+    }
+
+    /// With ack_replicas 2 one destroyed disk never excuses a missing
+    /// write, even the acker's alone holding it (it was answered only once
+    /// a peer held it too); two destroyed disks that held it do, and so
+    /// does a destruction that took the last copy after a drop of its tree
+    /// was sent since the write, but not after a drop sent before it.
+    #[test]
+    fn with_two_acks_only_two_dead_holders_or_a_later_drop_excuse_a_write() {
+        let (a, b, c, d) = ((8 << 16) | 2, (9 << 16) | 2, (10 << 16) | 2, (11 << 16) | 2);
+        let mut ledger = Ledger {
+            acked: [a, b, c, d].map(|ts| created(ts, 2)).to_vec(),
+            ..Ledger::default()
+        };
+        ledger.drops.sent_before = BTreeMap::from([(2, 0), (3, 1)]);
+        // Replica 2 dies holding all four, alone with `a`, `c` and `d`;
+        // replica 3 held `b` and dies next, before 2 pulled it back.
+        let first = BTreeMap::from([(2, holding(&[a, b, c, d])), (3, holding(&[b]))]);
+        let second = BTreeMap::from([(2, holding(&[])), (3, holding(&[b]))]);
+        let scope = (tree().cid, Some(tree().tree));
+        let mut dropped = destruction(2);
+        dropped.drops_sent = BTreeMap::from([((scope, 3), 1)]);
+        let replacements = Replacements {
+            destroyed: vec![dropped, destruction(3)],
+            sent_to_disk: BTreeMap::new(),
+            ack_replicas: 2,
+        };
+        let risky = replacements.at_risk_among(&ledger, &[first, second]);
+        assert_eq!(risky, BTreeSet::from([1, 2]));
+        let one = Replacements {
+            ack_replicas: 1,
+            ..replacements.clone()
+        };
+        let presences = [
+            BTreeMap::from([(2, holding(&[a, b, c, d])), (3, holding(&[b]))]),
+            BTreeMap::from([(2, holding(&[])), (3, holding(&[b]))]),
+        ];
+        assert_eq!(
+            one.at_risk_among(&ledger, &presences),
+            BTreeSet::from([0, 1, 2, 3])
+        );
     }
 }

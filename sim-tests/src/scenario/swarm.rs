@@ -78,7 +78,7 @@ impl Profile {
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks
             | Canary::DropKeepsDirCache => Profile::SyncHeavy,
-            Canary::RejoinAcceptsWrites => Profile::Replace,
+            Canary::RejoinAcceptsWrites | Canary::AckBeforeReplicas => Profile::Replace,
             Canary::JoinerStopsAfterFirstPage => Profile::Members,
             Canary::FailedBatchHangs => Profile::StorageErrors,
             Canary::PeerIdentityUnchecked => Profile::Misconfig,
@@ -178,12 +178,23 @@ pub struct Swarm {
     /// dropped for the whole run: sync is their only route. Drawn after
     /// everything else.
     pushes_blocked: Vec<(ReplicaId, ReplicaId)>,
+    /// `tree.ack_replicas` of every node: 2 in about half the seeds of
+    /// the replace profile, else 1. Drawn after everything else.
+    #[serde(default = "one_replica")]
+    pub ack_replicas: usize,
+}
+
+fn one_replica() -> usize {
+    1
 }
 
 /// Chance (before the 0.7 of every fault) that a standard seed replaces
 /// disks at all, and the scale of its weight: a modest share of faults.
 const REPLACE_SEED_PROBABILITY: f64 = 0.35;
 const REPLACE_WEIGHT: f64 = 0.2;
+/// Chance that a replace seed answers writes only once two replicas hold
+/// them (`tree.ack_replicas: 2`).
+const REPLACE_ACK_TWO_PROBABILITY: f64 = 0.5;
 /// The sync interval of the replace profile when the seed drew none.
 const REPLACE_SYNC_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -290,6 +301,7 @@ impl Swarm {
             ))
             .min(replication_timeout / 4),
             pushes_blocked: Vec::new(),
+            ack_replicas: 1,
         };
         let pair_roll = rng.next_u64();
         if swarm.knobs.sync_interval.is_some() && rng.chance(SYNC_ONLY_PAIR_PROBABILITY) {
@@ -308,7 +320,13 @@ impl Swarm {
         if swarm.knobs.sync_interval.is_some() {
             swarm.faults.misconfig = misconfig_roll * MISCONFIG_WEIGHT_SCALE;
         }
+        // Drawn after everything else, so it left the other draws as
+        // they were.
+        let ack_two = rng.chance(REPLACE_ACK_TWO_PROBABILITY);
         swarm.apply_profile(faults_on);
+        if swarm.profile == Profile::Replace && ack_two {
+            swarm.ack_replicas = 2;
+        }
         swarm
     }
 
@@ -420,11 +438,12 @@ impl fmt::Display for Swarm {
             .collect();
         write!(
             f,
-            "  clocks: {}; disk latency {:?}; replicated_batch_delay {:?}; pushes blocked all run {:?}",
+            "  clocks: {}; disk latency {:?}; replicated_batch_delay {:?}; pushes blocked all run {:?}; ack_replicas {}",
             skews.join(", "),
             self.disk_latency,
             self.replicated_batch_delay,
-            self.pushes_blocked
+            self.pushes_blocked,
+            self.ack_replicas
         )
     }
 }

@@ -257,6 +257,9 @@ async fn call(
             if error == arbor::Error::Rejoining {
                 workload.world.hooks.coverage.hit(Coverage::RejoinRefused);
             }
+            if matches!(error, arbor::Error::NotReplicated { .. }) {
+                workload.world.hooks.coverage.hit(Coverage::NotReplicated);
+            }
             ledger.ops_failed += 1;
             ledger.failed(mark, &error, answered);
             None
@@ -307,19 +310,29 @@ pub fn summarize_response(response: &Response) -> String {
 }
 
 /// Records what `replica` acknowledged to a write sent after
-/// `drops_answered` drops of its tree had been answered, to its disk
-/// `disk`.
+/// `drops_answered` drops of its tree had been answered there and
+/// `drops_sent` sent to any replica, to its disk `disk`.
 fn acknowledged(
     workload: &Workload,
     replica: ReplicaId,
     request: &Request,
     response: &Response,
-    (drops_answered, disk): (u64, u64),
+    (drops_answered, drops_sent, disk): (u64, u64, u64),
 ) {
     let mut ledger = workload.ledger.lock().unwrap();
     let first = ledger.acked.len();
     ledger.record_after_drops(replica, request, response, drops_answered);
     ledger.sent_to_disk(first, disk);
+    for index in first..ledger.acked.len() {
+        ledger.drops.sent_before.insert(index, drops_sent);
+    }
+    if ledger.replaced.ack_replicas >= 2 {
+        let coverage = &workload.world.hooks.coverage;
+        coverage.add(
+            Coverage::AckedByReplicas,
+            (ledger.acked.len() - first) as u64,
+        );
+    }
 }
 
 /// The tree a write goes to.
@@ -373,7 +386,13 @@ async fn write(
     let disk = workload.world.disk_generation(replica);
     let response = call(workload, client, replica, op, request.clone()).await?;
     let after = drops_before(&workload.ledger.lock().unwrap());
-    acknowledged(workload, replica, &request, &response, (before.2, disk));
+    acknowledged(
+        workload,
+        replica,
+        &request,
+        &response,
+        (before.2, before.1, disk),
+    );
     // A drop in flight when the write was sent, sent meanwhile, or still
     // unanswered, may have taken the tree the write went to (then there is
     // nothing to check) or its nodes.

@@ -231,6 +231,7 @@ impl Pusher {
             // replica's, which this node does not push).
             assert!(next > from, "push cursor must advance");
             cursor.advance(next);
+            self.core.acks.note(tree, peer, next);
             if self.core.stopped() {
                 return Err(Error::ShuttingDown);
             }
