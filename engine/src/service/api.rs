@@ -77,25 +77,7 @@ impl Service {
                 attr,
                 path,
                 items,
-            } => {
-                if let Err(error) = validate::path(&attr, &path, limits) {
-                    if canary::active(Canary::DefiniteFailureApplied) {
-                        // Planted bug: the refused write is queued anyway.
-                        let attr = ATTR_FILE_NAME.to_string();
-                        let op = WriteOp::AddByPath { attr, path, items };
-                        let _ = self.write(tree, op).await;
-                    }
-                    return Err(error);
-                }
-                validate::items(&items, limits)?;
-                let op = WriteOp::AddByPath { attr, path, items };
-                match self.write(tree, op).await? {
-                    WriteOutcome::AddedByPath { leaf, created, .. } => {
-                        Ok(Response::AddedByPath { leaf, created })
-                    }
-                    other => Err(unexpected(other)),
-                }
-            }
+            } => self.add_by_path(tree, attr, path, items).await,
             Request::Move {
                 tree,
                 parent,
@@ -129,6 +111,33 @@ impl Service {
 
     /// A local write, answered once committed here and, with
     /// `tree.ack_replicas` above 1, once that many replicas hold it.
+    async fn add_by_path(
+        &self,
+        tree: TreeKey,
+        attr: String,
+        path: Vec<String>,
+        items: Vec<KeyValue>,
+    ) -> Result<Response> {
+        let limits = self.core.config.limits.input();
+        if let Err(error) = validate::path(&attr, &path, limits) {
+            if canary::active(Canary::DefiniteFailureApplied) {
+                // Planted bug: the refused write is queued anyway.
+                let attr = ATTR_FILE_NAME.to_string();
+                let op = WriteOp::AddByPath { attr, path, items };
+                let _ = self.write(tree, op).await;
+            }
+            return Err(error);
+        }
+        validate::items(&items, limits)?;
+        let op = WriteOp::AddByPath { attr, path, items };
+        match self.write(tree, op).await? {
+            WriteOutcome::AddedByPath { leaf, created, .. } => {
+                Ok(Response::AddedByPath { leaf, created })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
     async fn write(&self, tree: TreeKey, op: WriteOp) -> Result<WriteOutcome> {
         self.core.check_tree_key(&tree)?;
         self.core.rejoin.check_writable()?;
