@@ -408,9 +408,13 @@ impl Driver {
         ));
         (self.workload.ledger.lock().unwrap()).handed_off(cid, leaver, remaining.clone());
         let held = stamps_of(&self.world, leaver, &cid);
+        let handed: Vec<_> = (remaining.iter())
+            .map(|&m| stamps_of(&self.world, m, &cid))
+            .collect();
         self.configure_all(&sets);
         self.supervisor.restart_for_membership(leaver).await;
-        self.check_left_nothing(leaver, cid, &remaining, held, drops_before);
+        let left = Left { held, handed };
+        self.check_left_nothing(leaver, cid, &remaining, left, drops_before);
         for &member in &remaining {
             self.supervisor.restart_for_membership(member).await;
         }
@@ -462,14 +466,15 @@ impl Driver {
         leaver: ReplicaId,
         cid: ContainerId,
         remaining: &[ReplicaId],
-        held: Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>,
+        left: Left,
         drops_before: BTreeMap<TreeKey, (u64, bool)>,
     ) {
-        let Some(held) = held else { return };
+        let Some(held) = left.held else { return };
         let drops_after = self.drops_sent(held.keys());
-        let others: Vec<_> = remaining
-            .iter()
-            .filter_map(|&m| stamps_of(&self.world, m, &cid))
+        // A member down now (a power failure since the drain) still has on
+        // disk what it held then; the crash checks judge that disk.
+        let others: Vec<_> = (remaining.iter().zip(left.handed))
+            .filter_map(|(&m, then)| stamps_of(&self.world, m, &cid).or(then))
             .collect();
         let settled = |tree: &TreeKey| {
             let after = drops_after.get(tree);
@@ -484,6 +489,13 @@ impl Driver {
             ));
         }
     }
+}
+
+/// What a leave saw at the instant it took effect: the leaver's ops of
+/// the container and, per remaining member, its own (`None` when down).
+struct Left {
+    held: Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>,
+    handed: Vec<Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>>,
 }
 
 /// Whether a leaver that holds `held` of a container has drained into the
