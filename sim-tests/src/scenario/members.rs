@@ -13,13 +13,14 @@
 //! - **Leave.** Clients stop sending the container's requests to the
 //!   leaver; once every request sent before has had its answer, the leave
 //!   waits until every op the leaver stamped in the container is held by
-//!   every remaining member, all of them up. It is called off when that
+//!   every remaining member, all of them up, and every other op it holds
+//!   there by one of them (`drain_complete`). It is called off when that
 //!   does not happen within `LEAVE_DRAIN_MAX`. Then the leaver restarts
 //!   out of the container (it answers its requests with `NotReplica`) and
 //!   the remaining members restart without it as a peer, but with it as
 //!   retired, so that its ops still travel by pull.
 //!
-//! The checks: after a leave, no op the leaver stamped in a tree nobody
+//! The checks: after a leave, no op the leaver held in a tree nobody
 //! dropped meanwhile may be missing from every remaining member; at the
 //! end, the checkers hold the container's final members to every
 //! acknowledged write (`World::replicas_of`).
@@ -406,10 +407,14 @@ impl Driver {
             "replica-{leaver} drained into {remaining:?}: its leave takes effect"
         ));
         (self.workload.ledger.lock().unwrap()).handed_off(cid, leaver, remaining.clone());
-        let held = stamps_of(&self.world, leaver, &cid).map(|s| stamped_by(s, leaver));
+        let held = stamps_of(&self.world, leaver, &cid);
+        let handed: Vec<_> = (remaining.iter())
+            .map(|&m| stamps_of(&self.world, m, &cid))
+            .collect();
         self.configure_all(&sets);
         self.supervisor.restart_for_membership(leaver).await;
-        self.check_left_nothing(leaver, cid, &remaining, held, drops_before);
+        let left = Left { held, handed };
+        self.check_left_nothing(leaver, cid, &remaining, left, drops_before);
         for &member in &remaining {
             self.supervisor.restart_for_membership(member).await;
         }
@@ -432,16 +437,16 @@ impl Driver {
             .collect()
     }
 
-    /// Waits (bounded) until every remaining member is up and holds every
-    /// op the leaver stamped in the container.
+    /// Waits (bounded) until every remaining member is up and the leaver's
+    /// copy of the container is drained into them (`drain_complete`).
     async fn drained(&self, leaver: ReplicaId, cid: ContainerId, remaining: &[ReplicaId]) -> bool {
         let deadline = crate::world::clock::global_now() + LEAVE_DRAIN_MAX;
         loop {
-            if let Some(own) = stamps_of(&self.world, leaver, &cid).map(|s| stamped_by(s, leaver)) {
-                let holds = |&m: &ReplicaId| {
-                    stamps_of(&self.world, m, &cid).is_some_and(|held| holds_all(&held, &own))
-                };
-                if remaining.iter().all(holds) {
+            if let Some(held) = stamps_of(&self.world, leaver, &cid) {
+                let others: Option<Vec<_>> = (remaining.iter())
+                    .map(|&m| stamps_of(&self.world, m, &cid))
+                    .collect();
+                if others.is_some_and(|others| drain_complete(&held, leaver, &others)) {
                     return true;
                 }
             }
@@ -452,22 +457,24 @@ impl Driver {
         }
     }
 
-    /// After the leaver stopped serving the container: every op it had
-    /// stamped there must be held by a remaining member, unless a drop of
-    /// its tree was sent since the drain began or is still unanswered.
+    /// After the leaver stopped serving the container: every op it held
+    /// there, whoever stamped it, must be held by a remaining member,
+    /// unless a drop of its tree was sent since the drain began or is
+    /// still unanswered.
     fn check_left_nothing(
         &self,
         leaver: ReplicaId,
         cid: ContainerId,
         remaining: &[ReplicaId],
-        held: Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>,
+        left: Left,
         drops_before: BTreeMap<TreeKey, (u64, bool)>,
     ) {
-        let Some(held) = held else { return };
+        let Some(held) = left.held else { return };
         let drops_after = self.drops_sent(held.keys());
-        let others: Vec<_> = remaining
-            .iter()
-            .filter_map(|&m| stamps_of(&self.world, m, &cid))
+        // A member down now (a power failure since the drain) still has on
+        // disk what it held then; the crash checks judge that disk.
+        let others: Vec<_> = (remaining.iter().zip(left.handed))
+            .filter_map(|(&m, then)| stamps_of(&self.world, m, &cid).or(then))
             .collect();
         let settled = |tree: &TreeKey| {
             let after = drops_after.get(tree);
@@ -482,6 +489,30 @@ impl Driver {
             ));
         }
     }
+}
+
+/// What a leave saw at the instant it took effect: the leaver's ops of
+/// the container and, per remaining member, its own (`None` when down).
+struct Left {
+    held: Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>,
+    handed: Vec<Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>>,
+}
+
+/// Whether a leaver that holds `held` of a container has drained into the
+/// remaining members, which hold `others`: each of them holds every op the
+/// leaver stamped (its own ops are its own to push), and every op the
+/// leaver holds, whoever stamped it, is held by one of them. The second
+/// half matters once the op's originator lost its disk: the leaver may
+/// then be the last replica serving it, and the remaining members no
+/// longer pull from it once its leave takes effect (docs/design.md §6).
+fn drain_complete(
+    held: &BTreeMap<TreeKey, BTreeSet<Timestamp>>,
+    leaver: ReplicaId,
+    others: &[BTreeMap<TreeKey, BTreeSet<Timestamp>>],
+) -> bool {
+    let own = stamped_by(held.clone(), leaver);
+    others.iter().all(|other| holds_all(other, &own))
+        && first_unkept(held, others, |_| true).is_none()
 }
 
 /// The first op of `held` (what a leaver held) that none of `others` (the
@@ -531,6 +562,38 @@ mod tests {
             (other.clone(), set(&[9])),
         ])];
         assert_eq!(first_unkept(&held, &drained, all), None);
+    }
+
+    /// The drain rule, fed the history of members seed 482: replica-4
+    /// stamped op 262148, replica-1 pulled it, replica-4's disk was then
+    /// destroyed, and replica-1 left holding the only served copy. A drain
+    /// that looked at the leaver's own ops alone let that leave take
+    /// effect and the write was lost; it must wait until a remaining
+    /// member holds the op, and each remaining member every own op.
+    #[test]
+    fn a_leaver_keeps_serving_another_replicas_op_it_alone_holds() {
+        let tree = TreeKey::new(ContainerId([1; 32]), "version");
+        let set = |stamps: &[Timestamp]| stamps.iter().copied().collect::<BTreeSet<_>>();
+        let (own_op, foreign_op) = (0x1_0001, 0x4_0004);
+        assert_eq!(timestamp_replica(own_op), 1);
+        assert_eq!(timestamp_replica(foreign_op), 4);
+        let held = BTreeMap::from([(tree.clone(), set(&[own_op, foreign_op]))]);
+        let own_only = BTreeMap::from([(tree.clone(), set(&[own_op]))]);
+        let all = BTreeMap::from([(tree.clone(), set(&[own_op, foreign_op]))]);
+        let nothing = BTreeMap::new();
+        assert!(!drain_complete(
+            &held,
+            1,
+            &[own_only.clone(), own_only.clone()]
+        ));
+        assert!(drain_complete(&held, 1, &[own_only.clone(), all.clone()]));
+        assert!(!drain_complete(&held, 1, &[nothing, all.clone()]));
+        assert!(drain_complete(&held, 1, &[all.clone(), all]));
+        assert!(drain_complete(
+            &own_only,
+            1,
+            std::slice::from_ref(&own_only)
+        ));
     }
 
     /// Drawn changes are valid; a hand edit that breaks a set is refused.
