@@ -8,6 +8,9 @@
 #   scripts/results.sh --quick              # smaller counts and durations
 #   scripts/results.sh --only sweep,load    # re-measure some sections
 #   scripts/results.sh --list               # the sections and their commands
+#   scripts/results.sh --only campaign --base-bin OLD/arbor-sim
+#                                           # every profile at 1,000 seeds, and
+#                                           # seeds/min beside an older build
 #
 # A section that is not run keeps what docs/results.md already holds; each
 # section names the commit, CPU and mode of the run that measured it.
@@ -15,7 +18,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep canaries shrink bench compare fuzz load tls clean-rate grid sim-load)
+readonly SECTIONS=(sweep campaign canaries shrink bench compare fuzz load tls clean-rate grid sim-load)
 
 usage() {
     sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
@@ -26,6 +29,11 @@ Options:
                    one that ran, and the sections say they are quick
   --only LIST      comma-separated sections of: ${SECTIONS[*]}
   --sim-bin PATH   use this arbor-sim binary instead of building one
+  --base-bin PATH  campaign: an arbor-sim built from an earlier commit; its
+                   standard sweep alternates with this one's to compare
+                   seeds per minute in one run
+  --base-label TEXT
+                   campaign: what --base-bin was built from (shown as given)
   --out FILE       where the results go (default docs/results.md)
   --readme FILE    whose canary table to rewrite (default README.md)
   --beside-in-process
@@ -39,6 +47,8 @@ quick=0
 beside=0
 only=""
 sim_bin=""
+base_bin=""
+base_label="an earlier build"
 list=0
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="$root/docs/results.md"
@@ -49,6 +59,8 @@ while [ $# -gt 0 ]; do
         --quick) quick=1 ;;
         --only) only="${2:?--only needs a list}"; shift ;;
         --sim-bin) sim_bin="${2:?--sim-bin needs a path}"; shift ;;
+        --base-bin) base_bin="${2:?--base-bin needs a path}"; shift ;;
+        --base-label) base_label="${2:?--base-label needs a text}"; shift ;;
         --out) out="${2:?--out needs a file}"; shift ;;
         --readme) readme="${2:?--readme needs a file}"; shift ;;
         --beside-in-process) beside=1 ;;
@@ -64,6 +76,8 @@ done
 
 if [ "$quick" = 1 ]; then
     sweep_seeds=20
+    campaign_seeds=20
+    cost_seeds=20; cost_rounds=1
     canary_seeds=10
     bench_args=(-- --ops 20000 --reapply 20000)
     compare_args=(--ops 20000 --rounds 1)
@@ -74,6 +88,8 @@ if [ "$quick" = 1 ]; then
     sim_load_duration=1m
 else
     sweep_seeds=200
+    campaign_seeds=1000
+    cost_seeds=200; cost_rounds=2
     canary_seeds=20
     bench_args=()
     compare_args=(--ops 100000 --rounds 2)
@@ -112,6 +128,8 @@ readonly CANARIES=(
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace)
 
 sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
+campaign_cmd() { echo "arbor-sim sweep --seeds $campaign_seeds --jobs 2 --profile $1"; }
+cost_cmd() { echo "arbor-sim sweep --seeds $cost_seeds --jobs 2"; }
 canary_cmd() {
     echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}"
 }
@@ -139,6 +157,7 @@ sim_load_cmd() {
 
 if [ "$list" = 1 ]; then
     echo "sweep:      $(sweep_cmd 1); $(sweep_cmd 2)"
+    echo "campaign:   $(campaign_cmd P), for each profile; with --base-bin, $(cost_cmd) of both binaries, alternated, $cost_rounds round(s)"
     echo "canaries:   $(canary_cmd P C), for each canary; $(canary_cmd P), for each profile"
     echo "shrink:     $(shrink_cmd P C S), S the first failing seed of $(canary_cmd P C)"
     echo "bench:      $(bench_cmd)"
@@ -209,7 +228,7 @@ timed() {
 }
 
 needs_sim=0
-for name in sweep canaries shrink load tls clean-rate grid sim-load; do
+for name in sweep campaign canaries shrink load tls clean-rate grid sim-load; do
     runs "$name" && needs_sim=1
 done
 binary_note=""
@@ -230,6 +249,7 @@ SIM() { "$sim_bin" "$@"; }
 title() {
     case "$1" in
         sweep) echo "Simulation sweep speed" ;;
+        campaign) echo "Seed campaign over every profile" ;;
         canaries) echo "Canaries" ;;
         shrink) echo "Shrinking each canary's first failure" ;;
         bench) echo "Engine bench" ;;
@@ -322,6 +342,115 @@ section_sweep() {
         echo "\`arbor-sim\` is \`target/release/arbor-sim\` (\`cargo build --release -p arbor-sim\`);"
         echo "\`cargo run --release -p arbor-sim -- sweep --seeds 200\` runs the one-thread sweep."
     } >>"$work/sweep.md"
+}
+
+# One sweep's table row for the campaign: its summary fields, or a note.
+campaign_row() {
+    local file="$1" label="$2" cmd="$3"
+    local runs failures rate sent acked faults wall print
+    read -r runs failures rate sent acked faults wall <<<"$(sweep_row "$file")"
+    print="$(sweep_fingerprint "$file")"
+    if [ -z "$runs" ]; then
+        echo "| $label | no summary printed | | | | | | | \`$cmd\` |"
+        return
+    fi
+    echo "| $label | $runs | $failures | $rate | $sent | $acked | $faults | $wall | \`$print\` | \`$cmd\` |"
+}
+
+# Seeds per minute of a sweep's summary, or nothing.
+sweep_rate() { sweep_row "$1" | awk '{ print $3 }'; }
+
+section_campaign() {
+    local profile failing=""
+    local kept="${CARGO_TARGET_DIR:-target}/results-campaign"
+    {
+        echo "## $(title campaign)"
+        echo
+        provenance "$binary_note"
+        echo "Every profile at full size (2,000 client ops over 60 simulated seconds), seeds"
+        echo "1-$campaign_seeds on two worker threads, one profile after another. A failing seed is"
+        echo "listed below the table; its capsule, as it ran, is kept in \`$kept/PROFILE\`."
+        echo
+        echo "| profile | seeds | failures | seeds/min | ops sent | ops acked | faults | wall | trace fingerprint | command |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    } >"$work/campaign.md"
+    for profile in "${PROFILES[@]}"; do
+        log "campaign, profile $profile"
+        mkdir -p "$kept/$profile"
+        capture "campaign-$profile" SIM sweep --seeds "$campaign_seeds" --jobs 2 --profile "$profile" \
+            --keep-failures "$kept/$profile" --shrink-trials 0 || true
+        campaign_row "$work/campaign-$profile.out" "$profile" "$(campaign_cmd "$profile")" >>"$work/campaign.md"
+        local seed
+        for seed in $(sweep_failing_seeds "$work/campaign-$profile.out" | sort -n | head -n 10); do
+            failing+="- $profile seed $seed: \`arbor-sim replay --seed $seed --profile $profile\`"$'\n'
+        done
+    done
+    {
+        echo
+        if [ -n "$failing" ]; then
+            echo "Failing seeds (at most ten per profile):"
+            echo
+            printf '%s' "$failing"
+        else
+            echo "No seed failed."
+        fi
+        echo
+        echo "### What the checkers cost"
+        echo
+    } >>"$work/campaign.md"
+    if [ -z "$base_bin" ]; then
+        echo "Not measured in this run: it needs \`--base-bin\`, an \`arbor-sim\` built from an earlier commit." >>"$work/campaign.md"
+        return
+    fi
+    if [ ! -x "$base_bin" ]; then
+        echo "Not measured: \`--base-bin $base_bin\` is not executable." >>"$work/campaign.md"
+        return
+    fi
+    {
+        echo "The standard sweep \`$(cost_cmd)\` of this run's binary and of \`$base_bin\`"
+        echo "($base_label), alternated, $cost_rounds round(s), one right after the other."
+        echo "The earlier build's scenario is its own (fewer checks, and the workload of its time)."
+        echo
+        echo "| binary | round | seeds | failures | seeds/min | ops sent | ops acked | faults | wall | trace fingerprint | command |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    } >>"$work/campaign.md"
+    local round side bin base_minutes=0 this_minutes=0 base_seeds=0 this_seeds=0
+    for round in $(seq 1 "$cost_rounds"); do
+        for side in base this; do
+            bin="$sim_bin"; [ "$side" = base ] && bin="$base_bin"
+            log "campaign cost, $side, round $round"
+            capture "cost-$side-$round" "$bin" sweep --seeds "$cost_seeds" --jobs 2 || true
+            local runs failures rate sent acked faults wall print
+            read -r runs failures rate sent acked faults wall <<<"$(sweep_row "$work/cost-$side-$round.out")"
+            print="$(sweep_fingerprint "$work/cost-$side-$round.out")"
+            if [ -z "$runs" ]; then
+                echo "| $side | $round | no summary printed | | | | | | | | |" >>"$work/campaign.md"
+                continue
+            fi
+            echo "| $side | $round | $runs | $failures | $rate | $sent | $acked | $faults | $wall | \`$print\` | \`$(cost_cmd)\` |" >>"$work/campaign.md"
+            local minutes
+            minutes="$(awk -v w="${wall%s}" 'BEGIN { print w / 60 }')"
+            if [ "$side" = base ]; then
+                base_minutes="$(awk -v a="$base_minutes" -v b="$minutes" 'BEGIN { print a + b }')"
+                base_seeds=$((base_seeds + runs))
+            else
+                this_minutes="$(awk -v a="$this_minutes" -v b="$minutes" 'BEGIN { print a + b }')"
+                this_seeds=$((this_seeds + runs))
+            fi
+        done
+    done
+    {
+        echo
+        awk -v bs="$base_seeds" -v bm="$base_minutes" -v ts="$this_seeds" -v tm="$this_minutes" 'BEGIN {
+            if (bm > 0 && tm > 0) {
+                b = bs / bm; t = ts / tm
+                printf "Over every round: the earlier build %.1f seeds/min, this one %.1f seeds/min, %.2fx (%.0f %% %s).\n",
+                    b, t, t / b, (t < b ? 100 * (b - t) / b : 100 * (t - b) / b), (t < b ? "slower" : "faster")
+            } else {
+                print "A sweep printed no summary: no ratio."
+            }
+        }'
+    } >>"$work/campaign.md"
 }
 
 # First failing seed and failure count of one canary sweep; "-" when none.
