@@ -21,7 +21,7 @@ set -euo pipefail
 readonly SECTIONS=(sweep campaign canaries shrink bench compare fuzz load tls clean-rate grid sim-load)
 
 usage() {
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
     cat <<EOF
 
 Options:
@@ -357,9 +357,6 @@ campaign_row() {
     echo "| $label | $runs | $failures | $rate | $sent | $acked | $faults | $wall | \`$print\` | \`$cmd\` |"
 }
 
-# Seeds per minute of a sweep's summary, or nothing.
-sweep_rate() { sweep_row "$1" | awk '{ print $3 }'; }
-
 section_campaign() {
     local profile failing=""
     local kept="${CARGO_TARGET_DIR:-target}/results-campaign"
@@ -414,36 +411,30 @@ section_campaign() {
         echo "| binary | round | seeds | failures | seeds/min | ops sent | ops acked | faults | wall | trace fingerprint | command |"
         echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     } >>"$work/campaign.md"
-    local round side bin base_minutes=0 this_minutes=0 base_seeds=0 this_seeds=0
+    local round side bin runs wall base_totals="" this_totals=""
     for round in $(seq 1 "$cost_rounds"); do
         for side in base this; do
             bin="$sim_bin"; [ "$side" = base ] && bin="$base_bin"
             log "campaign cost, $side, round $round"
             capture "cost-$side-$round" "$bin" sweep --seeds "$cost_seeds" --jobs 2 || true
-            local runs failures rate sent acked faults wall print
-            read -r runs failures rate sent acked faults wall <<<"$(sweep_row "$work/cost-$side-$round.out")"
-            print="$(sweep_fingerprint "$work/cost-$side-$round.out")"
-            if [ -z "$runs" ]; then
-                echo "| $side | $round | no summary printed | | | | | | | | |" >>"$work/campaign.md"
-                continue
-            fi
-            echo "| $side | $round | $runs | $failures | $rate | $sent | $acked | $faults | $wall | \`$print\` | \`$(cost_cmd)\` |" >>"$work/campaign.md"
-            local minutes
-            minutes="$(awk -v w="${wall%s}" 'BEGIN { print w / 60 }')"
-            if [ "$side" = base ]; then
-                base_minutes="$(awk -v a="$base_minutes" -v b="$minutes" 'BEGIN { print a + b }')"
-                base_seeds=$((base_seeds + runs))
-            else
-                this_minutes="$(awk -v a="$this_minutes" -v b="$minutes" 'BEGIN { print a + b }')"
-                this_seeds=$((this_seeds + runs))
-            fi
+            campaign_row "$work/cost-$side-$round.out" "$side | $round" "$(cost_cmd)" >>"$work/campaign.md"
+            read -r runs _ _ _ _ _ wall <<<"$(sweep_row "$work/cost-$side-$round.out")"
+            [ -n "$runs" ] || continue
+            # Seeds and wall seconds of each sweep, summed below.
+            if [ "$side" = base ]; then base_totals+=" $runs ${wall%s}"; else this_totals+=" $runs ${wall%s}"; fi
         done
     done
     {
         echo
-        awk -v bs="$base_seeds" -v bm="$base_minutes" -v ts="$this_seeds" -v tm="$this_minutes" 'BEGIN {
-            if (bm > 0 && tm > 0) {
-                b = bs / bm; t = ts / tm
+        awk -v base="$base_totals" -v this="$this_totals" '
+        function per_minute(pairs,    n, f, i, seeds, seconds) {
+            n = split(pairs, f, " ")
+            for (i = 1; i < n; i += 2) { seeds += f[i]; seconds += f[i + 1] }
+            return seconds > 0 ? 60 * seeds / seconds : 0
+        }
+        BEGIN {
+            b = per_minute(base); t = per_minute(this)
+            if (b > 0 && t > 0) {
                 printf "Over every round: the earlier build %.1f seeds/min, this one %.1f seeds/min, %.2fx (%.0f %% %s).\n",
                     b, t, t / b, (t < b ? 100 * (b - t) / b : 100 * (t - b) / b), (t < b ? "slower" : "faster")
             } else {
