@@ -407,7 +407,7 @@ async fn gated_transport(adjust: impl FnOnce(&mut Config)) -> (Arc<Gate>, Arc<Tc
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    tokio::spawn(tcp::serve(listener, gate.clone(), options(64)));
+    tokio::spawn(tcp::serve(listener, gate.clone(), options(256)));
     let mut config = Config::default_for_test(1);
     config.node.peers.push(arbor::config::PeerConfig {
         replica_id: 2,
@@ -422,7 +422,7 @@ async fn transport_caps_calls_in_flight_per_peer() {
     use std::sync::atomic::Ordering::SeqCst;
     let (gate, transport) = gated_transport(|config| {
         config.limits.max_connections = 4;
-        assert_eq!(tcp::outbound_share(config), 2);
+        assert_eq!(tcp::client_share(config), 2);
     })
     .await;
     let held: Vec<_> = (0..2)
@@ -460,7 +460,7 @@ async fn idle_after_concurrent_calls(cache_size: usize, calls: usize) -> usize {
     use std::sync::atomic::Ordering::SeqCst;
     let (gate, transport) = gated_transport(|config| {
         config.tree.cache_size = cache_size;
-        config.limits.max_connections = 64;
+        config.limits.max_connections = 256;
     })
     .await;
     let held: Vec<_> = (0..calls)
@@ -487,6 +487,31 @@ async fn transport_keeps_at_most_cache_size_idle_connections() {
     assert_eq!(idle_after_concurrent_calls(2, 5).await, 2);
     assert_eq!(idle_after_concurrent_calls(15, 5).await, 5);
     assert_eq!(idle_after_concurrent_calls(0, 3).await, 0);
+}
+
+/// With the default `tree.cache_size` a burst of as many calls as a client
+/// may have in flight to one node leaves all their connections pooled for
+/// the next burst; a 3-replica node's share of a peer is smaller still.
+/// Regression: the default kept 15, so every burst above 15 calls closed
+/// the rest, and the load gateway at 10,000/s dialled a new connection
+/// for about a quarter of its calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_pool_keeps_a_full_burst_of_connections() {
+    let mut three = Config::default_for_test(1);
+    for peer in [2, 3] {
+        three.node.peers.push(arbor::config::PeerConfig {
+            replica_id: peer,
+            address: format!("127.0.0.1:{peer}"),
+        });
+    }
+    let burst = tcp::client_share(&three);
+    assert_eq!((burst, tcp::outbound_share(&three)), (128, 64));
+    let cache_size = three.tree.cache_size;
+    assert!(
+        cache_size >= burst,
+        "tree.cache_size {cache_size} < {burst}"
+    );
+    assert_eq!(idle_after_concurrent_calls(cache_size, burst).await, burst);
 }
 
 /// `connections_opened` counts dials: sequential calls reuse one idle

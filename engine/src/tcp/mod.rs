@@ -18,7 +18,7 @@ mod client;
 mod server;
 
 pub use budget::FrameBudget;
-pub use client::{outbound_share, Connection, Dialer, TcpTransport};
+pub use client::{client_share, outbound_share, Connection, Dialer, TcpTransport};
 pub use server::{listen, serve, Server, ServerHandle, ServerOptions, ServerStats};
 
 use crate::error::{Error, Result};

@@ -131,9 +131,8 @@ pub struct Common {
     /// Tokio worker threads in real mode.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Wire gateway: calls in flight to each node (default: a node's
-    /// share of a peer's connections, `limits.max_connections / 2 /
-    /// replicas`; `limits.max_connections / 2` is the clients' half).
+    /// Wire gateway: calls in flight to each node (default: the clients'
+    /// half of a node's connections, `limits.max_connections / 2`).
     #[arg(long)]
     gateway_calls: Option<usize>,
     /// Wire gateway: idle connections kept per node (default

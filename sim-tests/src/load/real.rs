@@ -63,8 +63,8 @@ pub struct RealOptions {
     pub worker_threads: usize,
     pub verify: bool,
     /// The wire gateway's pool: calls in flight to each node and idle
-    /// connections kept per node; `None`: as a node's transport has them
-    /// (its share of a peer's connections, `tree.cache_size` idle).
+    /// connections kept per node; `None`: as a client's transport has them
+    /// (the clients' half of a node's connections, `tree.cache_size` idle).
     pub gateway_calls: Option<usize>,
     pub gateway_idle: Option<usize>,
 }
@@ -322,9 +322,10 @@ async fn start_served(options: &RealOptions, dir: &Path) -> Result<Nodes, String
 /// what `TcpTransport::with_dialer` gives a transport to every replica
 /// unless `--gateway-calls`/`--gateway-idle` say otherwise.
 fn gateway_pool(options: &RealOptions) -> (usize, usize) {
-    let calls = options.config.limits.max_connections / 2 / options.replicas;
     (
-        options.gateway_calls.unwrap_or(calls.max(1)),
+        options
+            .gateway_calls
+            .unwrap_or(arbor::tcp::client_share(&options.config)),
         options
             .gateway_idle
             .unwrap_or(options.config.tree.cache_size),
