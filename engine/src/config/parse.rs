@@ -62,6 +62,7 @@ fn parse_pilorama(mut s: Section) -> Result<PiloramaConfig> {
         reopen_backoff_max: s
             .duration("reopen_backoff_max")?
             .unwrap_or(d.reopen_backoff_max),
+        cache_bytes: s.usize("cache_bytes")?.unwrap_or(d.cache_bytes),
     };
     s.finish()?;
     Ok(config)

@@ -17,6 +17,7 @@ pilorama:
   replicated_batch_delay: 40ms
   path: /tmp/x.db
   no_sync: true
+  cache_bytes: 2097152
 node:
   replica_id: 2
   listen: 127.0.0.1:7002
@@ -48,6 +49,8 @@ fn full_file_parses() {
     assert_eq!(c.pilorama.replicated_batch_delay, Duration::from_millis(40));
     assert!(c.pilorama.no_sync);
     assert!(!c.forest_options().durable);
+    assert_eq!(c.pilorama.cache_bytes, 2 << 20);
+    assert_eq!(c.forest_options().cache_bytes, 2 << 20);
     assert_eq!(c.node.replica_id, 2);
     assert_eq!(c.node.peers.len(), 2);
     assert_eq!(c.node.peers[1].address, "127.0.0.1:7003");
@@ -72,6 +75,7 @@ fn defaults_are_the_design_values() {
     assert_eq!(c.tree.sync_interval, None);
     assert_eq!(c.pilorama.max_batch_delay, Duration::from_millis(5));
     assert_eq!(c.pilorama.max_batch_size, 100);
+    assert_eq!(c.pilorama.cache_bytes, 256 << 20);
     assert_eq!(c.limits, Limits::default());
 }
 
@@ -193,6 +197,22 @@ fn ack_replicas_fits_every_held_container() {
     let others = format!(", containers: [ {{ cid: \"{cid}\", replicas: [2] }} ]");
     assert_eq!(accepted(with(3, &others)), 3);
     assert_eq!(accepted(node("")), 1);
+}
+
+#[test]
+fn a_page_cache_below_one_mebibyte_is_refused() {
+    let with =
+        |bytes: usize| format!("node: {{ replica_id: 1 }}\npilorama: {{ cache_bytes: {bytes} }}");
+    let refused = Config::from_yaml_str(&with((1 << 20) - 1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("pilorama.cache_bytes: 1048575 is below the minimum 1048576"),
+        "{refused}"
+    );
+    let accepted = Config::from_yaml_str(&with(1 << 20)).unwrap();
+    assert_eq!(accepted.forest_options().cache_bytes, 1 << 20);
+    assert!(Config::from_yaml_str(&with(0)).is_err());
 }
 
 #[test]

@@ -48,6 +48,8 @@ pub struct ForestOptions {
     /// How far a replicated op's counter may be ahead of its tree's
     /// (`limits.counter_jump_max`, docs/design.md §9).
     pub counter_jump_max: u64,
+    /// redb's page cache of a file-backed forest (`pilorama.cache_bytes`).
+    pub cache_bytes: usize,
 }
 
 impl ForestOptions {
@@ -68,6 +70,7 @@ impl Default for ForestOptions {
             max_path_len: 256,
             durable: true,
             counter_jump_max: 1 << 20,
+            cache_bytes: crate::config::PILORAMA_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -262,10 +265,13 @@ impl Forest {
     /// (`create_aside`), so a creation cut short leaves no file redb refuses.
     pub fn open(path: &std::path::Path, options: ForestOptions) -> Result<Self> {
         let path = path.to_path_buf();
+        let cache_bytes = options.cache_bytes;
         Self::open_reopenable(
             Box::new(move || {
                 create_aside(&path)?;
-                Ok(redb::Builder::new().create(&path)?)
+                Ok(redb::Builder::new()
+                    .set_cache_size(cache_bytes)
+                    .create(&path)?)
             }),
             options,
         )
@@ -287,8 +293,13 @@ impl Forest {
         backend: impl Fn() -> Result<B> + Send + Sync + 'static,
         options: ForestOptions,
     ) -> Result<Self> {
+        let cache_bytes = options.cache_bytes;
         Self::open_reopenable(
-            Box::new(move || Ok(redb::Builder::new().create_with_backend(backend()?)?)),
+            Box::new(move || {
+                Ok(redb::Builder::new()
+                    .set_cache_size(cache_bytes)
+                    .create_with_backend(backend()?)?)
+            }),
             options,
         )
     }
@@ -335,7 +346,9 @@ impl Forest {
         backend: impl redb::StorageBackend,
         options: ForestOptions,
     ) -> Result<Self> {
-        let db = redb::Builder::new().create_with_backend(backend)?;
+        let db = redb::Builder::new()
+            .set_cache_size(options.cache_bytes)
+            .create_with_backend(backend)?;
         Self::init(db, options)
     }
 
