@@ -1,8 +1,11 @@
 //! `replay --html FILE`: one self-contained HTML page (inline SVG, no
 //! network) drawing a run over simulated time: one lane per replica and
 //! per client; client ops from send to answer (acknowledged, failed or
-//! never answered); partitions, crashes, restarts, disk-error windows and
-//! the other faults; sync rounds the checks start; check phases; and the
+//! never answered; acknowledged drops in their own colour); partitions,
+//! crashes, restarts, disk-error windows, disk replacements and the other
+//! faults; the operator's membership steps (joins, catch-ups, leaves) on
+//! its lane and the replica each is about; sync rounds the checks start;
+//! check phases; and the
 //! failure, with the ops its message names highlighted. Everything comes
 //! from the run's trace, so a timeline shows exactly what a replay prints.
 //! A few lines of plain JS zoom and pan the plot over simulated time (the
@@ -35,6 +38,10 @@ struct Op {
     replica: Option<String>,
     sent: Duration,
     answered: Option<(Duration, bool)>,
+    /// Sends not answered yet (a drop is sent to every replica).
+    waiting: usize,
+    /// Every answer so far succeeded.
+    all_ok: bool,
     summary: String,
 }
 
@@ -137,6 +144,22 @@ fn op_number(what: &str) -> Option<(u64, &str)> {
     Some((rest[..digits].parse().ok()?, rest[digits..].trim_start()))
 }
 
+/// Whether an op event is an answer, and if so whether it succeeded. A
+/// drop's answer is logged as the call's whole result.
+fn answer_ok(rest: &str) -> Option<bool> {
+    if rest.starts_with("ok") {
+        Some(true)
+    } else if rest.starts_with("failed") {
+        Some(false)
+    } else {
+        rest.strip_prefix("drop: ")
+            .map(|answer| answer == "Ok(Done)")
+    }
+}
+
+/// Client ops from their first send to their last answer. A drop goes to
+/// every replica under one op number: it is answered when every send is,
+/// and acknowledged when every answer was.
 fn ops(events: &[Event]) -> Vec<Op> {
     let mut ops: BTreeMap<(String, u64), Op> = BTreeMap::new();
     for event in events.iter().filter(|e| e.node.starts_with("client-")) {
@@ -144,14 +167,26 @@ fn ops(events: &[Event]) -> Vec<Op> {
             continue;
         };
         let key = (event.node.clone(), number);
-        if let Some(op) = ops.get_mut(&key).filter(|op| op.answered.is_none()) {
-            if rest.starts_with("ok") {
-                op.answered = Some((event.at, true));
-                op.summary.push_str(&format!(" / {rest}"));
-            } else if rest.starts_with("failed") {
-                op.answered = Some((event.at, false));
-                op.summary.push_str(&format!(" / {rest}"));
+        let answer = answer_ok(rest);
+        if let Some(op) = ops.get_mut(&key) {
+            op.summary.push_str(&format!(" / {rest}"));
+            match answer {
+                Some(ok) if op.waiting > 0 => {
+                    op.waiting -= 1;
+                    op.all_ok &= ok;
+                    if op.waiting == 0 {
+                        op.answered = Some((event.at, op.all_ok));
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    op.waiting += 1;
+                    op.answered = None;
+                }
             }
+            continue;
+        }
+        if answer.is_some() {
             continue;
         }
         let replica = rest
@@ -166,6 +201,8 @@ fn ops(events: &[Event]) -> Vec<Op> {
                 replica: replica.map(str::to_string),
                 sent: event.at,
                 answered: None,
+                waiting: 1,
+                all_ok: true,
                 summary: rest.to_string(),
             },
         );
@@ -278,10 +315,35 @@ fn fault_style(what: &str) -> (&'static str, &'static str) {
         .map_or(("fault", "#cccccc"), |(_, label, color)| (*label, *color))
 }
 
+/// An acknowledged drop of a container or tree.
+const DROP_COLOR: &str = "#3a86ff";
+
+/// The nemesis's note that starts a disk replacement.
+const DISK_DESTROYED: &str = "destroy the disk of ";
+
+/// A disk replacement's window, from its note ("destroy the disk of
+/// replica-2, replace it after 1.2s"): the replica is down without a disk.
+fn disk_replacement(event: &Event) -> Option<Window> {
+    let rest = event.what.strip_prefix(DISK_DESTROYED)?;
+    let (replica, after) = rest.split_once(", replace it after ")?;
+    let length = parse_duration(after)?;
+    Some(Window {
+        start: event.at,
+        end: event.at + length,
+        lanes: vec![replica.to_string(), "nemesis".into()],
+        label: format!("disk replaced: {}", event.what),
+        color: "#6d597a",
+    })
+}
+
 /// Fault windows from the nemesis's notes ("... for 1.2s").
 fn windows(events: &[Event]) -> Vec<Window> {
     let mut windows = Vec::new();
     for event in events.iter().filter(|e| e.node == "nemesis") {
+        if let Some(window) = disk_replacement(event) {
+            windows.push(window);
+            continue;
+        }
         let Some((head, tail)) = event.what.rsplit_once(" for ") else {
             continue;
         };
@@ -366,6 +428,7 @@ fn draw_op(svg: &mut String, scale: &Scale, op: &Op, named: bool) {
         return;
     };
     let (end, color) = match op.answered {
+        Some((at, true)) if op.summary.starts_with("Drop") => (at, DROP_COLOR),
         Some((at, true)) => (at, "#2a9d8f"),
         Some((at, false)) => (at, "#d62828"),
         None => (scale.end, "#6c757d"),
@@ -426,6 +489,10 @@ fn draw_marks(svg: &mut String, scale: &Scale, events: &[Event], height: f64) {
             draw_world_mark(svg, x, event, height);
             continue;
         }
+        if event.node == "operator" {
+            draw_operator_mark(svg, scale, event);
+            continue;
+        }
         let Some(y) = scale.lane_y(&event.node) else {
             continue;
         };
@@ -441,6 +508,45 @@ fn draw_marks(svg: &mut String, scale: &Scale, events: &[Event], height: f64) {
             svg,
             r#"<circle cx="{x:.1}" cy="{:.1}" r="3.5" fill="{color}"><title>{}</title></circle>"#,
             y + 7.0,
+            escape(&event.to_string())
+        );
+    }
+}
+
+/// How an operator's step (a membership change) is coloured.
+fn operator_color(what: &str) -> &'static str {
+    if what.contains(" joins ") {
+        "#06d6a0"
+    } else if what.contains(" caught up") {
+        "#118ab2"
+    } else if what.contains(" leaves ") || what.contains("its leave takes effect") {
+        "#ef476f"
+    } else {
+        "#adb5bd"
+    }
+}
+
+/// An operator's step as a diamond on its own lane and on the lane of
+/// the replica it is about (its first word: "replica-4 joins ...", not the
+/// members it lists).
+fn draw_operator_mark(svg: &mut String, scale: &Scale, event: &Event) {
+    let x = scale.x(event.at);
+    let color = operator_color(&event.what);
+    let subject = event.what.split_whitespace().next();
+    let mut lanes: Vec<&str> = subject
+        .filter(|w| w.starts_with("replica-"))
+        .into_iter()
+        .collect();
+    lanes.push(&event.node);
+    for y in lanes.iter().filter_map(|lane| scale.lane_y(lane)) {
+        let cy = y + 7.0;
+        let _ = write!(
+            svg,
+            r#"<polygon points="{x:.1},{:.1} {:.1},{cy:.1} {x:.1},{:.1} {:.1},{cy:.1}" fill="{color}"><title>{}</title></polygon>"#,
+            cy - 5.0,
+            x + 5.0,
+            cy + 5.0,
+            x - 5.0,
             escape(&event.to_string())
         );
     }
@@ -621,8 +727,8 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 <p>ops sent {sent}, acknowledged {acked}; faults {faults}; simulated {simulated:?}; trace {hash:016x}. Ops the failure names: {named}</p>
 <p id="zoom"><button id="zoom-in">zoom in</button> <button id="zoom-out">zoom out</button> <button id="zoom-reset">whole run</button> <span id="zoom-range"></span> (wheel: zoom at the pointer; drag: pan)</p>
 <div class="legend">
-<span><i class="sw" style="background:#2a9d8f"></i>op acknowledged</span><span><i class="sw" style="background:#d62828"></i>op failed</span><span><i class="sw" style="background:#6c757d"></i>op never answered</span><span><i class="sw" style="border:2.5px solid #000"></i>named by the failure</span>
-<span><i class="sw" style="background:#f4a261"></i>partition</span><span><i class="sw" style="background:#e9c46a"></i>one-way</span><span><i class="sw" style="background:#e63946"></i>crash / down</span><span><i class="sw" style="background:#f77f00"></i>restart</span><span><i class="sw" style="background:#9d4edd"></i>disk errors</span><span><i class="sw" style="background:#90be6d"></i>push blackout</span><span><i class="sw" style="background:#a8dadc"></i>packet loss</span><span><i class="sw" style="background:#bde0fe"></i>latency</span><span><i class="sw" style="background:#457b9d"></i>check's sync round</span><span><i class="sw" style="background:#1d3557"></i>push (tick, lane top)</span><span><i class="sw" style="background:#8338ec"></i>sync pull</span><span>dashed: check phase; red: the failure</span>
+<span><i class="sw" style="background:#2a9d8f"></i>op acknowledged</span><span><i class="sw" style="background:#d62828"></i>op failed</span><span><i class="sw" style="background:#6c757d"></i>op never answered</span><span><i class="sw" style="background:#3a86ff"></i>drop acknowledged</span><span><i class="sw" style="border:2.5px solid #000"></i>named by the failure</span>
+<span><i class="sw" style="background:#f4a261"></i>partition</span><span><i class="sw" style="background:#e9c46a"></i>one-way</span><span><i class="sw" style="background:#e63946"></i>crash / down</span><span><i class="sw" style="background:#f77f00"></i>restart</span><span><i class="sw" style="background:#9d4edd"></i>disk errors</span><span><i class="sw" style="background:#90be6d"></i>push blackout</span><span><i class="sw" style="background:#6d597a"></i>disk replaced</span><span><i class="sw" style="background:#06d6a0;transform:rotate(45deg)"></i>joins</span><span><i class="sw" style="background:#118ab2;transform:rotate(45deg)"></i>caught up</span><span><i class="sw" style="background:#ef476f;transform:rotate(45deg)"></i>leaves</span><span><i class="sw" style="background:#a8dadc"></i>packet loss</span><span><i class="sw" style="background:#bde0fe"></i>latency</span><span><i class="sw" style="background:#457b9d"></i>check's sync round</span><span><i class="sw" style="background:#1d3557"></i>push (tick, lane top)</span><span><i class="sw" style="background:#8338ec"></i>sync pull</span><span>dashed: check phase; red: the failure</span>
 </div>
 {svg}
 <h3>Last events</h3>
@@ -746,5 +852,79 @@ mod tests {
         assert_eq!(ops[0].answered, Some((at(5), true)));
         assert_eq!(ops[0].replica.as_deref(), Some("replica-2"));
         assert_eq!(ops[1].answered, Some((at(9), false)));
+    }
+
+    /// Regression: a drop's answer ("op#N drop: Ok(Done)") was not read
+    /// as one, and a drop sent to several replicas became a new op at each
+    /// further answer, so drops were drawn as still waiting at the run's
+    /// end.
+    #[test]
+    fn drops_pair_with_their_answers() {
+        let at = Duration::from_millis;
+        let event = |t, what: &str| Event {
+            at: at(t),
+            node: "client-2".into(),
+            what: what.into(),
+        };
+        let events = vec![
+            event(1, "op#7 Drop { cid: 1, tree: None } -> replica-3"),
+            event(4, "op#7 drop: Ok(Done)"),
+            event(5, "op#8 Drop { cid: 1, tree: None } -> replica-1"),
+            event(8, "op#8 drop: Err(Timeout)"),
+            // One drop sent to three replicas, answered out of order.
+            event(10, "op#9 Drop { cid: 1, tree: None } -> replica-1"),
+            event(11, "op#9 Drop { cid: 1, tree: None } -> replica-2"),
+            event(12, "op#9 drop: Ok(Done)"),
+            event(13, "op#9 Drop { cid: 1, tree: None } -> replica-3"),
+            event(14, "op#9 drop: Ok(Done)"),
+            event(15, "op#9 drop: Ok(Done)"),
+        ];
+        let ops = ops(&events);
+        assert_eq!(ops.len(), 3);
+        assert_eq!(ops[0].answered, Some((at(4), true)));
+        assert_eq!(ops[1].answered, Some((at(8), false)));
+        assert_eq!(
+            (ops[2].sent, ops[2].answered),
+            (at(10), Some((at(15), true)))
+        );
+        let lanes = vec!["client-2".to_string()];
+        let scale = Scale {
+            end: at(10),
+            lanes: &lanes,
+        };
+        let mut svg = String::new();
+        draw_op(&mut svg, &scale, &ops[0], false);
+        assert!(svg.contains(DROP_COLOR), "{svg}");
+    }
+
+    /// Disk replacements are windows on their replica's lane; membership
+    /// steps are marks on the operator's lane and the replicas they name.
+    #[test]
+    fn lifecycle_steps_are_drawn() {
+        let at = Duration::from_millis;
+        let event = |t, node: &str, what: &str| Event {
+            at: at(t),
+            node: node.into(),
+            what: what.into(),
+        };
+        let nemesis = vec![event(
+            2,
+            "nemesis",
+            "destroy the disk of replica-2, replace it after 1.5s",
+        )];
+        let found = windows(&nemesis);
+        assert_eq!(found.len(), 1);
+        assert_eq!((found[0].start, found[0].end), (at(2), at(1502)));
+        assert_eq!(found[0].lanes, vec!["replica-2", "nemesis"]);
+        let lanes = ["replica-1", "replica-3", "operator"].map(String::from);
+        let scale = Scale {
+            end: at(10),
+            lanes: &lanes,
+        };
+        let mut svg = String::new();
+        let join = event(3, "operator", "replica-3 joins 0101 (members [1, 2, 3])");
+        draw_marks(&mut svg, &scale, &[join], 100.0);
+        assert_eq!(svg.matches("<polygon").count(), 2, "{svg}");
+        assert!(svg.contains("#06d6a0"));
     }
 }
