@@ -255,6 +255,14 @@ fn create_aside(path: &std::path::Path) -> Result<()> {
         .map_err(|error| io("syncing the database directory", error))
 }
 
+/// How every opener of a forest configures redb: its page cache from
+/// `ForestOptions::cache_bytes`.
+fn redb_builder(cache_bytes: usize) -> redb::Builder {
+    let mut builder = redb::Builder::new();
+    builder.set_cache_size(cache_bytes);
+    builder
+}
+
 fn closed_database() -> Error {
     Error::Storage("database closed after a storage error; reopening".into())
 }
@@ -269,9 +277,7 @@ impl Forest {
         Self::open_reopenable(
             Box::new(move || {
                 create_aside(&path)?;
-                Ok(redb::Builder::new()
-                    .set_cache_size(cache_bytes)
-                    .create(&path)?)
+                Ok(redb_builder(cache_bytes).create(&path)?)
             }),
             options,
         )
@@ -295,11 +301,7 @@ impl Forest {
     ) -> Result<Self> {
         let cache_bytes = options.cache_bytes;
         Self::open_reopenable(
-            Box::new(move || {
-                Ok(redb::Builder::new()
-                    .set_cache_size(cache_bytes)
-                    .create_with_backend(backend()?)?)
-            }),
+            Box::new(move || Ok(redb_builder(cache_bytes).create_with_backend(backend()?)?)),
             options,
         )
     }
@@ -346,9 +348,7 @@ impl Forest {
         backend: impl redb::StorageBackend,
         options: ForestOptions,
     ) -> Result<Self> {
-        let db = redb::Builder::new()
-            .set_cache_size(options.cache_bytes)
-            .create_with_backend(backend)?;
+        let db = redb_builder(options.cache_bytes).create_with_backend(backend)?;
         Self::init(db, options)
     }
 
