@@ -204,6 +204,35 @@ async fn a_valid_request_before_garbage_is_answered() {
     assert!(matches!(responses[1], Response::Error(Error::Malformed(_))));
 }
 
+/// Both ends read through a buffer (`tcp::READ_BUFFER_BYTES`): one read
+/// may take several frames, and none of the bytes past the first frame
+/// may be lost or reordered. Here twenty requests arrive in one write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_sent_back_to_back_are_all_answered_in_order() {
+    let address = start(8).await;
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let ids: Vec<u64> = (100..120).collect();
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| frame(&proto::encode(id, &Request::Healthcheck)))
+        .collect();
+    stream.write_all(&bytes).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut received = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut received))
+        .await
+        .expect("server must close the connection")
+        .unwrap();
+    let mut reader = &received[..];
+    let mut answered = Vec::new();
+    while let Some(body) = tcp::read_frame(&mut reader, MAX).await.unwrap() {
+        let envelope = proto::decode::<Response>(&body, MAX).unwrap();
+        assert!(matches!(envelope.body, Response::Health { .. }), "{envelope:?}");
+        answered.push(envelope.id);
+    }
+    assert_eq!(answered, ids);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_responses_become_errors() {
     let address = start(8).await;

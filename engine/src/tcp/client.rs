@@ -5,7 +5,7 @@
 //! and the answer must name that same replica and cluster. A connection
 //! that fails either check is never used.
 
-use super::{io_error, read_frame, write_frame, Stream};
+use super::{buffered, io_error, read_frame, write_frame, Stream};
 use crate::canary::{self, Canary};
 use crate::config::{Config, DEFAULT_CLUSTER_ID};
 use crate::error::{Error, Result};
@@ -80,7 +80,7 @@ impl Dialer {
 
 /// One client connection: one request at a time, answers matched by id.
 pub struct Connection {
-    stream: Box<dyn Stream>,
+    stream: tokio::io::BufReader<Box<dyn Stream>>,
     next_id: u64,
     max_message_bytes: usize,
 }
@@ -123,7 +123,7 @@ impl Connection {
             }
         };
         let mut connection = Self {
-            stream,
+            stream: buffered(stream),
             next_id: 1,
             max_message_bytes: dialer.max_message_bytes,
         };

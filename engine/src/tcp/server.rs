@@ -9,7 +9,7 @@
 //! with a replica id the service accepts.
 
 use super::budget::FrameBudget;
-use super::{check_length, frame, io_error, write_frame, Handler, Stream};
+use super::{buffered, check_length, frame, io_error, write_frame, Handler, Stream};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::identity::Caller;
@@ -333,12 +333,14 @@ impl Shared {
         let evict = Arc::new(Notify::new());
         let result = match &self.tls {
             None => {
-                let mut stream = stream;
-                self.serve_requests(&mut stream, Caller::Anonymous, &evict)
+                self.serve_requests(&mut buffered(stream), Caller::Anonymous, &evict)
                     .await
             }
             Some(acceptor) => match self.handshake(acceptor, stream, &evict).await {
-                Ok((mut stream, caller)) => self.serve_requests(&mut stream, caller, &evict).await,
+                Ok((stream, caller)) => {
+                    self.serve_requests(&mut buffered(stream), caller, &evict)
+                        .await
+                }
                 Err(error) => Err(error),
             },
         };
