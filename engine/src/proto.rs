@@ -144,10 +144,26 @@ pub struct Envelope<T> {
 
 /// Encodes an envelope into a frame body.
 pub fn encode<T: Serialize>(id: u64, body: &T) -> Vec<u8> {
-    let mut out = vec![PROTOCOL_VERSION];
+    encode_after(&[], id, body)
+}
+
+/// `prefix` followed by the frame body [`encode`] makes, in one buffer
+/// allocated at its final size: the envelope's size is counted first, so
+/// a large page of ops is neither grown step by step nor copied again
+/// behind a header.
+pub fn encode_after<T: Serialize>(prefix: &[u8], id: u64, body: &T) -> Vec<u8> {
+    let envelope = Envelope { id, body };
     // Serialising our own in-memory types cannot fail.
-    let encoded = postcard::to_stdvec(&Envelope { id, body }).expect("postcard encode");
-    out.extend_from_slice(&encoded);
+    let size = postcard::experimental::serialized_size(&envelope).expect("postcard size");
+    let mut out = Vec::with_capacity(prefix.len() + 1 + size);
+    out.extend_from_slice(prefix);
+    out.push(PROTOCOL_VERSION);
+    let out = postcard::to_extend(&envelope, out).expect("postcard encode");
+    assert_eq!(
+        out.len(),
+        prefix.len() + 1 + size,
+        "postcard wrote a size other than it counted"
+    );
     out
 }
 

@@ -227,7 +227,10 @@ async fn frames_sent_back_to_back_are_all_answered_in_order() {
     let mut answered = Vec::new();
     while let Some(body) = tcp::read_frame(&mut reader, MAX).await.unwrap() {
         let envelope = proto::decode::<Response>(&body, MAX).unwrap();
-        assert!(matches!(envelope.body, Response::Health { .. }), "{envelope:?}");
+        assert!(
+            matches!(envelope.body, Response::Health { .. }),
+            "{envelope:?}"
+        );
         answered.push(envelope.id);
     }
     assert_eq!(answered, ids);
@@ -386,13 +389,14 @@ async fn transport_survives_a_closed_pooled_connection() {
             tokio::spawn(async move {
                 if let Ok(Some(body)) = tcp::read_frame(&mut stream, MAX).await {
                     let id = proto::decode::<Request>(&body, MAX).unwrap().id;
-                    let answer = proto::encode(
+                    let answer = tcp::encode_frame(
                         id,
                         &Response::Health {
                             replica_id: 4,
                             log_epoch: 0,
                         },
-                    );
+                    )
+                    .unwrap();
                     tcp::write_frame(&mut stream, &answer).await.unwrap();
                 }
             });
@@ -756,5 +760,37 @@ async fn a_half_frame_flood_stays_within_the_frame_budget() {
     assert!(stats.partial_frame_bytes <= budget as u64, "{stats:?}");
     for task in flood {
         task.abort();
+    }
+}
+
+/// A frame encoded in place behind its header carries exactly the body
+/// `proto::encode` makes, and reads back whole: the size counted before
+/// encoding is the size written, for a small request and for a page of
+/// ops large enough to have grown a buffer many times.
+#[tokio::test]
+async fn a_frame_encoded_in_place_is_the_header_and_the_encoded_body() {
+    let op = |i: u64| arbor::Move {
+        parent: 1,
+        meta: arbor::Meta {
+            time: i,
+            items: vec![arbor::KeyValue::new("FileName", format!("object-{i:08}"))],
+        },
+        child: i,
+    };
+    let small = Request::Healthcheck;
+    let big = Request::Apply {
+        tree: arbor::TreeKey::new(ContainerId([1; 32]), "t"),
+        ops: (1..=2000).map(op).collect(),
+    };
+    for (id, request) in [(3, &small), (9, &big)] {
+        let body = proto::encode(id, request);
+        let frame = tcp::encode_frame(id, request).unwrap();
+        assert_eq!(frame.body_len(), body.len());
+        let header = u32::try_from(body.len()).unwrap().to_be_bytes();
+        assert_eq!(frame.as_bytes(), [&header[..], &body].concat());
+        let mut written = Vec::new();
+        tcp::write_frame(&mut written, &frame).await.unwrap();
+        let read = tcp::read_frame(&mut written.as_slice(), usize::MAX).await;
+        assert_eq!(read.unwrap(), Some(body));
     }
 }

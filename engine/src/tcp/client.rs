@@ -5,7 +5,7 @@
 //! and the answer must name that same replica and cluster. A connection
 //! that fails either check is never used.
 
-use super::{buffered, io_error, read_frame, write_frame, Stream};
+use super::{buffered, encode_frame, io_error, read_frame, write_frame, Stream};
 use crate::canary::{self, Canary};
 use crate::config::{Config, DEFAULT_CLUSTER_ID};
 use crate::error::{Error, Result};
@@ -175,7 +175,7 @@ impl Connection {
     pub async fn call(&mut self, request: &Request) -> Result<Response> {
         let id = self.next_id;
         self.next_id += 1;
-        write_frame(&mut self.stream, &proto::encode(id, request)).await?;
+        write_frame(&mut self.stream, &encode_frame(id, request)?).await?;
         let body = read_frame(&mut self.stream, self.max_message_bytes)
             .await?
             .ok_or_else(|| Error::Network("connection closed by peer".into()))?;

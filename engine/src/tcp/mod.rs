@@ -23,7 +23,7 @@ pub use server::{listen, serve, Server, ServerHandle, ServerOptions, ServerStats
 
 use crate::error::{Error, Result};
 use crate::identity::Caller;
-use crate::proto::{Request, Response};
+use crate::proto::{self, Request, Response};
 use crate::runtime::BoxFuture;
 use crate::service::Service;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -100,23 +100,58 @@ fn truncated(got: usize, length: usize) -> Error {
     Error::Malformed(format!("truncated frame: {got} of {length} bytes"))
 }
 
-/// Writes one frame.
-pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, body: &[u8]) -> Result<()> {
-    writer.write_all(&frame(body)?).await.map_err(io_error)?;
+/// Writes one frame made by [`encode_frame`].
+pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, frame: &Frame) -> Result<()> {
+    writer.write_all(&frame.0).await.map_err(io_error)?;
     writer.flush().await.map_err(io_error)
 }
 
-/// The length header followed by `body`.
-fn frame(body: &[u8]) -> Result<Vec<u8>> {
-    let length = u32::try_from(body.len()).map_err(|_| Error::TooLarge {
-        what: "frame".into(),
-        size: body.len() as u64,
-        limit: u32::MAX as u64,
-    })?;
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&length.to_be_bytes());
-    frame.extend_from_slice(body);
-    Ok(frame)
+/// A whole frame: the length header, then the body.
+#[derive(Debug)]
+pub struct Frame(Vec<u8>);
+
+impl Frame {
+    /// The frame as sent.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Length of the body, without the header.
+    pub fn body_len(&self) -> usize {
+        self.0.len() - FRAME_HEADER_BYTES
+    }
+}
+
+const FRAME_HEADER_BYTES: usize = 4;
+
+/// The frame carrying `proto::encode(id, body)`, encoded in place behind
+/// its header (one buffer, no copy of the body).
+pub fn encode_frame<T: serde::Serialize>(id: u64, body: &T) -> Result<Frame> {
+    Frame::with_header(proto::encode_after(&[0; FRAME_HEADER_BYTES], id, body))
+}
+
+impl Frame {
+    /// The frame carrying `body` as it is (bytes from elsewhere, such as
+    /// a frame read back).
+    pub fn with_body(body: &[u8]) -> Result<Frame> {
+        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body.len());
+        frame.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
+        frame.extend_from_slice(body);
+        Frame::with_header(frame)
+    }
+
+    /// Fills in the length header of `frame`, whose first bytes were left
+    /// for it.
+    fn with_header(mut frame: Vec<u8>) -> Result<Frame> {
+        let body_len = frame.len() - FRAME_HEADER_BYTES;
+        let length = u32::try_from(body_len).map_err(|_| Error::TooLarge {
+            what: "frame".into(),
+            size: body_len as u64,
+            limit: u32::MAX as u64,
+        })?;
+        frame[..FRAME_HEADER_BYTES].copy_from_slice(&length.to_be_bytes());
+        Ok(Frame(frame))
+    }
 }
 
 fn io_error(e: std::io::Error) -> Error {

@@ -9,7 +9,7 @@
 //! with a replica id the service accepts.
 
 use super::budget::FrameBudget;
-use super::{buffered, check_length, frame, io_error, write_frame, Handler, Stream};
+use super::{buffered, check_length, encode_frame, io_error, write_frame, Handler, Stream};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::identity::Caller;
@@ -316,8 +316,8 @@ impl Shared {
         }
         let limit = self.options.max_connections;
         let error = Error::Overloaded(format!("connection limit {limit} reached"));
-        if let Ok(frame) = frame(&proto::encode(0, &Response::Error(error))) {
-            let _ = stream.try_write(&frame);
+        if let Ok(frame) = encode_frame(0, &Response::Error(error)) {
+            let _ = stream.try_write(frame.as_bytes());
         }
     }
 
@@ -486,16 +486,16 @@ impl Shared {
     /// message becomes an error in its place.
     async fn answer<S: Stream>(&self, stream: &mut S, id: u64, response: Response) -> Result<()> {
         let max = self.options.max_message_bytes;
-        let mut body = proto::encode(id, &response);
-        if body.len() > max {
+        let mut frame = encode_frame(id, &response)?;
+        if frame.body_len() > max {
             let error = Error::TooLarge {
                 what: "response".into(),
-                size: body.len() as u64,
+                size: frame.body_len() as u64,
                 limit: max as u64,
             };
-            body = proto::encode(id, &Response::Error(error));
+            frame = encode_frame(id, &Response::Error(error))?;
         }
-        tokio::time::timeout(self.options.frame_timeout, write_frame(stream, &body))
+        tokio::time::timeout(self.options.frame_timeout, write_frame(stream, &frame))
             .await
             .map_err(|_| Error::Timeout)?
     }

@@ -174,7 +174,8 @@ fn tcp_stream(bytes: &[u8]) {
             "frame above the limit accepted"
         );
         let mut written = Vec::new();
-        futures::executor::block_on(arbor::tcp::write_frame(&mut written, &body))
+        let framed = arbor::tcp::Frame::with_body(&body).expect("a body within the limit frames");
+        futures::executor::block_on(arbor::tcp::write_frame(&mut written, &framed))
             .expect("writing to memory");
         let again = futures::executor::block_on(arbor::tcp::read_frame(
             &mut written.as_slice(),
