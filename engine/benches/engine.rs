@@ -3,6 +3,11 @@
 //! `cargo bench -p arbor-engine --bench engine -- [--ops N] [--batch B]
 //! [--reapply N] [--only NAME] [--no-sync] [--memory] [--late K,K..]`
 //!
+//! `add_by_path` spreads each batch over about a hundred directories (2-3
+//! levels); the `add, 1 dir` rows put every object into one directory,
+//! named in creation order or scrambled, which is what the children
+//! index's name order changes.
+//!
 //! Every scenario runs on a fresh temp-file database with durable commits
 //! (`Durability::Immediate`), as the service runs it by default; `--no-sync`
 //! switches to non-durable commits to show the CPU cost alone.
@@ -66,8 +71,12 @@ fn tree() -> TreeKey {
 
 /// Seven fields, FileName first, like an object version node.
 fn object_meta(i: usize) -> Vec<KeyValue> {
+    object_meta_named(i, format!("object-{i:08}.bin"))
+}
+
+fn object_meta_named(i: usize, name: String) -> Vec<KeyValue> {
     vec![
-        KeyValue::new(ATTR_FILE_NAME, format!("object-{i:08}.bin")),
+        KeyValue::new(ATTR_FILE_NAME, name),
         KeyValue::new(
             "OID",
             format!("{:064x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
@@ -100,6 +109,33 @@ fn add_request(i: usize) -> WriteRequest {
             attr: ATTR_FILE_NAME.into(),
             path: object_dirs(i),
             items: object_meta(i),
+        },
+    }
+}
+
+/// Names of the one-directory scenarios: in creation order, or in an
+/// order unrelated to it (a bijective scramble of the number).
+#[derive(Clone, Copy)]
+enum Names {
+    InOrder,
+    Scrambled,
+}
+
+/// Every object in one directory (a bucket's flat prefix).
+fn add_one_dir_request(i: usize, names: Names) -> WriteRequest {
+    let name = match names {
+        Names::InOrder => format!("object-{i:016}.bin"),
+        Names::Scrambled => format!(
+            "object-{:016x}.bin",
+            (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ),
+    };
+    WriteRequest {
+        tree: tree(),
+        op: WriteOp::AddByPath {
+            attr: ATTR_FILE_NAME.into(),
+            path: vec!["bucket-0".into(), "uploads".into()],
+            items: object_meta_named(i, name),
         },
     }
 }
@@ -255,6 +291,30 @@ fn bench_add_by_path(args: &Args) -> Row {
     let (elapsed, commits, cpu) = run_batches(&forest, &requests, args.batch);
     Row {
         name: format!("add_by_path, batch {}", args.batch),
+        ops: args.ops,
+        elapsed,
+        commits,
+        cpu,
+        written_bytes: written.load(Ordering::Relaxed),
+    }
+}
+
+/// AddByPath into one directory: the children index of one parent grows
+/// to `ops` rows, with names arriving in order or scrambled.
+fn bench_add_one_dir(args: &Args, names: Names) -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let (forest, written) = open_file(&dir, args);
+    let requests: Vec<WriteRequest> = (0..args.ops)
+        .map(|i| add_one_dir_request(i, names))
+        .collect();
+    written.store(0, Ordering::Relaxed);
+    let (elapsed, commits, cpu) = run_batches(&forest, &requests, args.batch);
+    let order = match names {
+        Names::InOrder => "names in order",
+        Names::Scrambled => "names scrambled",
+    };
+    Row {
+        name: format!("add, 1 dir, {order}, batch {}", args.batch),
         ops: args.ops,
         elapsed,
         commits,
@@ -440,6 +500,8 @@ fn main() {
     }
     if wanted("add") {
         bench_add_by_path(&args).print();
+        bench_add_one_dir(&args, Names::InOrder).print();
+        bench_add_one_dir(&args, Names::Scrambled).print();
     }
     if wanted("apply") {
         let log = source_log(args.ops);

@@ -177,6 +177,8 @@ pub(crate) struct TreeRead {
     /// The forest's `ROWS` table in that snapshot (the table keeps the
     /// snapshot alive on its own).
     rows: redb::ReadOnlyTable<RowKey, &'static [u8]>,
+    /// The children index in the same snapshot.
+    children: redb::ReadOnlyTable<ChildKey, &'static [u8]>,
     rec: TreeRecord,
 }
 
@@ -423,17 +425,26 @@ impl Forest {
         let (epoch, hint) = self.tree_numbers.hint(tree);
         let txn = self.begin_read()?;
         let rows = txn.open_table(ROWS)?;
+        let children = txn.open_table(CHILDREN)?;
         // A hint from an epoch that ended after it was taken may name
         // another tree in this snapshot (see `tree_numbers`).
         if let Some(number) = hint.filter(|_| self.tree_numbers.epoch() == epoch) {
             if let Some(rec) = read::tree_state_if_present(&rows, number)? {
-                return Ok(TreeRead { rows, rec });
+                return Ok(TreeRead {
+                    rows,
+                    children,
+                    rec,
+                });
             }
         }
         let number = tree_number(&txn.open_table(TREES)?, tree)?;
         let rec = read::tree_state(&rows, number)?;
         self.tree_numbers.learn(epoch, tree, number);
-        Ok(TreeRead { rows, rec })
+        Ok(TreeRead {
+            rows,
+            children,
+            rec,
+        })
     }
 }
 
@@ -468,6 +479,7 @@ fn open_all_tables(txn: &redb::WriteTransaction) -> Result<()> {
     }
     txn.open_table(TREES)?;
     txn.open_table(ROWS)?;
+    txn.open_table(CHILDREN)?;
     txn.open_table(CURSORS)?;
     txn.open_table(DROPPED)?;
     Ok(())

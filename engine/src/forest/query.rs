@@ -90,8 +90,8 @@ impl Forest {
 
     /// Children ids of a node, ascending.
     pub fn get_children(&self, tree: &TreeKey, node: NodeId) -> Result<Vec<NodeId>> {
-        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
-        let mut ids: Vec<NodeId> = read::children_of(&rows, rec.number, node)?
+        let TreeRead { children, rec, .. } = self.read_tree(tree)?;
+        let mut ids: Vec<NodeId> = read::children_of(&children, rec.number, node)?
             .into_iter()
             .map(|c| c.0)
             .collect();
@@ -129,7 +129,11 @@ impl Forest {
         depth: u32,
         bounds: AnswerBounds,
     ) -> Result<Vec<NodeInfo>> {
-        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let TreeRead {
+            rows,
+            children,
+            rec,
+        } = self.read_tree(tree)?;
         let t = rec.number;
         if !matches!(root, ROOT | TRASH) && read::node_info(&rows, t, root)?.is_none() {
             return Err(Error::NodeNotFound(root));
@@ -154,7 +158,7 @@ impl Forest {
             // Planted bug `SubtreeDepthOffByOne`: one level too deep.
             let deeper = u32::from(canary::active(Canary::SubtreeDepthOffByOne));
             if depth == 0 || level < depth + deeper {
-                let mut ids: Vec<NodeId> = read::children_of(&rows, t, id)?
+                let mut ids: Vec<NodeId> = read::children_of(&children, t, id)?
                     .into_iter()
                     .map(|c| c.0)
                     .collect();
@@ -361,11 +365,11 @@ fn path_lookup(
 ) -> Result<Vec<NodeInfo>> {
     let (rows, number) = (&read.rows, read.rec.number);
     let (dirs, last) = path.split_at(path.len() - 1);
-    let (dir, found) = read::resolve_dirs(rows, number, dirs)?;
+    let (dir, found) = read::resolve_dirs(rows, &read.children, number, dirs)?;
     if found < dirs.len() {
         return Ok(Vec::new());
     }
-    let mut matches = read::children_named(rows, number, dir, &component_key(&last[0]))?;
+    let mut matches = read::children_named(&read.children, number, dir, &component_key(&last[0]))?;
     if latest_only {
         // Newest meta wins; times are unique, the id only breaks
         // impossible ties deterministically.

@@ -8,18 +8,24 @@ use crate::error::{Error, Result};
 use crate::types::*;
 use redb::ReadableTable;
 
+/// The children table as readers and the writer hold it.
+pub(crate) trait ChildRows: ReadableTable<ChildKey, &'static [u8]> {}
+
+impl<T: ReadableTable<ChildKey, &'static [u8]>> ChildRows for T {}
+
 /// Children of `parent` as `(id, meta time, internal)`, in index order
-/// (name hash, then id).
+/// (name, then id).
 pub(crate) fn children_of(
-    rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl ChildRows,
     tree: u64,
     parent: NodeId,
 ) -> Result<Vec<(NodeId, Timestamp, bool)>> {
     let mut out = Vec::new();
-    for row in rows.range(children_range(tree, parent))? {
+    for row in children.range(children_range(tree, parent))? {
         let (key, value) = row?;
-        let entry = decode_child(value.value())?;
-        out.push((key.value().3, entry.time, entry.internal));
+        let key = key.value();
+        let entry = decode_child(key, value.value())?;
+        out.push((key.3, entry.time, entry.internal));
     }
     Ok(out)
 }
@@ -27,18 +33,17 @@ pub(crate) fn children_of(
 /// Children of `parent` whose name key is `name`, as `(id, meta time,
 /// internal)`, ascending by id.
 pub(crate) fn children_named(
-    rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl ChildRows,
     tree: u64,
     parent: NodeId,
     name: &[u8],
 ) -> Result<Vec<(NodeId, Timestamp, bool)>> {
     let mut out = Vec::new();
-    for row in rows.range(children_hash_range(tree, parent, name_hash(name)))? {
+    for row in children.range(children_named_range(tree, parent, name))? {
         let (key, value) = row?;
-        let entry = decode_child(value.value())?;
-        if entry.name_key == name {
-            out.push((key.value().3, entry.time, entry.internal));
-        }
+        let key = key.value();
+        let entry = decode_child(key, value.value())?;
+        out.push((key.3, entry.time, entry.internal));
     }
     Ok(out)
 }
@@ -48,11 +53,12 @@ pub(crate) fn children_named(
 /// pick the same one, so the smallest id wins.
 pub(crate) fn find_dir(
     rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl ChildRows,
     tree: u64,
     parent: NodeId,
     name_key: &[u8],
 ) -> Result<Option<NodeId>> {
-    let candidates = children_named(rows, tree, parent, name_key)?;
+    let candidates = children_named(children, tree, parent, name_key)?;
     let mut dirs = candidates.into_iter().filter(|c| c.2);
     if canary::active(Canary::PathByArrivalOrder) {
         return first_stored(rows, tree, dirs.collect());
@@ -80,12 +86,13 @@ fn first_stored(
 /// many components were resolved.
 pub(crate) fn resolve_dirs(
     rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl ChildRows,
     tree: u64,
     dirs: &[String],
 ) -> Result<(NodeId, usize)> {
     let mut current = ROOT;
     for (i, component) in dirs.iter().enumerate() {
-        match find_dir(rows, tree, current, &component_key(component))? {
+        match find_dir(rows, children, tree, current, &component_key(component))? {
             Some(next) => current = next,
             None => return Ok((current, i)),
         }

@@ -268,6 +268,7 @@ impl Forest {
         txn.delete_table(TREES)?;
         txn.delete_table(META)?;
         txn.delete_table(ROWS)?;
+        txn.delete_table(CHILDREN)?;
         txn.delete_table(CURSORS)?;
         txn.delete_table(DROPPED)?;
         // Recreated at once: reads never meet a missing table.
@@ -298,6 +299,8 @@ fn remember_marks(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result
 fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
     txn.open_table(ROWS)?
         .retain_in(tree_rows(t), |_, _| false)?;
+    txn.open_table(CHILDREN)?
+        .retain_in(tree_children(t), |_, _| false)?;
     txn.open_table(CURSORS)?
         .retain_in((t, 0, 0)..=(t, u8::MAX, u16::MAX), |_, _| false)?;
     txn.open_table(TREES)?

@@ -21,16 +21,17 @@ use std::collections::{BTreeMap, BTreeSet};
 /// checked against that one pass instead of a point lookup per node and
 /// per height (the simulator runs this on every tree every few seconds).
 pub(super) fn check_tree(read: &TreeRead) -> Result<Result<(), String>> {
-    check_tree_in(&read.rows, &read.rec)
+    check_tree_in(&read.rows, &read.children, &read.rec)
 }
 
 /// `check_tree` on any view of the rows (a read snapshot, or a write
 /// transaction before it commits), for the tree whose record is `rec`.
 pub(super) fn check_tree_in(
     log: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl read::ChildRows,
     rec: &TreeRecord,
 ) -> Result<Result<(), String>> {
-    check_tree_capturing(log, rec, None)
+    check_tree_capturing(log, children, rec, None)
 }
 
 /// What every replica of a tree must hold alike, as bytes, captured by the
@@ -70,6 +71,7 @@ impl ReplicaContent {
 
 fn check_tree_capturing(
     log: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl read::ChildRows,
     rec: &TreeRecord,
     mut capture: Option<&mut ReplicaContent>,
 ) -> Result<Result<(), String>> {
@@ -88,7 +90,7 @@ fn check_tree_capturing(
     if let Err(broken) = scan_log(log, t, &nodes, &mut heights_by_ts, log_capture)? {
         return Ok(Err(broken));
     }
-    if let Err(broken) = check_children_index(log, t, &nodes)? {
+    if let Err(broken) = check_children_index(children, t, &nodes)? {
         return Ok(Err(broken));
     }
     if let Err(broken) = check_acyclic(&nodes) {
@@ -225,21 +227,21 @@ fn check_nodes_against_log(
 
 /// The children index holds exactly one row per node, under its parent.
 fn check_children_index(
-    rows: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl read::ChildRows,
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
 ) -> Result<Result<(), String>> {
     let mut seen = BTreeSet::new();
-    for row in rows.range(region_range(t, RowKind::Child))? {
+    for row in children.range(tree_children(t))? {
         let (key, value) = row?;
-        let (_, parent, hash, id) = key.value();
-        let entry = decode_child(value.value())?;
+        let key = key.value();
+        let (_, parent, _, id) = key;
+        let entry = decode_child(key, value.value())?;
         let Some(node) = nodes.get(&id) else {
             return Ok(Err(format!("children index lists absent node {id}")));
         };
         let same = node.parent == parent
             && node.name_key == entry.name_key
-            && name_hash(&node.name_key) == hash
             && node.time == entry.time
             && node.internal == entry.internal;
         if !same || !seen.insert(id) {
@@ -257,7 +259,7 @@ fn check_children_index(
     }
     // Path lookups go through the same rows; spot-check one read path.
     if let Some((&id, node)) = nodes.iter().next() {
-        let found = read::children_of(rows, t, node.parent)?;
+        let found = read::children_of(children, t, node.parent)?;
         if !found.iter().any(|c| c.0 == id) {
             return Ok(Err(format!(
                 "node {id} not found among its parent's children"
@@ -396,7 +398,8 @@ impl super::Forest {
     ) -> Result<(Result<(), String>, ReplicaContent)> {
         let read = self.read_tree(tree)?;
         let mut content = ReplicaContent::default();
-        let verdict = check_tree_capturing(&read.rows, &read.rec, Some(&mut content))?;
+        let verdict =
+            check_tree_capturing(&read.rows, &read.children, &read.rec, Some(&mut content))?;
         Ok((verdict, content))
     }
 

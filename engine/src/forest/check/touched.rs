@@ -13,12 +13,13 @@ pub(in crate::forest) fn check_touched(
     read: &TreeRead,
     touched: &[NodeId],
 ) -> Result<Result<(), String>> {
-    check_touched_in(&read.rows, &read.rec, touched)
+    check_touched_in(&read.rows, &read.children, &read.rec, touched)
 }
 
 /// `check_touched` on any view of the rows (see `check_tree_in`).
 pub(in crate::forest) fn check_touched_in(
     table: &impl ReadableTable<RowKey, &'static [u8]>,
+    children: &impl read::ChildRows,
     rec: &TreeRecord,
     touched: &[NodeId],
 ) -> Result<Result<(), String>> {
@@ -35,10 +36,10 @@ pub(in crate::forest) fn check_touched_in(
         if let Err(broken) = check_nodes_against_log(log, t, &single)? {
             return Ok(Err(broken));
         }
-        let key = child_key(t, node.parent, name_hash(&node.name_key), id);
-        let same = match table.get(key)? {
+        let key = child_key(t, node.parent, &node.name_key, id);
+        let same = match children.get(key)? {
             Some(row) => {
-                let entry = decode_child(row.value())?;
+                let entry = decode_child(key, row.value())?;
                 entry.time == node.time
                     && entry.internal == node.internal
                     && entry.name_key == node.name_key

@@ -11,10 +11,12 @@
 //! Every decoder returns `Error::Malformed` on bad bytes: a damaged record is
 //! an operating error (disk, fuzzer), not a reason to panic.
 
+mod children;
 mod log;
 mod node;
 mod rows;
 
+pub use children::*;
 pub use log::*;
 pub use node::*;
 pub use rows::*;
@@ -65,8 +67,10 @@ pub const FORMAT_VERSION: &str = "format_version";
 /// [`ROWS`] (four-integer keys), node and log rows share one region.
 /// Version 4: [`ROWS`] keyed by [`RowKey`] (same bytes and order as
 /// version 3's tuple, another redb type name). Version 5: height runs
-/// carry each op's digest beside its timestamp.
-pub const FORMAT_VERSION_CURRENT: u64 = 5;
+/// carry each op's digest beside its timestamp. Version 6: the children
+/// index left [`ROWS`] for [`CHILDREN`], ordered by name instead of a
+/// hash of it.
+pub const FORMAT_VERSION_CURRENT: u64 = 6;
 
 /// The key of a tree in [`TREES`].
 pub fn tree_key_bytes(tree: &TreeKey) -> Vec<u8> {

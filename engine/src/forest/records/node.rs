@@ -1,7 +1,6 @@
 //! Node state and the children index: the records that say where a node
 //! hangs now, and the name keys path lookups find them by.
 
-use super::be_u64;
 use crate::error::{Error, Result};
 use crate::types::*;
 
@@ -48,55 +47,13 @@ pub fn component_key(component: &str) -> Vec<u8> {
     key
 }
 
-/// The hash of a name key in children-index keys: 64-bit FNV-1a, spelled out
-/// here because it is part of the stored format and must never change
-/// with a library version. Collisions cost a longer range scan, never a
-/// wrong answer (the value holds the full name).
+/// A 64-bit FNV-1a hash of a name key, for in-memory lookups keyed by
+/// name (the directory cache).
 pub fn name_hash(name_key: &[u8]) -> u64 {
     const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     name_key.iter().fold(OFFSET_BASIS, |hash, &byte| {
         (hash ^ u64::from(byte)).wrapping_mul(PRIME)
-    })
-}
-
-/// The value of a children-index row ([`RowKind::Child`]), borrowed from the stored bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChildEntry<'a> {
-    /// Meta time of the child (see [`NodeRecord::time`]).
-    pub time: Timestamp,
-    pub internal: bool,
-    pub name_key: &'a [u8],
-}
-
-const CHILD_HEADER_BYTES: usize = 9;
-
-/// `time (8, BE) ++ internal (1) ++ name key` into a reused buffer.
-pub fn encode_child_into(out: &mut Vec<u8>, entry: ChildEntry<'_>) {
-    assert!(name_key_valid(entry.name_key), "writing a broken name key");
-    out.clear();
-    out.extend_from_slice(&entry.time.to_be_bytes());
-    out.push(u8::from(entry.internal));
-    out.extend_from_slice(entry.name_key);
-}
-
-pub fn decode_child(bytes: &[u8]) -> Result<ChildEntry<'_>> {
-    if bytes.len() < CHILD_HEADER_BYTES + 1 {
-        return Err(Error::Malformed("children row too short".into()));
-    }
-    let internal = match bytes[8] {
-        0 => false,
-        1 => true,
-        other => return Err(Error::Malformed(format!("children row flag {other}"))),
-    };
-    let name_key = &bytes[CHILD_HEADER_BYTES..];
-    if !name_key_valid(name_key) {
-        return Err(Error::Malformed("children row name key".into()));
-    }
-    Ok(ChildEntry {
-        time: be_u64(&bytes[..8]),
-        internal,
-        name_key,
     })
 }
 

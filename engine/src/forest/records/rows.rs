@@ -21,11 +21,13 @@ use redb::TableDefinition;
 /// (its id is the op's timestamp) lands next to the op's log row at the
 /// region's end; the tree's state row follows, then the newest height run
 /// (heights are keyed in descending order for this). An in-order batch of
-/// creations usually dirties one leaf for all four, plus the children
-/// index leaf under each parent.
+/// creations usually dirties one leaf for all four. The children index is
+/// keyed by name, which no fixed-width key holds: it has a table of its
+/// own, [`super::CHILDREN`].
 ///
-/// The key is four integers wide for the children index, which needs
-/// `(parent, name hash, child)`; the other kinds pad with zeros.
+/// The key is four integers wide (region 3 is unused: it held the
+/// children index before format version 6); kinds that need fewer pad
+/// with zeros.
 pub const ROWS: TableDefinition<RowKey, &[u8]> = TableDefinition::new("rows");
 
 /// The four integers of a [`ROWS`] key, as code handles them.
@@ -130,17 +132,6 @@ pub enum RowKind {
     /// consecutive heights written by one batch (at most
     /// [`HEIGHT_RUN_MAX`]) rather than one per op.
     Height,
-    /// Children region, `(a, b, c) = (parent, name hash, child)`: the
-    /// children index, an encoded [`ChildEntry`] (`meta time (8, BE) ++
-    /// internal (1) ++ name key`). The name key is `[0]` for a node
-    /// without `FileName` and `[1] ++ value` otherwise; the key holds only
-    /// its [`name_hash`], so every key has the same fixed width and the
-    /// full name in the value settles the rare hash collision. One range
-    /// serves "children of p" (prefix `(parent)`) and path lookup (prefix
-    /// `(parent, hash)`, filtered by name), and within one name rows are
-    /// in child order, so the smallest id of a duplicated directory comes
-    /// first.
-    Child,
 }
 
 /// The low bits of a key's first element.
@@ -149,7 +140,6 @@ enum Region {
     Ops = 0,
     State = 1,
     Height = 2,
-    Child = 3,
 }
 
 const REGION_BITS: u32 = 2;
@@ -172,7 +162,6 @@ fn region_of(kind: RowKind) -> Region {
         RowKind::Node | RowKind::Log => Region::Ops,
         RowKind::State => Region::State,
         RowKind::Height => Region::Height,
-        RowKind::Child => Region::Child,
     }
 }
 
@@ -184,7 +173,7 @@ pub fn key_kind(key: RowKeyParts) -> Option<RowKind> {
         (0, _) => None,
         (1, _) => Some(RowKind::State),
         (2, _) => Some(RowKind::Height),
-        _ => Some(RowKind::Child),
+        _ => None,
     }
 }
 
@@ -211,25 +200,6 @@ pub fn height_of_key(key: RowKeyParts) -> u64 {
     u64::MAX - key.1
 }
 
-/// Key of the children-index row of `child` under `parent`.
-pub fn child_key(tree: u64, parent: NodeId, name_hash: u64, child: NodeId) -> RowKeyParts {
-    (row_prefix(tree, Region::Child), parent, name_hash, child)
-}
-
-/// Every children-index row of `parent`.
-pub fn children_range(tree: u64, parent: NodeId) -> std::ops::RangeInclusive<RowKeyParts> {
-    child_key(tree, parent, 0, 0)..=child_key(tree, parent, u64::MAX, u64::MAX)
-}
-
-/// Every children-index row of `parent` whose name hashes to `name_hash`.
-pub fn children_hash_range(
-    tree: u64,
-    parent: NodeId,
-    name_hash: u64,
-) -> std::ops::RangeInclusive<RowKeyParts> {
-    child_key(tree, parent, name_hash, 0)..=child_key(tree, parent, name_hash, u64::MAX)
-}
-
 /// Every row of the region that holds `kind` in one tree. Node and log
 /// rows share a region: a scan for either meets both and tells them
 /// apart with [`key_kind`].
@@ -240,8 +210,10 @@ pub fn region_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKey
 
 /// Every [`ROWS`] row of one tree.
 pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKeyParts> {
+    // Through region 3, which no kind uses, so that a stray row left there
+    // by an older format goes with its tree.
     let first = row_prefix(tree, Region::Ops);
-    let last = row_prefix(tree, Region::Child);
+    let last = row_prefix(tree, Region::Height) + 1;
     (first, 0, 0, 0)..=(last, u64::MAX, u64::MAX, u64::MAX)
 }
 
@@ -321,16 +293,6 @@ mod tests {
         assert!(log_key(t, u64::MAX) < state_key(t));
         assert!(state_key(t) < height_key(t, 7));
         assert!(height_key(t, 7) < height_key(t, 3));
-        // Children: one parent's rows form one range, names grouped,
-        // children of one name in id order; TRASH's too.
-        for parent in [ROOT, 42, TRASH] {
-            let all = children_range(t, parent);
-            let named = children_hash_range(t, parent, 77);
-            assert!(all.contains(named.start()) && all.contains(named.end()));
-            assert!(child_key(t, parent, 77, 1) < child_key(t, parent, 77, 2));
-            assert!(all.contains(&child_key(t, parent, 0, 0)));
-            assert!(!all.contains(&child_key(t, parent.wrapping_add(1), 0, 0)));
-        }
         // Every kind of tree t is in its range, nothing of its neighbours.
         let rows = tree_rows(t);
         for key in [
@@ -338,14 +300,13 @@ mod tests {
             log_key(t, u64::MAX),
             state_key(t),
             height_key(t, 0),
-            child_key(t, TRASH, u64::MAX, u64::MAX),
         ] {
             assert!(rows.contains(&key), "{key:?}");
         }
-        assert!(!rows.contains(&child_key(t - 1, TRASH, 0, 0)));
+        assert!(!rows.contains(&(row_prefix(t - 1, Region::Height) + 1, 0, 0, 0)));
         assert!(!rows.contains(&node_key(t + 1, 0)));
         let last = tree_rows(TREE_NUMBER_MAX);
-        assert!(last.contains(&child_key(TREE_NUMBER_MAX, TRASH, 1, 1)));
+        assert!(last.contains(&height_key(TREE_NUMBER_MAX, 0)));
     }
 
     #[test]
@@ -354,7 +315,7 @@ mod tests {
         assert_eq!(key_kind(log_key(3, 8)), Some(RowKind::Log));
         assert_eq!(key_kind(state_key(3)), Some(RowKind::State));
         assert_eq!(key_kind(height_key(3, 8)), Some(RowKind::Height));
-        assert_eq!(key_kind(child_key(3, 1, 2, 8)), Some(RowKind::Child));
+        assert_eq!(key_kind((row_prefix(3, Region::Height) + 1, 1, 2, 8)), None);
         let (prefix, id, _, _) = node_key(3, 8);
         assert_eq!(key_kind((prefix, id, 2, 0)), None);
     }

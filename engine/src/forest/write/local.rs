@@ -18,7 +18,7 @@ impl Writer<'_, '_> {
             let found = match self.dirs.get(tree, current, &name) {
                 Some(found) => found,
                 None => {
-                    let found = read::find_dir(&self.rows, tree, current, &name)?;
+                    let found = read::find_dir(&self.rows, &self.children, tree, current, &name)?;
                     self.dirs.put(tree, current, &name, found);
                     found
                 }

@@ -42,6 +42,8 @@ pub(super) struct Writer<'txn, 'c> {
     numbers: &'c TreeNumbers,
     /// Every per-tree row (see `ROWS`).
     rows: Table<'txn, RowKey, &'static [u8]>,
+    /// The children index (see `CHILDREN`).
+    children: Table<'txn, ChildKey, &'static [u8]>,
     states: BTreeMap<TreeKey, TreeState>,
     replica_id: ReplicaId,
     /// `ForestOptions::counter_jump_max`.
@@ -72,7 +74,6 @@ struct HeightRun {
 struct Scratch {
     log: Vec<u8>,
     node: Vec<u8>,
-    child: Vec<u8>,
     name: Vec<u8>,
 }
 
@@ -94,6 +95,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             trees: None,
             numbers,
             rows: txn.open_table(ROWS)?,
+            children: txn.open_table(CHILDREN)?,
             states: BTreeMap::new(),
             replica_id: options.replica_id,
             counter_jump_max: options.counter_jump_max,
@@ -151,8 +153,10 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             return Ok(Err(Error::TreeNotFound.to_string()));
         };
         match check {
-            InvariantCheck::Whole => check::check_tree_in(&self.rows, &rec),
-            InvariantCheck::Touched(nodes) => check::check_touched_in(&self.rows, &rec, nodes),
+            InvariantCheck::Whole => check::check_tree_in(&self.rows, &self.children, &rec),
+            InvariantCheck::Touched(nodes) => {
+                check::check_touched_in(&self.rows, &self.children, &rec, nodes)
+            }
         }
     }
 

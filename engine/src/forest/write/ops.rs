@@ -244,7 +244,7 @@ impl Writer<'_, '_> {
 
     pub(super) fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
         assert_ne!(node, TRASH, "TRASH always may have children");
-        let mut range = self.rows.range(children_range(tree, node))?;
+        let mut range = self.children.range(children_range(tree, node))?;
         Ok(range.next().transpose()?.is_some())
     }
 
@@ -413,18 +413,17 @@ impl Writer<'_, '_> {
             // Written by `flush_overlay` from the node's final state.
             return Ok(());
         }
-        encode_child_into(&mut self.scratch.child, entry);
-        let hash = name_hash(entry.name_key);
+        let value = encode_child_value(entry);
         let fresh = self
-            .rows
+            .children
             .insert(
-                child_key(tree, parent, hash, id),
-                self.scratch.child.as_slice(),
+                child_key(tree, parent, entry.name_key, id),
+                value.as_slice(),
             )?
             .is_none();
         assert!(fresh, "tree {tree}: node {id} indexed twice");
         if entry.internal {
-            self.dirs.forget(tree, parent, hash);
+            self.dirs.forget(tree, parent, name_hash(entry.name_key));
         }
         Ok(())
     }
@@ -439,17 +438,17 @@ impl Writer<'_, '_> {
         if self.overlay.is_some() {
             return Ok(());
         }
-        let hash = name_hash(&node.name_key);
         let removed = self
-            .rows
-            .remove(child_key(tree, node.parent, hash, id))?
+            .children
+            .remove(child_key(tree, node.parent, &node.name_key, id))?
             .is_some();
         assert!(
             removed,
             "tree {tree}: node {id} missing from the children index"
         );
         if node.internal {
-            self.dirs.forget(tree, node.parent, hash);
+            self.dirs
+                .forget(tree, node.parent, name_hash(&node.name_key));
         }
         Ok(())
     }
