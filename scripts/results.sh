@@ -18,7 +18,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep campaign canaries shrink bench compare fuzz load tls clean-rate grid sim-load)
+readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid sim-load)
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -81,6 +81,7 @@ if [ "$quick" = 1 ]; then
     canary_seeds=10
     bench_args=(-- --ops 20000 --reapply 20000)
     compare_args=(--ops 20000 --rounds 1)
+    profile_ops=20000
     fuzz_seconds=10
     load_duration=5s
     search_start=5000; search_duration=3s; search_probes=2
@@ -93,6 +94,7 @@ else
     canary_seeds=20
     bench_args=()
     compare_args=(--ops 100000 --rounds 2)
+    profile_ops=100000
     fuzz_seconds=40
     load_duration=30s
     search_start=30000; search_duration=30s; search_probes=6
@@ -138,6 +140,9 @@ shrink_cmd() {
 }
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
 compare_cmd() { echo "cd benches-cmp && cargo run --release -- ${compare_args[*]}"; }
+profile_cmd() {
+    echo "perf record -F 4999 -o perf.data -- ENGINE_BENCH --only add_by_path --ops $profile_ops; perf report -i perf.data --no-children --sort sym --stdio"
+}
 fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
 load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
 tls_cmd() {
@@ -162,6 +167,7 @@ if [ "$list" = 1 ]; then
     echo "shrink:     $(shrink_cmd P C S), S the first failing seed of $(canary_cmd P C)"
     echo "bench:      $(bench_cmd)"
     echo "compare:    $(compare_cmd)"
+    echo "profile:    $(profile_cmd) (only when perf is installed; ENGINE_BENCH is the binary cargo bench builds)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
     echo "tls:        $(tls_cmd 5000); $(tls_cmd 1000)"
@@ -254,6 +260,7 @@ title() {
         shrink) echo "Shrinking each canary's first failure" ;;
         bench) echo "Engine bench" ;;
         compare) echo "Arbor beside pilorama's layout and Loro, durable AddByPath" ;;
+        profile) echo "Where durable AddByPath spends its CPU" ;;
         fuzz) echo "Fuzzing speed" ;;
         load) echo "Load, real mode over TCP, 5000 requests/s" ;;
         tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 and 1000 requests/s" ;;
@@ -610,6 +617,73 @@ section_compare() {
             command_failed compare "$(compare_cmd)"
         fi
     } >"$work/compare.md"
+}
+
+# Self time of each sampled function, grouped by the code it belongs to:
+# the kernel ([k]), Arbor (a name naming arbor::), redb, the allocator,
+# libc's memory copies and compares, Rust's core/alloc/std, the rest.
+profile_groups() {
+    awk '
+        /^#/ || !/%/ { next }
+        {
+            pct = $1; sub(/%/, "", pct); pct += 0
+            line = $0; sub(/^ *[0-9.]+% +/, "", line)
+            if (line ~ /^\[k\]/) g = "kernel: file writes, fsync, page faults"
+            else if (line ~ /arbor::/) g = "Arbor: forest logic, record encoding, key comparison"
+            else if (line ~ /redb::/) g = "redb: B-tree descent, copy-on-write pages, commit"
+            else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|_int_|tcache)/) g = "allocator"
+            else if (line ~ /mem(cpy|move|set|cmp)|__memcmp|__memmove|__memset|__memcpy|bcmp/) g = "libc memory copies and compares"
+            else if (line ~ /(core|alloc|std)::/) g = "Rust core, alloc and std (sorting, hashing, vectors)"
+            else g = "other"
+            total[g] += pct
+            all += pct
+        }
+        END {
+            for (g in total) printf "| %s | %.1f %% |\n", g, total[g] * 100 / all
+        }
+    ' "$1" | sort -t'|' -k3 -rn
+}
+
+section_profile() {
+    log "profile of durable AddByPath"
+    {
+        echo "## $(title profile)"
+        echo
+        provenance "built by \`cargo bench --no-run\` in this run, sampled by \`perf record\`"
+        if ! command -v perf >/dev/null; then
+            echo "**Not measured**: perf is not installed on the machine that ran this section."
+            return
+        fi
+        local bin
+        capture profile-build cargo bench -p arbor-engine --bench engine --no-run || true
+        bin="$(sed -n 's/.*Executable benches\/engine.rs (\(.*\))$/\1/p' "$work/profile-build.err" | tail -n 1)"
+        if [ -z "$bin" ] || [ ! -x "$bin" ] ||
+            ! capture profile-run perf record -F 4999 -o "$work/perf.data" -- \
+                "$bin" --only add_by_path --ops "$profile_ops" ||
+            ! capture profile perf report -i "$work/perf.data" --no-children --sort sym --stdio; then
+            command_failed profile-run "$(profile_cmd)"
+            return
+        fi
+        echo "Command: \`$(profile_cmd)\`. The \`add_by_path\` scenario of the engine bench (durable,"
+        echo "batches of 100; the Arbor side of the comparison above) sampled 4999 times a second. Self"
+        echo "time of every sampled function, grouped by whose code it is: a function whose name mentions"
+        echo "\`arbor::\` is Arbor's (this includes Arbor's key comparators that redb calls), else one"
+        echo "naming \`redb::\` is redb's. Share of all samples of the process, setup included:"
+        echo
+        grep '^|' "$work/profile-run.out" | sed -n '3p' | sed 's/^/Bench row: /'
+        echo
+        echo "| code | share of CPU samples |"
+        echo "|---|---:|"
+        profile_groups "$work/profile.out"
+        echo
+        echo "The 15 functions with the most self time:"
+        echo
+        echo "| function | self |"
+        echo "|---|---:|"
+        awk '/^#/ || !/%/ { next } { pct = $1; line = $0; sub(/^ *[0-9.]+% +/, "", line);
+            gsub(/\|/, "\\|", line); if (length(line) > 110) line = substr(line, 1, 107) "...";
+            printf "| `%s` | %s |\n", line, pct; if (++n == 15) exit }' "$work/profile.out"
+    } >"$work/profile.md"
 }
 
 section_fuzz() {

@@ -498,8 +498,10 @@ fn main() {
         }
         bench_empty_commit(&floor_dir, &args).print();
     }
-    if wanted("add") {
+    if wanted("add_by_path") {
         bench_add_by_path(&args).print();
+    }
+    if wanted("add_one_dir") {
         bench_add_one_dir(&args, Names::InOrder).print();
         bench_add_one_dir(&args, Names::Scrambled).print();
     }
