@@ -604,7 +604,8 @@ section_compare() {
         provenance "built by \`cargo run --release\` in \`benches-cmp/\` (a workspace of its own) in this run"
         echo "Command: \`$(compare_cmd)\`. The same AddByPath workload as the engine bench (7 meta"
         echo "fields, 2-3 directories) on three sides, one after the other in each round: Arbor's forest"
-        echo "(durable, one redb transaction per batch), pilorama's key layout re-created on redb"
+        echo "(durable, one redb transaction per batch; then again with non-durable commits, which write"
+        echo "nothing to the file), pilorama's key layout re-created on redb"
         echo "(durable, same batches; \`benches-cmp/src/pilorama.rs\` says what it stores) and Loro's"
         echo "movable tree in memory (no file, no durability). CPU is the bench thread's; KiB/commit is"
         echo "what redb handed to the file per batch. The last column is ops/s over Arbor's in the same round."
@@ -631,10 +632,12 @@ profile_groups() {
             if (line ~ /^\[k\]/) g = "kernel: file writes, fsync, page faults"
             else if (line ~ /arbor::/) g = "Arbor: forest logic, record encoding, key comparison"
             else if (line ~ /redb::/) g = "redb: B-tree descent, copy-on-write pages, commit"
-            else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|_int_|tcache)/) g = "allocator"
+            else if (line ~ /^\[\.\] engine::/) g = "the bench itself: building requests"
+            else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|_int_|tcache|unlink_chunk|__rdl_|__rust_(alloc|dealloc|realloc|no_alloc))/) g = "allocator"
             else if (line ~ /mem(cpy|move|set|cmp)|__memcmp|__memmove|__memset|__memcpy|bcmp/) g = "libc memory copies and compares"
-            else if (line ~ /(core|alloc|std)::/) g = "Rust core, alloc and std (sorting, hashing, vectors)"
-            else g = "other"
+            else if (line ~ /xxh/) g = "xxh3 checksums and digests"
+            else if (line ~ /(core|alloc|std|hashbrown)::/) g = "Rust core, alloc and std (hash maps, sorting, vectors)"
+            else g = "other (libc system-call wrappers, unresolved)"
             total[g] += pct
             all += pct
         }
@@ -671,6 +674,10 @@ section_profile() {
         echo "naming \`redb::\` is redb's. Share of all samples of the process, setup included:"
         echo
         grep '^|' "$work/profile-run.out" | sed -n '3p' | sed 's/^/Bench row: /'
+        echo
+        echo "The \`not durable\` row of the comparison above is the same bench's work with non-durable commits,"
+        echo "which write nothing to the file: beside the durable row it is the share of Arbor's time"
+        echo "that durability costs."
         echo
         echo "| code | share of CPU samples |"
         echo "|---|---:|"

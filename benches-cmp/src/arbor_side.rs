@@ -1,7 +1,8 @@
 //! Arbor's forest as the service commits it: one `write_batch` (one redb
 //! transaction, one fsync when durable) per batch of AddByPath calls. The
-//! non-durable run is the same work without the fsync: beside the durable
-//! one it splits Arbor's time into CPU and waiting for the disk.
+//! non-durable run (redb's `Durability::None`) is the same work with no
+//! file writes and no fsync: beside the durable one it shows what
+//! durability costs.
 
 use crate::measure::{counting_file, timed, Row};
 use crate::workload::{Object, FILE_NAME};
@@ -47,7 +48,7 @@ pub fn run(objects: &[Object], batch: usize, durable: bool) -> Row {
     Row {
         name: match durable {
             true => format!("Arbor forest, durable, batch {batch}"),
-            false => format!("Arbor forest, no fsync, batch {batch}"),
+            false => format!("Arbor forest, not durable, batch {batch}"),
         },
         ops: requests.len(),
         commits,

@@ -1,7 +1,7 @@
 //! Arbor's durable AddByPath beside two other designs, in one run, on the
 //! same workload (`workload.rs`): pilorama's key layout re-created on redb
 //! (durable, same batches) and Loro's movable tree in memory. Arbor also
-//! runs without fsync, which splits its time into CPU and disk waits. Prints ops/s,
+//! runs with non-durable commits, which shows what durability costs. Prints ops/s,
 //! CPU microseconds per op and KiB written per commit; the last column is
 //! each side's ops/s over Arbor's in the same round.
 //!
