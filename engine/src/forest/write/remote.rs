@@ -40,12 +40,15 @@ impl Writer<'_, '_> {
         if let Some(first) = fresh.first() {
             // Nothing stored is newer than an op whose counter is above the
             // tree's: an in-order stream undoes nothing and scans nothing.
-            let newer = if timestamp_counter(first.op.ts()) > rec.max_counter {
+            // Otherwise the logged ops are read in place for the commute
+            // check and copied out only for an undo/redo pass.
+            let in_order = timestamp_counter(first.op.ts()) > rec.max_counter;
+            let newer = if in_order || (strict() && self.commutes_with_logged(&rec, &fresh)?) {
                 Vec::new()
             } else {
                 self.logged_from(&rec, first.op.ts())?
             };
-            if newer.is_empty() || (strict() && self.commute_with(&rec, &newer, &fresh)?) {
+            if newer.is_empty() {
                 for incoming in &fresh {
                     let op = incoming.op;
                     self.append(&mut rec, op.ts(), op.parent, op.child, &op.meta.items)?;
@@ -176,24 +179,24 @@ impl Writer<'_, '_> {
         Ok(newer)
     }
 
-    /// True when undoing `newer`, doing `fresh` and redoing `newer` (the
-    /// CRDT's order) ends in exactly the state, undo records and heights
-    /// that doing `fresh` on top of the current state gives, so the undo
-    /// and redo can be skipped. That holds when the fresh ops only move
-    /// nodes `D` this tree has never stored, that have no children here,
-    /// and that no op of `newer` names (as child, parent or undo parent):
-    /// then no node outside `D` ever hangs under a node of `D`, so the
-    /// fresh ops cannot change any cycle check or undo record of `newer`
-    /// and vice versa; each pair commutes, and the fresh ops keep their
-    /// relative order (and so their heights). Pushed creations of new
-    /// nodes, the common case, pass.
-    pub(super) fn commute_with(
+    /// True when undoing the logged ops from the oldest fresh op on
+    /// (`newer`), doing `fresh` and redoing `newer` (the CRDT's order) ends
+    /// in exactly the state, undo records and heights that doing `fresh`
+    /// on top of the current state gives, so the undo and redo can be
+    /// skipped. That holds when the fresh ops only move nodes `D` this
+    /// tree has never stored, that have no children here, and that no op
+    /// of `newer` names (as child, parent or undo parent): then no node
+    /// outside `D` ever hangs under a node of `D`, so the fresh ops cannot
+    /// change any cycle check or undo record of `newer` and vice versa;
+    /// each pair commutes, and the fresh ops keep their relative order (and
+    /// so their heights). Pushed creations of new nodes, the common case,
+    /// pass. The logged ops are read in place, nothing is copied.
+    pub(super) fn commutes_with_logged(
         &self,
         rec: &TreeRecord,
-        newer: &[(Timestamp, Vec<u8>)],
         fresh: &[Incoming<'_>],
     ) -> Result<bool> {
-        assert!(!newer.is_empty() && !fresh.is_empty(), "nothing to commute");
+        let first = fresh.first().expect("nothing to commute").op.ts();
         let moved: BTreeSet<NodeId> = fresh.iter().map(|i| i.op.child).collect();
         for &node in &moved {
             if self.rows.get(node_key(rec.number, node))?.is_some() {
@@ -203,8 +206,19 @@ impl Writer<'_, '_> {
                 return Ok(false);
             }
         }
-        for (_, bytes) in newer {
-            let op = LogView::parse(bytes)?;
+        let tree = rec.number;
+        // Node rows share the range; they are passed over.
+        for row in self
+            .rows
+            .range(log_key(tree, first)..=log_key(tree, u64::MAX))?
+        {
+            let (key, value) = row?;
+            match key_kind(key.value()) {
+                Some(RowKind::Log) => {}
+                Some(_) => continue,
+                None => return Err(Error::Malformed(format!("tree {tree}: row key of no kind"))),
+            }
+            let op = LogView::parse(value.value())?;
             let undo_parent = match op.tail.undo {
                 Undo::Moved { old_parent, .. } => Some(old_parent),
                 Undo::Created | Undo::NoEffect => None,
