@@ -82,6 +82,7 @@ if [ "$quick" = 1 ]; then
     bench_args=(-- --ops 20000 --reapply 20000)
     compare_args=(--ops 20000 --rounds 1)
     profile_ops=20000
+    profile_load=(--rate 20000 --duration 5s)
     fuzz_seconds=10
     load_duration=5s
     search_start=5000; search_duration=3s; search_probes=2
@@ -95,6 +96,7 @@ else
     bench_args=()
     compare_args=(--ops 100000 --rounds 2)
     profile_ops=100000
+    profile_load=(--rate 28000 --duration 20s)
     fuzz_seconds=40
     load_duration=30s
     search_start=30000; search_duration=30s; search_probes=6
@@ -143,6 +145,9 @@ compare_cmd() { echo "cd benches-cmp && cargo run --release -- ${compare_args[*]
 profile_cmd() {
     echo "perf record -F 4999 -o perf.data -- ENGINE_BENCH --only add_by_path --ops $profile_ops; perf report -i perf.data --no-children --sort sym --stdio"
 }
+profile_load_cmd() {
+    echo "perf record -F 999 -g -o perf.data -- arbor-sim load --replicas 3 ${profile_load[*]} --no-progress; perf report -i perf.data --children --sort sym --stdio -g none"
+}
 fuzz_cmd() { echo "FUZZ_SECONDS=$fuzz_seconds fuzz/ci.sh"; }
 load_cmd() { echo "arbor-sim load --rate 5000 --duration $load_duration --verify"; }
 tls_cmd() {
@@ -167,7 +172,7 @@ if [ "$list" = 1 ]; then
     echo "shrink:     $(shrink_cmd P C S), S the first failing seed of $(canary_cmd P C)"
     echo "bench:      $(bench_cmd)"
     echo "compare:    $(compare_cmd)"
-    echo "profile:    $(profile_cmd) (only when perf is installed; ENGINE_BENCH is the binary cargo bench builds)"
+    echo "profile:    $(profile_cmd); $(profile_load_cmd) (only when perf is installed; ENGINE_BENCH is the binary cargo bench builds)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
     echo "tls:        $(tls_cmd 5000); $(tls_cmd 1000)"
@@ -234,7 +239,7 @@ timed() {
 }
 
 needs_sim=0
-for name in sweep campaign canaries shrink load tls clean-rate grid sim-load; do
+for name in sweep campaign canaries shrink profile load tls clean-rate grid sim-load; do
     runs "$name" && needs_sim=1
 done
 binary_note=""
@@ -260,7 +265,7 @@ title() {
         shrink) echo "Shrinking each canary's first failure" ;;
         bench) echo "Engine bench" ;;
         compare) echo "Arbor beside pilorama's layout and Loro, durable AddByPath" ;;
-        profile) echo "Where durable AddByPath spends its CPU" ;;
+        profile) echo "Where the CPU goes: durable AddByPath, and three replicas over TCP" ;;
         fuzz) echo "Fuzzing speed" ;;
         load) echo "Load, real mode over TCP, 5000 requests/s" ;;
         tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 and 1000 requests/s" ;;
@@ -647,6 +652,69 @@ profile_groups() {
     ' "$1" | sort -t'|' -k3 -rn
 }
 
+# Where three replicas and the generator spend the machine near the
+# highest clean rate: the kernel's work by the system call (or fault) that
+# entered it, inclusive; user code by self time, grouped as above plus the
+# generator, tokio and the wire's encoding.
+profile_load_part() {
+    echo "### Three replicas over TCP"
+    echo
+    if ! capture profile-load perf record -F 999 -g -o "$work/perf-load.data" -- \
+            "$sim_bin" load --replicas 3 "${profile_load[@]}" --no-progress ||
+        ! capture profile-load-report perf report -i "$work/perf-load.data" --children --sort sym \
+            --stdio -g none; then
+        command_failed profile-load "$(profile_load_cmd)"
+        return
+    fi
+    echo "Command: \`$(profile_load_cmd)\`. The generator, three nodes and their replication in"
+    echo "one process on this machine, sampled 999 times a second with kernel call chains. The"
+    echo "run itself (perf adds its own cost):"
+    echo
+    echo '```'
+    awk '/^  scenario / { on = ($2 == "user") } on && /scenario user|iterations\.\.\.|latency\.\.\./ { print }
+        /peak RSS/ { print }' "$work/profile-load.out" | sed 's/^ *//'
+    echo '```'
+    echo
+    echo "Kernel work by what entered the kernel, inclusive (a send over loopback includes the"
+    echo "receiving side's protocol work; a page fault on fresh memory includes zeroing the page):"
+    echo
+    echo "| entered by | share of CPU samples |"
+    echo "|---|---:|"
+    awk '
+        $4 == "asm_exc_page_fault" { printf "| page faults (fresh memory: zeroing, mapping) | %s |\n", $1 }
+        $4 == "__x64_sys_sendto" { printf "| socket sends (sendto) | %s |\n", $1 }
+        $4 == "__x64_sys_recvfrom" { printf "| socket receives (recvfrom) | %s |\n", $1 }
+        $4 == "__x64_sys_pwrite64" { printf "| file writes (pwrite) | %s |\n", $1 }
+        $4 == "__x64_sys_fdatasync" { printf "| fsync (fdatasync) | %s |\n", $1 }
+        $4 == "__x64_sys_epoll_wait" { printf "| epoll_wait | %s |\n", $1 }
+        $4 == "__x64_sys_futex" { printf "| futex | %s |\n", $1 }
+    ' "$work/profile-load-report.out"
+    echo
+    echo "User code by self time:"
+    echo
+    echo "| code | share of CPU samples |"
+    echo "|---|---:|"
+    capture profile-load-self perf report -i "$work/perf-load.data" --no-children --sort sym --stdio -g none || true
+    grep -v '\[k\]' "$work/profile-load-self.out" | awk '
+        /^#/ || !/%/ { next }
+        {
+            pct = $1; sub(/%/, "", pct); pct += 0
+            line = $0; sub(/^ *[0-9.]+% +/, "", line)
+            if (line ~ /arbor_sim::/) g = "the generator itself (arbor-sim load; its calls run in the Arbor client)"
+            else if (line ~ /arbor::(proto|tcp)|serde|postcard/) g = "Arbor: wire framing and encoding"
+            else if (line ~ /arbor::/) g = "Arbor: service, forest, replication"
+            else if (line ~ /redb::/) g = "redb"
+            else if (line ~ /tokio::|mio::/) g = "tokio"
+            else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|__rdl_|__rust_(alloc|dealloc|realloc))/) g = "allocator"
+            else if (line ~ /mem(cpy|move|set|cmp)|bcmp/) g = "libc memory copies and compares"
+            else if (line ~ /(core|alloc|std|hashbrown)::/) g = "Rust core, alloc and std"
+            else g = "other"
+            total[g] += pct
+        }
+        END { for (g in total) printf "| %s | %.1f %% |\n", g, total[g] }
+    ' | sort -t'|' -k3 -rn
+}
+
 section_profile() {
     log "profile of durable AddByPath"
     {
@@ -667,6 +735,8 @@ section_profile() {
             command_failed profile-run "$(profile_cmd)"
             return
         fi
+        echo "### Durable AddByPath"
+        echo
         echo "Command: \`$(profile_cmd)\`. The \`add_by_path\` scenario of the engine bench (durable,"
         echo "batches of 100; the Arbor side of the comparison above) sampled 4999 times a second. Self"
         echo "time of every sampled function, grouped by whose code it is: a function whose name mentions"
@@ -690,6 +760,8 @@ section_profile() {
         awk '/^#/ || !/%/ { next } { pct = $1; line = $0; sub(/^ *[0-9.]+% +/, "", line);
             gsub(/\|/, "\\|", line); if (length(line) > 110) line = substr(line, 1, 107) "...";
             printf "| `%s` | %s |\n", line, pct; if (++n == 15) exit }' "$work/profile.out"
+        echo
+        profile_load_part
     } >"$work/profile.md"
 }
 
