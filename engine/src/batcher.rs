@@ -489,7 +489,7 @@ impl Worker {
     }
 
     async fn commit(&mut self, batch: Vec<Job>) {
-        let mut requests = Vec::new();
+        let mut requests = Vec::with_capacity(batch.iter().map(|job| job.requests.len()).sum());
         let mut replies = Vec::with_capacity(batch.len());
         for job in batch {
             replies.push((job.requests.len(), job.reply));

@@ -19,8 +19,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-/// Bytes reserved (and read) at a time.
-const CHUNK_BYTES: usize = 64 << 10;
+/// Bytes reserved (and read) at a time. A body grows by whole chunks, so
+/// a frame of `n` chunks is copied `n - 1` times as it grows: most push
+/// pages fit one chunk.
+const CHUNK_BYTES: usize = 256 << 10;
 
 /// Frames this small never wait for the budget.
 pub const SMALL_FRAME_BYTES: usize = 4 << 10;
