@@ -1,7 +1,8 @@
 //! What every side reports: wall time, CPU time of the bench thread and
 //! the bytes handed to the file, per batch of AddByPath calls.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use arbor::forest::CountingBackend;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,36 +16,6 @@ pub fn thread_cpu() -> Duration {
         .map_or(Duration::ZERO, Duration::from_nanos)
 }
 
-/// A redb backend that counts the bytes written through it.
-#[derive(Debug)]
-pub struct CountingBackend<B> {
-    pub inner: B,
-    pub written_bytes: Arc<AtomicU64>,
-}
-
-impl<B: redb::StorageBackend> redb::StorageBackend for CountingBackend<B> {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.written_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.inner.close()
-    }
-}
-
 /// A file-backed, counting redb backend in `dir`.
 pub fn counting_file(
     dir: &std::path::Path,
@@ -56,12 +27,7 @@ pub fn counting_file(
         .truncate(false)
         .open(dir.join("bench.redb"))
         .expect("bench file opens");
-    let written_bytes = Arc::new(AtomicU64::new(0));
-    let backend = CountingBackend {
-        inner: redb::backends::FileBackend::new(file).expect("redb file backend"),
-        written_bytes: written_bytes.clone(),
-    };
-    (backend, written_bytes)
+    CountingBackend::new(redb::backends::FileBackend::new(file).expect("redb file backend"))
 }
 
 /// One side's run.

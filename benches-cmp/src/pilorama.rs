@@ -196,12 +196,7 @@ impl Ids {
     }
 }
 
-fn add_by_path(
-    data: &mut Rows<'_>,
-    log: &mut Rows<'_>,
-    ids: &mut Ids,
-    object: &Object,
-) {
+fn add_by_path(data: &mut Rows<'_>, log: &mut Rows<'_>, ids: &mut Ids, object: &Object) {
     let (found, mut node) = path_prefix(data, &object.dirs);
     let mut time = latest_time(log) + 1;
     let dir_items: Vec<[(String, String); 1]> = object.dirs[found..]

@@ -160,36 +160,6 @@ struct Row {
     written_bytes: u64,
 }
 
-/// A backend that counts what redb writes, to explain commit cost.
-#[derive(Debug)]
-struct CountingBackend<B> {
-    inner: B,
-    written_bytes: Arc<AtomicU64>,
-}
-
-impl<B: redb::StorageBackend> redb::StorageBackend for CountingBackend<B> {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.written_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.inner.close()
-    }
-}
-
 /// CPU time consumed so far by this thread (Linux schedstat; zero where
 /// unavailable).
 fn thread_cpu() -> Duration {
@@ -235,12 +205,8 @@ fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
         durable: !args.no_sync,
         ..ForestOptions::default()
     };
-    let written_bytes = Arc::new(AtomicU64::new(0));
     if args.memory {
-        let backend = CountingBackend {
-            inner: redb::backends::InMemoryBackend::new(),
-            written_bytes: written_bytes.clone(),
-        };
+        let (backend, written_bytes) = CountingBackend::new(redb::backends::InMemoryBackend::new());
         let forest = Forest::open_with_backend(backend, options).unwrap();
         return (forest, written_bytes);
     }
@@ -251,10 +217,8 @@ fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
         .truncate(false)
         .open(dir.path().join("bench.redb"))
         .unwrap();
-    let backend = CountingBackend {
-        inner: redb::backends::FileBackend::new(file).unwrap(),
-        written_bytes: written_bytes.clone(),
-    };
+    let (backend, written_bytes) =
+        CountingBackend::new(redb::backends::FileBackend::new(file).unwrap());
     (
         Forest::open_with_backend(backend, options).unwrap(),
         written_bytes,

@@ -1530,45 +1530,11 @@ fn held_digests_agree_with_a_lookup_per_stamp() {
     }
 }
 
-/// Counts the bytes redb hands to storage.
-#[derive(Debug)]
-struct CountingBackend {
-    inner: redb::backends::InMemoryBackend,
-    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl redb::StorageBackend for CountingBackend {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.written
-            .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.inner.close()
-    }
-}
-
 /// Bytes written by each of the last `tail` of 40 durable commits of 100
 /// AddByPath ops into one directory, the n-th object named `name(n)`, on
 /// average.
 fn bytes_per_commit_into_one_dir(name: impl Fn(u64) -> String, tail: u64) -> u64 {
-    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let backend = CountingBackend {
-        inner: redb::backends::InMemoryBackend::new(),
-        written: written.clone(),
-    };
+    let (backend, written) = CountingBackend::new(redb::backends::InMemoryBackend::new());
     let forest = Forest::open_with_backend(backend, ForestOptions::default()).unwrap();
     let commits = 40u64;
     let mut before_tail = 0;

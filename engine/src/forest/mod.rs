@@ -7,6 +7,7 @@
 
 mod batch;
 mod check;
+mod counting;
 mod dir_cache;
 mod epochs;
 mod overlay;
@@ -30,6 +31,7 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use batch::{CheckedBatch, CommitSummary, Committed, InvariantCheck};
 pub use check::{Recheck, ReplicaContent};
+pub use counting::CountingBackend;
 pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
 pub use query::{AnswerBounds, PathAnswer};
 pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
