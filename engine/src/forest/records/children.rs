@@ -12,6 +12,7 @@
 //! object stores list keys in.
 
 use super::be_u64;
+use super::rows::row_key_word;
 use crate::error::{Error, Result};
 use crate::types::*;
 use redb::TableDefinition;
@@ -37,13 +38,6 @@ pub struct ChildKey;
 /// Bytes before the name in an encoded key.
 const CHILD_KEY_HEAD: usize = 24;
 
-fn word(bytes: &[u8], i: usize) -> u64 {
-    let word: &[u8; 8] = bytes[8 * i..8 * i + 8]
-        .try_into()
-        .expect("8 bytes make a word");
-    u64::from_le_bytes(*word)
-}
-
 /// The four parts of an encoded key. redb hands back only keys this type
 /// encoded; a shorter one is damage that the name check after every read
 /// reports (the name comes out empty, which no name key is).
@@ -52,10 +46,10 @@ fn parts(bytes: &[u8]) -> ChildKeyParts<'_> {
         return (0, 0, &[], 0);
     }
     (
-        word(bytes, 0),
-        word(bytes, 1),
+        row_key_word(bytes, 0),
+        row_key_word(bytes, 1),
         &bytes[CHILD_KEY_HEAD..],
-        word(bytes, 2),
+        row_key_word(bytes, 2),
     )
 }
 

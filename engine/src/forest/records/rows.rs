@@ -53,8 +53,9 @@ const ROW_KEY_BYTES: usize = 32;
 /// exactly `fixed_width()` bytes. Written to stay cheap in builds with
 /// debug assertions too (the fuzz targets'): one bounds check, no
 /// `copy_from_slice` precondition checks. Millions of calls per second:
-/// every key comparison inside a b-tree page comes here.
-fn row_key_word(bytes: &[u8], i: usize) -> u64 {
+/// every key comparison inside a b-tree page comes here (the children
+/// index's keys use it too).
+pub(super) fn row_key_word(bytes: &[u8], i: usize) -> u64 {
     let word: &[u8; 8] = bytes[8 * i..8 * i + 8]
         .try_into()
         .expect("8 bytes make a word");
