@@ -13,6 +13,9 @@ pub enum Caller {
     Peer(ReplicaId),
     /// A client, by the name its credentials carry.
     Client(String),
+    /// A caller of the gRPC front, by the public key that signed its
+    /// request: 66 lowercase hex digits of the compressed P-256 key.
+    Key(String),
     /// Nobody the transport could authenticate (a plaintext connection).
     Anonymous,
 }
@@ -22,6 +25,7 @@ impl fmt::Display for Caller {
         match self {
             Caller::Peer(id) => write!(f, "replica {id}"),
             Caller::Client(name) => write!(f, "client {name:?}"),
+            Caller::Key(hex) => write!(f, "key {hex}"),
             Caller::Anonymous => f.write_str("anonymous"),
         }
     }

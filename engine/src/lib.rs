@@ -7,6 +7,7 @@ pub mod certs;
 pub mod config;
 pub mod error;
 pub mod forest;
+pub mod grpc;
 pub mod identity;
 pub mod model;
 pub mod net;

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 /// Wire format version; a frame with another version is refused.
 /// Version 2: `Hello` opens a peer connection, and `LogStamp` carries the
-/// op's digest.
-pub const PROTOCOL_VERSION: u8 = 2;
+/// op's digest. Version 3: `AddedByPath` names the leaf's parent.
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// A request of the service API (docs/design.md §4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,7 +95,10 @@ pub enum Response {
     },
     AddedByPath {
         leaf: NodeId,
+        /// The directories the call created, parents first.
         created: Vec<NodeId>,
+        /// The leaf's parent: the last directory of the path.
+        parent: NodeId,
     },
     Done,
     Nodes(Vec<NodeInfo>),

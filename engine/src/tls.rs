@@ -237,6 +237,46 @@ impl TlsContext {
     }
 }
 
+/// The TLS side of the gRPC front: presents `cert` (a PEM chain) with its
+/// `key`, TLS 1.3, HTTP/2 by ALPN, and asks for no client certificate (a
+/// gRPC caller is named by the key that signs its requests, not by a
+/// certificate). Errors say which part failed (`cert: ...`, `key: ...`).
+pub fn grpc_acceptor(cert: &[u8], key: &[u8]) -> Result<tokio_rustls::TlsAcceptor> {
+    let bad = |part: &str, why: String| Error::Config(format!("{part}: {why}"));
+    let chain = parse_certs(cert).map_err(|why| bad("cert", why))?;
+    let key = PrivateKeyDer::from_pem_slice(key)
+        .map_err(|e| bad("key", format!("no private key: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_error("cert"))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(tls_error("key"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A client of the gRPC front: checks the server's chain against the CA in
+/// `ca` (PEM), not its host name (node certificates carry `arbor://`
+/// names), TLS 1.3, HTTP/2 by ALPN, no client certificate.
+pub fn grpc_client_config(ca: &[u8]) -> Result<Arc<ClientConfig>> {
+    let roots = parse_roots(ca).map_err(|why| Error::Config(format!("ca: {why}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(ChainVerifier {
+        roots,
+        provider: provider.clone(),
+    });
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_error("ca"))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// Puts the file's path into an error about one part of the TLS files.
 fn name_file(why: &str, files: &TlsFiles) -> String {
     let (part, rest) = why.split_once(": ").unwrap_or(("cert", why));

@@ -151,10 +151,7 @@ fn write_configs(dir: &Path, count: u16, certs: Option<&Path>) -> Vec<Node> {
             config.node.listen = address(id);
             config.node.peers = (1..=count)
                 .filter(|p| *p != id)
-                .map(|p| PeerConfig {
-                    replica_id: p,
-                    address: address(p),
-                })
+                .map(|p| PeerConfig::new(p, address(p)))
                 .collect();
             let yaml = format!(
                 "tree:\n  replication_timeout: 1s\n  sync_interval: 1s\n\

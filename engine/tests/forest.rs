@@ -83,9 +83,19 @@ fn model_of(ops: &[Move]) -> TreeModel {
 fn add_by_path_creates_missing_dirs_then_a_leaf() {
     let f = forest();
     let first = add_by_path(&f, &["a", "b"], name("file")).unwrap();
-    let WriteOutcome::AddedByPath { leaf, created, ts } = first else {
+    let WriteOutcome::AddedByPath {
+        leaf,
+        created,
+        parent,
+        ts,
+    } = first
+    else {
         panic!("unexpected outcome {first:?}");
     };
+    assert_eq!(
+        parent, created[1],
+        "the leaf hangs under the last directory"
+    );
     // Two directories and the leaf take three consecutive counters.
     assert_eq!(created, vec![make_timestamp(1, 1), make_timestamp(2, 1)]);
     assert_eq!(leaf, make_timestamp(3, 1));
@@ -102,12 +112,14 @@ fn add_by_path_creates_missing_dirs_then_a_leaf() {
     let WriteOutcome::AddedByPath {
         leaf: leaf2,
         created: created2,
+        parent: parent2,
         ..
     } = second
     else {
         panic!("unexpected outcome {second:?}");
     };
     assert!(created2.is_empty());
+    assert_eq!(parent2, created[1], "an existing directory is the parent");
     assert_eq!(
         f.get_node(&tree(), leaf2).unwrap().unwrap().parent,
         created[1]

@@ -128,6 +128,7 @@ fn model_add(
     let outcome = WriteOutcome::AddedByPath {
         leaf: leaf_op.child,
         created: dir_ops.iter().map(|op| op.child).collect(),
+        parent: leaf_op.parent,
         ts: leaf_op.ts(),
     };
     let request = WriteOp::AddByPath {

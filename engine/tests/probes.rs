@@ -117,10 +117,7 @@ fn node_config(mode: Mode, addresses: &[String], index: usize, id: ReplicaId) ->
     config.node.cluster_id = CLUSTER.into();
     config.node.peers = (1..=addresses.len() as ReplicaId)
         .filter(|&peer| peer != id)
-        .map(|peer| PeerConfig {
-            replica_id: peer,
-            address: addresses[peer as usize - 1].clone(),
-        })
+        .map(|peer| PeerConfig::new(peer, addresses[peer as usize - 1].clone()))
         .collect();
     config.node.listen = addresses[index].clone();
     config.access = access(mode);

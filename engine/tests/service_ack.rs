@@ -69,7 +69,7 @@ async fn k2_answers_once_a_peer_holds_the_write() {
         path: vec!["a".into(), "b".into()],
         items: file("leaf"),
     };
-    let Response::AddedByPath { leaf, created } = call(writer, by_path).await else {
+    let Response::AddedByPath { leaf, created, .. } = call(writer, by_path).await else {
         panic!("add by path refused");
     };
     assert_eq!(parent_on(peer, &t, leaf), Some(created[1]));

@@ -322,10 +322,10 @@ async fn a_new_connection_closes_the_one_idle_longest() {
 
 fn transport_to(address: SocketAddr) -> TcpTransport {
     let mut config = Config::default_for_test(1);
-    config.node.peers.push(arbor::config::PeerConfig {
-        replica_id: 2,
-        address: address.to_string(),
-    });
+    config
+        .node
+        .peers
+        .push(arbor::config::PeerConfig::new(2, address.to_string()));
     config.limits.max_message_bytes = MAX;
     config.limits.max_meta_bytes = 1024;
     plaintext_transport(&config)
@@ -442,10 +442,10 @@ async fn gated_transport(adjust: impl FnOnce(&mut Config)) -> (Arc<Gate>, Arc<Tc
     let address = listener.local_addr().unwrap();
     tokio::spawn(tcp::serve(listener, gate.clone(), options(256)));
     let mut config = Config::default_for_test(1);
-    config.node.peers.push(arbor::config::PeerConfig {
-        replica_id: 2,
-        address: address.to_string(),
-    });
+    config
+        .node
+        .peers
+        .push(arbor::config::PeerConfig::new(2, address.to_string()));
     adjust(&mut config);
     (gate, Arc::new(plaintext_transport(&config)))
 }
@@ -532,10 +532,10 @@ async fn transport_keeps_at_most_cache_size_idle_connections() {
 async fn default_pool_keeps_a_full_burst_of_connections() {
     let mut three = Config::default_for_test(1);
     for peer in [2, 3] {
-        three.node.peers.push(arbor::config::PeerConfig {
-            replica_id: peer,
-            address: format!("127.0.0.1:{peer}"),
-        });
+        three.node.peers.push(arbor::config::PeerConfig::new(
+            peer,
+            format!("127.0.0.1:{peer}"),
+        ));
     }
     let burst = tcp::client_share(&three);
     assert_eq!((burst, tcp::outbound_share(&three)), (128, 64));

@@ -98,10 +98,7 @@ fn server_config(cluster: &str, id: ReplicaId, peers: &[(ReplicaId, String)]) ->
     config.node.cluster_id = cluster.into();
     config.node.peers = peers
         .iter()
-        .map(|(replica_id, address)| PeerConfig {
-            replica_id: *replica_id,
-            address: address.clone(),
-        })
+        .map(|(replica_id, address)| PeerConfig::new(*replica_id, address.clone()))
         .collect();
     config.limits.max_message_bytes = MAX;
     config

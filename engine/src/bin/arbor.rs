@@ -6,12 +6,16 @@
 use arbor::certs::{self, Validity};
 use arbor::config::{Config, DEFAULT_CLUSTER_ID};
 use arbor::forest::Forest;
+use arbor::grpc;
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
 use arbor::tcp::{self, Connection, Dialer, Server, ServerOptions, TcpTransport};
 use arbor::tls::{CertIdentity, PemFiles, TlsContext};
 use arbor::{ContainerId, KeyValue, NodeInfo, ReplicaId, TreeKey, ATTR_FILE_NAME};
 use clap::{Args, Parser, Subcommand};
+
+#[path = "arbor_cli/grpc.rs"]
+mod grpc_cli;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -86,6 +90,9 @@ enum Command {
     /// Makes development certificates (a cluster CA, nodes, clients).
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Calls a node's gRPC front (tree.TreeService), signing each request.
+    #[command(subcommand)]
+    Grpc(grpc_cli::GrpcCommand),
 }
 
 #[derive(Subcommand)]
@@ -166,6 +173,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Node { config } => run_node(&config).await,
         Command::Certs(command) => run_certs(command),
+        Command::Grpc(command) => grpc_cli::run(command).await,
         command => run_client(command).await,
     };
     match result {
@@ -196,9 +204,13 @@ async fn run_node(path: &Path) -> Result<(), String> {
     // Everything is checked before the first file is created: the TLS
     // files, the database path, and the listen address (bound first).
     let tls = TlsContext::for_node(&config).map_err(|e| e.to_string())?;
+    let grpc_tls = grpc::tls_for(&config).map_err(|e| e.to_string())?;
     let db = &config.pilorama.path;
     check_db_path(db)?;
     let listener = tcp::listen(&config, tls.is_some())
+        .await
+        .map_err(|e| e.to_string())?;
+    let grpc_listener = grpc::listen(&config, grpc_tls.is_some())
         .await
         .map_err(|e| e.to_string())?;
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -225,15 +237,37 @@ async fn run_node(path: &Path) -> Result<(), String> {
     let stop = StopSignal::install()?;
     let handle = server.handle();
     tokio::spawn(server.run());
-    // Scripts and tests read this line to learn the bound port.
+    let grpc = match grpc_listener {
+        Some(listener) => {
+            let front = grpc::Front::new(service.clone());
+            let grpc = grpc::serve(&config, listener, front, grpc_tls)
+                .map_err(|e| format!("grpc.listen: {e}"))?;
+            Some(grpc)
+        }
+        None => None,
+    };
+    // Scripts and tests read these lines to learn the bound ports.
     println!(
         "arbor: replica {} listening on {address}",
         config.node.replica_id
     );
+    if let Some(grpc) = &grpc {
+        println!(
+            "arbor: replica {} gRPC on {}",
+            config.node.replica_id, grpc.local_addr
+        );
+    }
     tracing::info!(%address, replica = config.node.replica_id, "serving");
     let signal = stop.wait().await;
     tracing::info!(signal, "stopping");
-    stop_gracefully(&config, &service, &handle).await
+    if let Some(grpc) = &grpc {
+        grpc.handle().stop();
+    }
+    let stopped = stop_gracefully(&config, &service, &handle).await;
+    if let Some(grpc) = grpc {
+        grpc.shutdown().await;
+    }
+    stopped
 }
 
 /// Stops taking connections, lets busy ones answer, commits every queued
@@ -432,7 +466,7 @@ fn client_request(command: Command) -> Result<(ServerArgs, Request), String> {
             },
         ),
         Command::Healthcheck { server } => (server, Request::Healthcheck),
-        Command::Node { .. } | Command::Certs(_) => {
+        Command::Node { .. } | Command::Certs(_) | Command::Grpc(_) => {
             unreachable!("not a client command")
         }
     })
@@ -471,7 +505,7 @@ fn parse_meta(pairs: &[String]) -> Result<Vec<KeyValue>, String> {
 fn print_response(response: Response) -> Result<(), String> {
     match response {
         Response::Added { node } => println!("node {node}"),
-        Response::AddedByPath { leaf, created } => {
+        Response::AddedByPath { leaf, created, .. } => {
             println!("leaf {leaf}");
             for dir in created {
                 println!("created {dir}");

@@ -1,7 +1,10 @@
 //! The `access:` section: which clients may do what with which container
 //! (docs/design.md §7, §9). Clients are named as the transport reports
-//! them (the name a client certificate carries). Replicas need no entry:
-//! a container's configured replicas may replicate it.
+//! them: the name a client certificate carries, or, for callers of the
+//! gRPC front, the public key their requests are signed with (66 hex
+//! digits of the compressed P-256 key; no certificate name is that long).
+//! Replicas need no entry: a container's configured replicas may
+//! replicate it.
 //!
 //! ```yaml
 //! access:
@@ -11,11 +14,11 @@
 //!   containers:
 //!     - cid: "<64 hex digits>"
 //!       owners: [gateway-1]
-//!       writers: [gateway-2]
+//!       writers: [gateway-2, 02b4...e1]   # a name or a public key
 //!       readers: []
 //! ```
 
-use super::parse::{container_items, Section};
+use super::parse::{container_items, public_key_hex, Section};
 use crate::error::{Error, Result};
 use crate::types::ContainerId;
 use std::collections::BTreeSet;
@@ -138,8 +141,17 @@ impl AccessConfig {
         let all = self.containers.iter().map(|c| &c.grants);
         for grants in all.chain([&self.default]) {
             let names = grants.owners.iter().chain(&grants.writers);
-            if names.chain(&grants.readers).any(|n| n.is_empty()) {
-                return Err(Error::Config("access: an empty client name".into()));
+            for name in names.chain(&grants.readers) {
+                if name.is_empty() {
+                    return Err(Error::Config("access: an empty client name".into()));
+                }
+                let is_key =
+                    crate::grpc::PublicKey::from_hex(name).is_some_and(|key| key.hex() == *name);
+                if crate::grpc::looks_like_key(name) && !is_key {
+                    return Err(Error::Config(format!(
+                        "access: {name:?} is not a compressed P-256 public key in lowercase hex"
+                    )));
+                }
             }
         }
         Ok(())
@@ -179,12 +191,25 @@ pub(super) fn parse_access(mut s: Section) -> Result<AccessConfig> {
 /// nothing else.
 fn parse_grants(mut s: Section) -> Result<Grants> {
     let grants = Grants {
-        owners: s.strings("owners")?,
-        writers: s.strings("writers")?,
-        readers: s.strings("readers")?,
+        owners: names(&mut s, "owners")?,
+        writers: names(&mut s, "writers")?,
+        readers: names(&mut s, "readers")?,
     };
     s.finish()?;
     Ok(grants)
+}
+
+/// The client names of one role; public keys are kept in lowercase.
+fn names(s: &mut Section, role: &str) -> Result<Vec<String>> {
+    let key = s.key(role);
+    s.strings(role)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| match crate::grpc::looks_like_key(&name) {
+            true => public_key_hex(&format!("{key}[{i}]"), &name),
+            false => Ok(name),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -29,6 +29,49 @@ pub struct Config {
     pub limits: Limits,
     /// Who may call what (docs/design.md §9).
     pub access: AccessConfig,
+    /// The gRPC front (docs/grpc.md).
+    pub grpc: GrpcConfig,
+}
+
+/// `grpc:` section: the gRPC `tree.TreeService` front that gateways and
+/// loaders call (docs/grpc.md).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrpcConfig {
+    /// Where the front listens; `None` (absent): no gRPC front.
+    pub listen: Option<String>,
+    /// The certificate and key the gRPC port presents. Absent: the node's
+    /// own (`node.tls`) when it has one, else plaintext (loopback only
+    /// unless `node.insecure_plaintext`).
+    pub tls: Option<GrpcTlsFiles>,
+    /// Concurrent gRPC connections; a connection beyond waits in the
+    /// listen backlog until one closes.
+    pub max_connections: usize,
+    /// Calls one connection may have in flight (HTTP/2 streams).
+    pub max_concurrent_streams: u32,
+    /// Nodes (GetSubTree) or ops (GetOpLog) read per page of a stream: a
+    /// stream holds one page in memory, whatever it streams in all.
+    pub stream_page_nodes: usize,
+}
+
+/// `grpc.tls`: PEM files of the certificate (chain) and key of the gRPC
+/// port. Gateways check it against their own trust store and host name,
+/// so it may differ from the node's `arbor://` certificate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrpcTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            tls: None,
+            max_connections: 256,
+            max_concurrent_streams: 128,
+            stream_page_nodes: 1000,
+        }
+    }
 }
 
 /// `tree:` section.
@@ -111,6 +154,21 @@ pub const DEFAULT_CLUSTER_ID: &str = "arbor";
 pub struct PeerConfig {
     pub replica_id: ReplicaId,
     pub address: String,
+    /// The public key this replica signs gRPC calls with (66 hex digits,
+    /// compressed P-256, lowercase): a gRPC `Apply` or `GetOpLog` signed
+    /// by it comes from this replica (docs/grpc.md).
+    pub public_key: Option<String>,
+}
+
+impl PeerConfig {
+    /// A peer at `address` with no gRPC key.
+    pub fn new(replica_id: ReplicaId, address: impl Into<String>) -> Self {
+        Self {
+            replica_id,
+            address: address.into(),
+            public_key: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -313,6 +371,7 @@ impl Config {
             node: NodeConfig::solo(replica_id),
             limits: Limits::default(),
             access,
+            grpc: GrpcConfig::default(),
         }
     }
 
@@ -401,6 +460,7 @@ impl Config {
             )));
         }
         self.validate_transport()?;
+        self.validate_grpc()?;
         self.validate_membership()?;
         self.validate_ack_replicas()?;
         self.access.validate()
@@ -440,6 +500,36 @@ impl Config {
             return Err(Error::Config(
                 "limits.partial_frames_bytes_max: must be at least limits.max_message_bytes".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// The keys of the gRPC front (docs/grpc.md).
+    fn validate_grpc(&self) -> Result<()> {
+        let grpc = &self.grpc;
+        let positive = [
+            ("grpc.max_connections", grpc.max_connections),
+            (
+                "grpc.max_concurrent_streams",
+                grpc.max_concurrent_streams as usize,
+            ),
+            ("grpc.stream_page_nodes", grpc.stream_page_nodes),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(Error::Config(format!("{key}: must be at least 1")));
+            }
+        }
+        let mut keys = BTreeSet::new();
+        for peer in &self.node.peers {
+            let Some(key) = &peer.public_key else {
+                continue;
+            };
+            if !keys.insert(key) {
+                return Err(Error::Config(format!(
+                    "node.peers: public_key {key} is given to two replicas"
+                )));
+            }
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ pub(super) fn document(text: &str) -> Result<Config> {
     let node = parse_node(root.section("node")?)?;
     let limits = parse_limits(root.section("limits")?)?;
     let access = access::parse_access(root.section("access")?)?;
+    let grpc = parse_grpc(root.section("grpc")?)?;
     root.finish()?;
     Ok(Config {
         tree,
@@ -21,7 +22,41 @@ pub(super) fn document(text: &str) -> Result<Config> {
         node,
         limits,
         access,
+        grpc,
     })
+}
+
+fn parse_grpc(mut s: Section) -> Result<GrpcConfig> {
+    let d = GrpcConfig::default();
+    let tls = if s.has("tls") {
+        let mut t = s.section("tls")?;
+        let mut file = |key: &str| {
+            t.string(key)?
+                .map(PathBuf::from)
+                .ok_or_else(|| Error::Config(format!("{}: missing", t.key(key))))
+        };
+        let files = GrpcTlsFiles {
+            cert: file("cert")?,
+            key: file("key")?,
+        };
+        t.finish()?;
+        Some(files)
+    } else {
+        None
+    };
+    let streams_key = s.key("max_concurrent_streams");
+    let config = GrpcConfig {
+        listen: s.string("listen")?,
+        tls,
+        max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
+        max_concurrent_streams: s
+            .usize("max_concurrent_streams")?
+            .map_or(Ok(d.max_concurrent_streams), u32::try_from)
+            .map_err(|_| Error::Config(format!("{streams_key}: too large")))?,
+        stream_page_nodes: s.usize("stream_page_nodes")?.unwrap_or(d.stream_page_nodes),
+    };
+    s.finish()?;
+    Ok(config)
 }
 
 fn parse_tree(mut s: Section) -> Result<TreeConfig> {
@@ -122,10 +157,16 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         let address = p
             .string("address")?
             .ok_or_else(|| Error::Config(format!("{}: missing", p.key("address"))))?;
+        let key_name = p.key("public_key");
+        let public_key = p
+            .string("public_key")?
+            .map(|hex| public_key_hex(&key_name, &hex))
+            .transpose()?;
         p.finish()?;
         peers.push(PeerConfig {
             replica_id,
             address,
+            public_key,
         });
     }
     let mut containers = Vec::new();
@@ -206,6 +247,17 @@ pub(super) fn container_items(s: &mut Section) -> Result<Vec<(ContainerId, Secti
         items.push((cid, c));
     }
     Ok(items)
+}
+
+/// A compressed P-256 public key in hex, returned in lowercase.
+pub(super) fn public_key_hex(key: &str, hex: &str) -> Result<String> {
+    crate::grpc::PublicKey::from_hex(hex)
+        .map(|k| k.hex())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "{key}: {hex:?} is not a compressed P-256 public key (66 hex digits)"
+            ))
+        })
 }
 
 fn as_replica_id(key: &str, value: &Value) -> Result<ReplicaId> {

@@ -221,3 +221,69 @@ fn garbage_is_an_error_not_a_panic() {
         assert!(Config::from_yaml_str(text).is_err(), "{text:?}");
     }
 }
+
+/// A compressed P-256 public key (the generator's own point).
+const KEY: &str = "036b17d1f2e12c4247f8bce6e563a440f277037d812deb33a0f4a13945d898c296";
+
+#[test]
+fn the_grpc_section_and_signing_keys() {
+    let text = format!(
+        "node:\n  replica_id: 1\n  peers:\n    - {{ replica_id: 2, address: \"a:1\", public_key: \"{}\" }}\n\
+         grpc:\n  listen: 127.0.0.1:8080\n  tls: {{ cert: c.pem, key: k.pem }}\n  max_connections: 3\n  \
+         max_concurrent_streams: 4\n  stream_page_nodes: 5\n\
+         access:\n  default:\n    writers: [gw, \"{}\"]\n",
+        KEY.to_uppercase(),
+        KEY.to_uppercase()
+    );
+    let config = Config::from_yaml_str(&text).unwrap();
+    let grpc = &config.grpc;
+    assert_eq!(grpc.listen.as_deref(), Some("127.0.0.1:8080"));
+    assert_eq!(
+        grpc.tls,
+        Some(GrpcTlsFiles {
+            cert: "c.pem".into(),
+            key: "k.pem".into()
+        })
+    );
+    assert_eq!(
+        (
+            grpc.max_connections,
+            grpc.max_concurrent_streams,
+            grpc.stream_page_nodes
+        ),
+        (3, 4, 5)
+    );
+    // Keys are kept in lowercase, the form callers are named in.
+    assert_eq!(config.node.peers[0].public_key.as_deref(), Some(KEY));
+    assert_eq!(config.access.default.writers, ["gw", KEY]);
+    let absent = Config::from_yaml_str("node:\n  replica_id: 1\n").unwrap();
+    assert_eq!(absent.grpc, GrpcConfig::default());
+    assert_eq!(absent.grpc.listen, None);
+}
+
+#[test]
+fn bad_grpc_keys_are_refused_by_name() {
+    let error = |text: &str| {
+        Config::from_yaml_str(&format!("node:\n  replica_id: 1\n{text}"))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(error("grpc:\n  listne: x\n").contains("grpc.listne: unknown key"));
+    assert!(error("grpc:\n  stream_page_nodes: 0\n").contains("grpc.stream_page_nodes"));
+    assert!(error("grpc:\n  max_connections: 0\n").contains("grpc.max_connections"));
+    assert!(error("grpc:\n  tls: { cert: c }\n").contains("grpc.tls.key: missing"));
+    let not_a_point = format!("{}00", &KEY[..64]);
+    let peer = |key: &str| {
+        format!("  peers:\n    - {{ replica_id: 2, address: a, public_key: \"{key}\" }}\n")
+    };
+    let text = format!("node:\n  replica_id: 1\n{}", peer(&not_a_point));
+    let refused = Config::from_yaml_str(&text).unwrap_err().to_string();
+    assert!(refused.contains("node.peers[0].public_key"), "{refused}");
+    let twice = format!(
+        "node:\n  replica_id: 1\n  peers:\n    - {{ replica_id: 2, address: a, public_key: \"{KEY}\" }}\n    - {{ replica_id: 3, address: b, public_key: \"{KEY}\" }}\n"
+    );
+    let refused = Config::from_yaml_str(&twice).unwrap_err().to_string();
+    assert!(refused.contains("given to two replicas"), "{refused}");
+    let grant = format!("access:\n  default:\n    readers: [\"{not_a_point}\"]\n");
+    assert!(error(&grant).contains("access.default.readers[0]"));
+}

@@ -120,6 +120,8 @@ pub enum WriteOutcome {
     AddedByPath {
         leaf: NodeId,
         created: Vec<NodeId>,
+        /// The leaf's parent: the last directory of the path.
+        parent: NodeId,
         ts: Timestamp,
     },
     /// Apply: `fresh` is false when the op was already in the log.

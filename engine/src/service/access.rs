@@ -145,7 +145,7 @@ impl Access {
         match caller {
             Caller::Peer(_) => None,
             Caller::Anonymous => self.config.anonymous,
-            Caller::Client(name) => {
+            Caller::Client(name) | Caller::Key(name) => {
                 let granted = self.config.grants_of(cid).role_of(name);
                 granted.max(self.config.anonymous)
             }
@@ -157,7 +157,7 @@ impl Access {
 fn is_replica_of(members: &Membership, caller: &Caller, cid: &ContainerId) -> bool {
     match caller {
         Caller::Peer(id) => members.peers_of(cid).contains(id),
-        Caller::Client(_) | Caller::Anonymous => false,
+        Caller::Client(_) | Caller::Key(_) | Caller::Anonymous => false,
     }
 }
 
@@ -180,10 +180,7 @@ mod tests {
 
     fn members() -> Membership {
         let mut node = NodeConfig::solo(1);
-        node.peers = vec![PeerConfig {
-            replica_id: 2,
-            address: String::new(),
-        }];
+        node.peers = vec![PeerConfig::new(2, String::new())];
         Membership::from_config(&node)
     }
 

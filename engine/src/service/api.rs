@@ -131,9 +131,16 @@ impl Service {
         validate::items(&items, limits)?;
         let op = WriteOp::AddByPath { attr, path, items };
         match self.write(tree, op).await? {
-            WriteOutcome::AddedByPath { leaf, created, .. } => {
-                Ok(Response::AddedByPath { leaf, created })
-            }
+            WriteOutcome::AddedByPath {
+                leaf,
+                created,
+                parent,
+                ..
+            } => Ok(Response::AddedByPath {
+                leaf,
+                created,
+                parent,
+            }),
             other => Err(unexpected(other)),
         }
     }

@@ -70,6 +70,11 @@ pub fn answer(
                     "client {name:?} claims replica {id}: its certificate names no replica"
                 ))
             }
+            Caller::Key(key) => {
+                return refuse(format!(
+                    "key {key} claims replica {id}: replicas say who they are by certificate"
+                ))
+            }
             _ => {}
         }
     }
@@ -87,10 +92,7 @@ mod tests {
     fn node() -> NodeConfig {
         let mut node = NodeConfig::solo(2);
         node.cluster_id = "c".into();
-        node.peers = vec![PeerConfig {
-            replica_id: 3,
-            address: "127.0.0.1:1".into(),
-        }];
+        node.peers = vec![PeerConfig::new(3, "127.0.0.1:1")];
         node
     }
 

@@ -114,10 +114,7 @@ mod tests {
     fn node() -> NodeConfig {
         let mut node = NodeConfig::solo(2);
         node.peers = [3, 1, 4]
-            .map(|replica_id| PeerConfig {
-                replica_id,
-                address: String::new(),
-            })
+            .map(|replica_id| PeerConfig::new(replica_id, String::new()))
             .into();
         node.containers = vec![
             ContainerConfig {

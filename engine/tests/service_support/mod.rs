@@ -241,10 +241,7 @@ pub fn cluster_configs(count: u16) -> Vec<Config> {
             let mut config = Config::default_for_test(id);
             config.node.peers = (1..=count)
                 .filter(|p| *p != id)
-                .map(|p| PeerConfig {
-                    replica_id: p,
-                    address: format!("local:{p}"),
-                })
+                .map(|p| PeerConfig::new(p, format!("local:{p}")))
                 .collect();
             config.tree.replication_timeout = Duration::from_secs(60);
             config

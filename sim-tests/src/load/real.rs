@@ -252,10 +252,7 @@ async fn start_served(options: &RealOptions, dir: &Path) -> Result<Nodes, String
         ids.iter()
             .zip(&addresses)
             .filter(|(id, _)| **id != me)
-            .map(|(id, address)| PeerConfig {
-                replica_id: *id,
-                address: address.clone(),
-            })
+            .map(|(id, address)| PeerConfig::new(*id, address.clone()))
             .collect()
     };
     let cert_dir = dir.join("certs");

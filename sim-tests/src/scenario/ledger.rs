@@ -262,7 +262,7 @@ impl Ledger {
                 Request::AddByPath {
                     tree, path, items, ..
                 },
-                Response::AddedByPath { leaf, created },
+                Response::AddedByPath { leaf, created, .. },
             ) => {
                 let touched: Vec<NodeId> = created.iter().copied().chain([*leaf]).collect();
                 let mut parent = (created.len() == path.len()).then_some(ROOT);
@@ -460,6 +460,7 @@ mod tests {
         let added = Response::AddedByPath {
             leaf: 9,
             created: vec![8],
+            parent: 8,
         };
         assert_eq!(ledger.record(2, &add, &added), vec![8, 9]);
         assert_eq!(ledger.known[&tree], vec![8, 9]);

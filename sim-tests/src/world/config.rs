@@ -127,10 +127,7 @@ pub fn node_config(
     config.node.peers = all
         .iter()
         .filter(|&&peer| peer != id)
-        .map(|&peer| PeerConfig {
-            replica_id: peer,
-            address: address(peer),
-        })
+        .map(|&peer| PeerConfig::new(peer, address(peer)))
         .collect();
     config.node.containers = containers;
     config.pilorama.path = format!("sim://replica-{id}").into();

@@ -164,6 +164,7 @@ impl Writer<'_, '_> {
         Ok(Ok(WriteOutcome::AddedByPath {
             leaf,
             created,
+            parent,
             ts: leaf,
         }))
     }

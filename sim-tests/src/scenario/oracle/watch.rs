@@ -120,7 +120,10 @@ impl AnswerOracle {
             (Request::Add { tree, items, .. }, Response::Added { node }) => {
                 (tree, items, vec![*node])
             }
-            (Request::AddByPath { tree, items, .. }, Response::AddedByPath { leaf, created }) => (
+            (
+                Request::AddByPath { tree, items, .. },
+                Response::AddedByPath { leaf, created, .. },
+            ) => (
                 tree,
                 items,
                 created.iter().copied().chain([*leaf]).collect(),

@@ -21,10 +21,8 @@ fn commit_local(book: &PushBook, tree: &TreeKey) -> Vec<TreeKey> {
 fn book(trees_max: usize, queue_max: usize) -> PushBook {
     let mut node = NodeConfig::solo(1);
     for peer in [2, 3] {
-        node.peers.push(crate::config::PeerConfig {
-            replica_id: peer,
-            address: String::new(),
-        });
+        node.peers
+            .push(crate::config::PeerConfig::new(peer, String::new()));
     }
     let limits = BookLimits {
         trees_max,
