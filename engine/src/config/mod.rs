@@ -51,6 +51,11 @@ pub struct GrpcConfig {
     /// Nodes (GetSubTree) or ops (GetOpLog) read per page of a stream: a
     /// stream holds one page in memory, whatever it streams in all.
     pub stream_page_nodes: usize,
+    /// Signing keys the configuration names (`access:`,
+    /// `node.peers[].public_key`) that get a verification table (~0.5 MiB
+    /// each, several times faster checks); other keys are checked the
+    /// slower way.
+    pub key_tables_max: usize,
 }
 
 /// `grpc.tls`: PEM files of the certificate (chain) and key of the gRPC
@@ -70,6 +75,7 @@ impl Default for GrpcConfig {
             max_connections: 256,
             max_concurrent_streams: 128,
             stream_page_nodes: 1000,
+            key_tables_max: 64,
         }
     }
 }

@@ -54,6 +54,7 @@ fn parse_grpc(mut s: Section) -> Result<GrpcConfig> {
             .map_or(Ok(d.max_concurrent_streams), u32::try_from)
             .map_err(|_| Error::Config(format!("{streams_key}: too large")))?,
         stream_page_nodes: s.usize("stream_page_nodes")?.unwrap_or(d.stream_page_nodes),
+        key_tables_max: s.usize("key_tables_max")?.unwrap_or(d.key_tables_max),
     };
     s.finish()?;
     Ok(config)

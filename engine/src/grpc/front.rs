@@ -11,7 +11,7 @@
 
 use super::meta;
 use super::pb::{self, tree_service_server::TreeService};
-use super::sign::{self, SignatureError};
+use super::sign::{PublicKey, SignatureError, Verifier};
 use crate::config::Config;
 use crate::error::Error;
 use crate::identity::Caller;
@@ -27,6 +27,7 @@ use tonic::Status;
 /// The `tree.TreeService` of one node.
 pub struct Front {
     service: Arc<Service>,
+    verifier: Verifier,
     /// Replicas by the key they sign gRPC calls with.
     peers_by_key: BTreeMap<String, ReplicaId>,
     page_nodes: usize,
@@ -37,8 +38,10 @@ impl Front {
         let config = service.config();
         let peers_by_key = peer_keys(config);
         let page_nodes = config.grpc.stream_page_nodes;
+        let verifier = Verifier::new(named_keys(config), config.grpc.key_tables_max);
         Self {
             service,
+            verifier,
             peers_by_key,
             page_nodes,
         }
@@ -54,7 +57,9 @@ impl Front {
     ) -> Result<Caller, Status> {
         let signed = body.encode_to_vec();
         let (key, sign) = signature.map_or((&[][..], &[][..]), |s| (&s.key, &s.sign));
-        let key = sign::verify(key, sign, &signed).map_err(|e| signature_refused(operation, e))?;
+        let key = (self.verifier)
+            .verify(key, sign, &signed)
+            .map_err(|e| signature_refused(operation, e))?;
         Ok(self.caller_of_key(key.hex()))
     }
 
@@ -71,6 +76,29 @@ impl Front {
             .await
             .map_err(status_of)
     }
+}
+
+/// Every key the configuration names: replicas' first, then those of
+/// `access:`, each once.
+fn named_keys(config: &Config) -> Vec<PublicKey> {
+    let peers = config
+        .node
+        .peers
+        .iter()
+        .filter_map(|p| p.public_key.clone());
+    let access = &config.access;
+    let grants = access.containers.iter().map(|c| &c.grants);
+    let names = grants
+        .chain([&access.default])
+        .flat_map(|g| g.owners.iter().chain(&g.writers).chain(&g.readers))
+        .filter(|name| super::looks_like_key(name))
+        .cloned();
+    let mut seen = std::collections::BTreeSet::new();
+    peers
+        .chain(names)
+        .filter(|hex| seen.insert(hex.clone()))
+        .filter_map(|hex| PublicKey::from_hex(&hex))
+        .collect()
 }
 
 /// `node.peers[].public_key` as a lookup.

@@ -9,6 +9,7 @@
 //! a signing client (tests, the load generator, the command line).
 
 pub mod client;
+mod comb;
 mod front;
 pub mod meta;
 mod server;
@@ -22,4 +23,4 @@ pub mod pb {
 
 pub use front::{status_of, Front};
 pub use server::{listen, serve, tls_for, GrpcHandle, GrpcServer};
-pub use sign::{looks_like_key, PublicKey, SignatureError, Signer};
+pub use sign::{looks_like_key, PublicKey, SignatureError, Signer, VariableTimeSigner, Verifier};

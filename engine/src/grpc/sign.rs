@@ -8,6 +8,7 @@
 //! A verified key is the caller: [`PublicKey::hex`] is how `access:` and
 //! `node.peers[].public_key` name it.
 
+use super::comb::CombTable;
 use p256::ecdsa::signature::hazmat::{PrehashSigner, PrehashVerifier};
 use p256::ecdsa::{Signature as EcdsaSignature, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha512};
@@ -69,12 +70,7 @@ impl PublicKey {
 
     /// Checks `signature` (65 bytes, `0x04 || r || s`) over `body`.
     pub fn verify(&self, body: &[u8], signature: &[u8]) -> Result<(), SignatureError> {
-        let rs = match signature.split_first() {
-            Some((0x04, rs)) if signature.len() == SIGNATURE_BYTES => rs,
-            _ => return Err(SignatureError::BadEncoding(signature.len())),
-        };
-        let signature =
-            EcdsaSignature::from_slice(rs).map_err(|_| SignatureError::BadEncoding(65))?;
+        let signature = parse_signature(signature)?;
         let digest = Sha512::digest(body);
         self.0
             .verify_prehash(&digest, &signature)
@@ -103,6 +99,75 @@ pub fn verify(key: &[u8], sign: &[u8], body: &[u8]) -> Result<PublicKey, Signatu
     let public = PublicKey::from_sec1(key)?;
     public.verify(body, sign)?;
     Ok(public)
+}
+
+/// `r || s` of a wire signature (`0x04 || r || s`).
+fn parse_signature(sign: &[u8]) -> Result<EcdsaSignature, SignatureError> {
+    match sign.split_first() {
+        Some((0x04, rs)) if sign.len() == SIGNATURE_BYTES => {
+            EcdsaSignature::from_slice(rs).map_err(|_| SignatureError::BadEncoding(sign.len()))
+        }
+        _ => Err(SignatureError::BadEncoding(sign.len())),
+    }
+}
+
+/// A key the configuration names, and its comb table once built.
+struct KnownKey {
+    public: PublicKey,
+    table: std::sync::OnceLock<CombTable>,
+}
+
+/// Verifies request signatures. Keys the configuration names (at most
+/// `tables_max` of them) are verified with comb tables, built at their
+/// first use; any other key by `p256`'s routine. Both give the same
+/// answers (see `comb`).
+pub struct Verifier {
+    /// By every encoding a client may send them in (compressed and
+    /// uncompressed).
+    known: std::collections::HashMap<Vec<u8>, std::sync::Arc<KnownKey>>,
+}
+
+impl Verifier {
+    pub fn new(keys: impl IntoIterator<Item = PublicKey>, tables_max: usize) -> Self {
+        let mut known = std::collections::HashMap::new();
+        for public in keys.into_iter().take(tables_max) {
+            let compressed = public.compressed();
+            let uncompressed = public.0.to_encoded_point(false).as_bytes().to_vec();
+            let key = std::sync::Arc::new(KnownKey {
+                public,
+                table: std::sync::OnceLock::new(),
+            });
+            known.insert(compressed, key.clone());
+            known.insert(uncompressed, key);
+        }
+        Self { known }
+    }
+
+    /// Keys with tables (or waiting for their first use to build one).
+    pub fn tabled_keys(&self) -> usize {
+        self.known.len() / 2
+    }
+
+    /// As [`verify`].
+    pub fn verify(
+        &self,
+        key: &[u8],
+        sign: &[u8],
+        body: &[u8],
+    ) -> Result<PublicKey, SignatureError> {
+        let Some(known) = self.known.get(key) else {
+            return verify(key, sign, body);
+        };
+        let signature = parse_signature(sign)?;
+        let digest: [u8; 64] = Sha512::digest(body).into();
+        let table = known
+            .table
+            .get_or_init(|| CombTable::new(known.public.0.as_affine().into()));
+        match super::comb::verify(table, &digest, &signature) {
+            true => Ok(known.public.clone()),
+            false => Err(SignatureError::Mismatch),
+        }
+    }
 }
 
 /// A private key that signs requests (clients: tests, the load generator,
@@ -174,6 +239,42 @@ impl Signer {
     }
 }
 
+impl Signer {
+    /// A signer of the same key that is several times faster and leaks its
+    /// nonces through timing: for load generators' throwaway keys only
+    /// (see `comb`).
+    pub fn variable_time(&self) -> VariableTimeSigner {
+        VariableTimeSigner::new(self.0.clone())
+    }
+}
+
+/// [`Signer::sign`] in variable time (see [`Signer::variable_time`]).
+pub struct VariableTimeSigner {
+    inner: super::comb::VariableTimeSigner,
+    public: Vec<u8>,
+}
+
+impl VariableTimeSigner {
+    fn new(key: SigningKey) -> Self {
+        let public = PublicKey(*key.verifying_key()).compressed();
+        Self {
+            inner: super::comb::VariableTimeSigner::new(key),
+            public,
+        }
+    }
+
+    /// `(key, sign)` of a `Signature` over `body`, the same bytes
+    /// [`Signer::sign`] makes.
+    pub fn sign(&self, body: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let digest: [u8; 64] = Sha512::digest(body).into();
+        let signature = self.inner.sign(&digest);
+        let mut sign = Vec::with_capacity(SIGNATURE_BYTES);
+        sign.push(0x04);
+        sign.extend_from_slice(&signature.to_bytes());
+        (self.public.clone(), sign)
+    }
+}
+
 impl fmt::Debug for Signer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Signer({})", self.public().hex())
@@ -218,6 +319,62 @@ mod tests {
             verify(&key, &marker, b"body"),
             Err(SignatureError::BadEncoding(65))
         );
+    }
+
+    /// The comb tables and the variable-time signer agree with `p256` on
+    /// valid signatures, altered ones and random ones.
+    #[test]
+    fn comb_verification_and_signing_agree_with_p256() {
+        let signers: Vec<Signer> = (0..3).map(Signer::from_seed).collect();
+        let verifier = Verifier::new(signers[..2].iter().map(Signer::public), 8);
+        assert_eq!(verifier.tabled_keys(), 2);
+        let mut seed = 1u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed
+        };
+        for round in 0..40u64 {
+            let signer = &signers[(round % 3) as usize];
+            let body: Vec<u8> = (0..(next() % 200)).map(|_| next() as u8).collect();
+            let (key, sign) = signer.sign(&body);
+            assert_eq!(
+                signer.variable_time().sign(&body),
+                (key.clone(), sign.clone())
+            );
+            let uncompressed = signer
+                .public()
+                .0
+                .to_encoded_point(false)
+                .as_bytes()
+                .to_vec();
+            for key in [&key, &uncompressed] {
+                assert_eq!(
+                    verifier.verify(key, &sign, &body),
+                    verify(key, &sign, &body)
+                );
+                assert!(verifier.verify(key, &sign, &body).is_ok());
+            }
+            let mut altered = body.clone();
+            altered.push(1);
+            assert_eq!(
+                verifier.verify(&key, &sign, &altered),
+                Err(SignatureError::Mismatch)
+            );
+            let mut random = vec![4u8];
+            random.extend((0..64).map(|_| next() as u8));
+            assert_eq!(
+                verifier.verify(&key, &random, &body),
+                verify(&key, &random, &body)
+            );
+            assert!(verifier.verify(&key, &random, &body).is_err());
+            let other = signers[((round + 1) % 3) as usize].public().compressed();
+            assert_eq!(
+                verifier.verify(&other, &sign, &body),
+                Err(SignatureError::Mismatch)
+            );
+        }
     }
 
     #[test]
