@@ -1,12 +1,24 @@
 //! Forest benchmark: a binary printing a table (no timed assertions).
 //!
 //! `cargo bench -p arbor-engine --bench engine -- [--ops N] [--batch B]
-//! [--reapply N] [--only NAME] [--no-sync] [--memory] [--late K,K..]`
+//! [--reapply N] [--only NAME] [--no-sync] [--memory] [--late K,K..]
+//! [--list-children N] [--cache-bytes N]`
 //!
 //! `add_by_path` spreads each batch over about a hundred directories (2-3
 //! levels); the `add, 1 dir` rows put every object into one directory,
 //! named in creation order or scrambled, which is what the children
 //! index's name order changes.
+//!
+//! The `list` rows (a table of their own, printed with `--only list`
+//! alone) page through one directory of
+//! `--list-children` children (100,000 by default; the goal is stated at
+//! 10^6) in pages of 1,000, each page in its own snapshot with the
+//! service's message bound, and print nodes/s and how far the process's
+//! resident memory grew over the listing: once right after the
+//! directory was written, once after the forest was opened again (an
+//! empty page cache, which the listing then fills up to
+//! `pilorama.cache_bytes`). Id order scans the directory for each page:
+//! its row lists a few pages only.
 //!
 //! Every scenario runs on a fresh temp-file database with durable commits
 //! (`Durability::Immediate`), as the service runs it by default; `--no-sync`
@@ -30,6 +42,10 @@ struct Args {
     /// Durable commits on an in-memory backend: redb's whole commit path
     /// without a real fsync, the shape of cost the simulator pays.
     memory: bool,
+    /// Children of the directory the `list` rows page through.
+    list_children: usize,
+    /// redb's page cache (`pilorama.cache_bytes`).
+    cache_bytes: usize,
 }
 
 fn parse_args() -> Args {
@@ -41,6 +57,8 @@ fn parse_args() -> Args {
         no_sync: false,
         late: vec![0, 10, 100],
         memory: false,
+        list_children: 100_000,
+        cache_bytes: arbor::config::PILORAMA_CACHE_BYTES_DEFAULT,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -52,6 +70,8 @@ fn parse_args() -> Args {
             "--only" => args.only = Some(value()),
             "--no-sync" => args.no_sync = true,
             "--memory" => args.memory = true,
+            "--cache-bytes" => args.cache_bytes = value().parse().expect("--cache-bytes N"),
+            "--list-children" => args.list_children = value().parse().expect("--list-children N"),
             "--late" => {
                 args.late = value()
                     .split(',')
@@ -203,6 +223,7 @@ fn percentiles(samples: &[Duration]) -> (Duration, Duration) {
 fn open_file(dir: &tempfile::TempDir, args: &Args) -> (Forest, Arc<AtomicU64>) {
     let options = ForestOptions {
         durable: !args.no_sync,
+        cache_bytes: args.cache_bytes,
         ..ForestOptions::default()
     };
     if args.memory {
@@ -409,6 +430,151 @@ fn bench_empty_commit(dir: &tempfile::TempDir, args: &Args) -> Row {
     }
 }
 
+/// Resident memory of this process (Linux; 0 where unavailable).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// How one listing went: pages, nodes, time and resident memory.
+struct ListRow {
+    name: String,
+    pages: usize,
+    nodes: usize,
+    elapsed: Duration,
+    /// CPU time of the bench thread over the listing.
+    cpu: Duration,
+    rss_before: u64,
+    rss_growth_max: u64,
+}
+
+impl ListRow {
+    fn print(&self) {
+        let per_s = self.nodes as f64 / self.elapsed.as_secs_f64();
+        let ms_per_page = self.elapsed.as_secs_f64() * 1e3 / self.pages as f64;
+        let cpu_us_per_node = self.cpu.as_secs_f64() * 1e6 / self.nodes as f64;
+        println!(
+            "| {:<58} | {:>6} | {:>9} | {:>10.0} | {:>8.2} | {:>8.2} | {:>8.1} | {:>8.1} |",
+            self.name,
+            self.pages,
+            self.nodes,
+            per_s,
+            ms_per_page,
+            cpu_us_per_node,
+            self.rss_before as f64 / (1 << 20) as f64,
+            self.rss_growth_max as f64 / (1 << 20) as f64,
+        );
+    }
+}
+
+/// Pages through a listing until it ends or `max_pages` pages are read;
+/// `page` reads one page after a cursor.
+fn run_listing(
+    name: String,
+    max_pages: usize,
+    mut page: impl FnMut(Option<&ListCursor>) -> ListPage,
+) -> ListRow {
+    let rss_before = rss_bytes();
+    let mut rss_growth_max = 0;
+    let (mut pages, mut nodes) = (0, 0);
+    let mut after = None;
+    let cpu_start = thread_cpu();
+    let start = Instant::now();
+    while pages < max_pages {
+        let got = page(after.as_ref());
+        pages += 1;
+        nodes += got.nodes.len();
+        rss_growth_max = rss_growth_max.max(rss_bytes().saturating_sub(rss_before));
+        match got.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    ListRow {
+        name,
+        pages,
+        nodes,
+        elapsed: start.elapsed(),
+        cpu: thread_cpu() - cpu_start,
+        rss_before,
+        rss_growth_max,
+    }
+}
+
+/// One directory of `--list-children` children named in creation order
+/// or scrambled (written in batches of 1,000), listed in pages of 1,000: children in
+/// name order, the directory's subtree (depth 2) in name order, children
+/// in id order (a few pages); after the write, and again after reopening.
+fn bench_list(args: &Args, names: Names) -> Vec<ListRow> {
+    let dir = tempfile::tempdir().unwrap();
+    let (forest, _) = open_file(&dir, args);
+    let mut directory = None;
+    // Made a batch at a time: the process's memory stays what a node's is.
+    for first in (0..args.list_children).step_by(1000) {
+        let last = (first + 1000).min(args.list_children);
+        let batch: Vec<WriteRequest> = (first..last)
+            .map(|i| add_one_dir_request(i, names))
+            .collect();
+        let results = forest.write_batch(&batch).unwrap().results;
+        if let Ok(WriteOutcome::AddedByPath { created, .. }) = &results[0] {
+            directory = directory.or(created.last().copied());
+        }
+    }
+    let names = match names {
+        Names::InOrder => "names in order",
+        Names::Scrambled => "scrambled",
+    };
+    let directory = directory.expect("the first add made the directory");
+    // What the service allows one answer (4 MiB messages).
+    let bounds = AnswerBounds {
+        nodes_max: 1000,
+        bytes_max: (4 << 20) - (8 << 10),
+        node_overhead_bytes: 64,
+    };
+    let mut rows = Vec::new();
+    let mut forest = Some(forest);
+    for state in ["after writes", "reopened"] {
+        if state == "reopened" {
+            drop(forest.take());
+            forest = Some(open_file(&dir, args).0);
+        }
+        let forest = forest.as_ref().unwrap();
+        let n = args.list_children;
+        let children = |order, after: Option<&ListCursor>| {
+            let page = forest.list_children_page(&tree(), directory, order, after, bounds);
+            page.unwrap()
+        };
+        let row = run_listing(
+            format!("children by name, {names}, {state}"),
+            usize::MAX,
+            |after| children(ListOrder::Name, after),
+        );
+        assert_eq!(row.nodes, n, "every child listed once");
+        rows.push(row);
+        let row = run_listing(
+            format!("subtree depth 2 by name, {names}, {state}"),
+            usize::MAX,
+            |after| {
+                let page =
+                    forest.get_subtree_page(&tree(), directory, 2, ListOrder::Name, after, bounds);
+                page.unwrap()
+            },
+        );
+        assert_eq!(row.nodes, n + 1, "the directory and every child");
+        rows.push(row);
+        rows.push(run_listing(
+            format!("children by id (5 pages), {names}, {state}"),
+            5,
+            |after| children(ListOrder::Id, after),
+        ));
+    }
+    rows
+}
+
 /// Commits a one-row write through the public API (a cursor bump).
 trait CursorBump {
     fn set_cursor_for_bench(&self, value: u64);
@@ -436,11 +602,12 @@ fn main() {
     let args = parse_args();
     let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.starts_with(o));
     println!(
-        "ops={} batch={} reapply={} durable={} ({})",
+        "ops={} batch={} reapply={} durable={} cache_bytes={} ({})",
         args.ops,
         args.batch,
         args.reapply_ops,
         !args.no_sync,
+        args.cache_bytes,
         if args.memory {
             "in memory"
         } else {
@@ -478,5 +645,26 @@ fn main() {
     if wanted("reapply") {
         let log = source_log(args.reapply_ops);
         bench_reapply(&args, &log).print();
+    }
+    // Not part of the default run: its table has other columns.
+    if args.only.as_deref().is_some_and(|o| "list".starts_with(o)) {
+        println!();
+        println!(
+            "listing one directory of {} children, pages of 1000",
+            args.list_children
+        );
+        println!(
+            "| {:<58} | {:>6} | {:>9} | {:>10} | {:>8} | {:>8} | {:>8} | {:>8} |",
+            "listing", "pages", "nodes", "nodes/s", "ms/page", "cpu us/node", "RSS MiB", "grew MiB"
+        );
+        println!(
+            "|{:-<60}|{:-<8}|{:-<11}|{:-<12}|{:-<10}|{:-<10}|{:-<10}|{:-<10}|",
+            "", "", "", "", "", "", "", ""
+        );
+        for names in [Names::InOrder, Names::Scrambled] {
+            for row in bench_list(&args, names) {
+                row.print();
+            }
+        }
     }
 }

@@ -79,6 +79,13 @@ pub enum Error {
     /// `Timeout` (docs/design.md §6).
     #[error("stored on {held} of the {needed} replicas required; it keeps replicating")]
     NotReplicated { held: u32, needed: u32 },
+    /// A listing's continuation that does not continue this listing (another
+    /// root, parent, order or depth, or a name key no page gives), or
+    /// whose place moved or left the listed subtree since its page was
+    /// read (docs/design.md §4): continuing would skip or repeat nodes.
+    /// Start the listing again.
+    #[error("listing continuation refused: {0}")]
+    CursorRefused(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -3,7 +3,8 @@
 //! undo/do/redo over a `BTreeMap` log, with no shortcut of any kind, so that
 //! the stored forest can be checked against it (tests, fuzz targets).
 
-use crate::forest::TreeDump;
+use crate::forest::records::name_key;
+use crate::forest::{ListOrder, TreeDump};
 use crate::types::*;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -116,6 +117,45 @@ impl TreeModel {
             .filter(|(_, (p, _))| *p == parent)
             .map(|(id, _)| *id)
             .collect()
+    }
+
+    /// Children of `parent` with their metas, in `order`: by id, or by
+    /// name key (`records::name_key`) then id.
+    pub fn children_in(&self, parent: NodeId, order: ListOrder) -> Vec<NodeInfo> {
+        let mut children: Vec<NodeInfo> = self
+            .children(parent)
+            .into_iter()
+            .filter_map(|id| self.node(id))
+            .collect();
+        if order == ListOrder::Name {
+            children.sort_by_cached_key(|n| (name_key(&n.meta.items), n.id));
+        }
+        children
+    }
+
+    /// The subtree under `root` in pre-order (a node, then the subtrees
+    /// of its children in `order`), `depth` levels deep (0 = all, 1 = the
+    /// root alone); ROOT and TRASH come with an empty meta and themselves
+    /// as parent. `None` when `root` is no node.
+    pub fn subtree(&self, root: NodeId, depth: u32, order: ListOrder) -> Option<Vec<NodeInfo>> {
+        let top = match root {
+            ROOT | TRASH => NodeInfo {
+                id: root,
+                parent: root,
+                meta: Meta::default(),
+            },
+            _ => self.node(root)?,
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![(top, 1u32)];
+        while let Some((node, level)) = stack.pop() {
+            if depth == 0 || level < depth {
+                let children = self.children_in(node.id, order);
+                stack.extend(children.into_iter().rev().map(|c| (c, level + 1)));
+            }
+            out.push(node);
+        }
+        Some(out)
     }
 
     /// The logged op with this timestamp.

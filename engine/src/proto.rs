@@ -4,6 +4,7 @@
 //! the size limit before anything else and never panics on garbage.
 
 use crate::error::{Error, Result};
+use crate::forest::{ListCursor, ListOrder};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
@@ -85,6 +86,26 @@ pub enum Request {
         cluster_id: String,
         replica_id: Option<ReplicaId>,
     },
+    /// One page of the children of `parent` in `order`, after `after`
+    /// (the previous page's `next`; `None` starts): at most `limit` nodes,
+    /// 0 or more meaning `limits.max_list_page_nodes` (docs/design.md §4).
+    ListChildren {
+        tree: TreeKey,
+        parent: NodeId,
+        order: ListOrder,
+        after: Option<ListCursor>,
+        limit: u32,
+    },
+    /// One page of the pre-order walk of `GetSubTree`, each node's
+    /// children in `order`; `after` and `limit` as in `ListChildren`.
+    GetSubTreePage {
+        tree: TreeKey,
+        root: NodeId,
+        depth: u32,
+        order: ListOrder,
+        after: Option<ListCursor>,
+        limit: u32,
+    },
 }
 
 /// A response of the service API.
@@ -135,6 +156,12 @@ pub enum Response {
     Hello {
         cluster_id: String,
         replica_id: ReplicaId,
+    },
+    /// A page of a listing (`ListChildren`, `GetSubTreePage`); `next`
+    /// continues it, `None` once it is complete.
+    Page {
+        nodes: Vec<NodeInfo>,
+        next: Option<ListCursor>,
     },
 }
 

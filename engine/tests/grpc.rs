@@ -673,3 +673,63 @@ async fn the_front_over_tls() {
     assert!(server.handle().handshakes_failed() >= 1);
     server.shutdown().await;
 }
+
+/// A directory far larger than a page streams whole, in name order, a page
+/// at a time; a client that stops reading half-way leaves the node serving.
+#[tokio::test]
+async fn a_large_directory_streams_whole_in_pages() {
+    use arbor::forest::{WriteOp, WriteRequest};
+    let mut config = config();
+    config.grpc.stream_page_nodes = 50;
+    let node = start(config).await;
+    let tree = tree("version");
+    let mut client = node.client(writer()).await;
+    let dir = client
+        .add(&tree, ROOT, &[kv("FileName", "big")])
+        .await
+        .unwrap();
+    const CHILDREN: usize = 3000;
+    let writes: Vec<WriteRequest> = (0..CHILDREN)
+        .map(|i| WriteRequest {
+            tree: tree.clone(),
+            op: WriteOp::Move {
+                parent: dir,
+                child: None,
+                // Names in an order other than creation's.
+                items: vec![kv("FileName", &format!("k{:05}", (i * 7919) % CHILDREN))],
+            },
+        })
+        .collect();
+    for chunk in writes.chunks(500) {
+        let outcomes = node.service.forest().write_batch(chunk).unwrap();
+        assert!(outcomes.results.iter().all(|r| r.is_ok()));
+    }
+    let listed = client.get_subtree(&tree, dir, 2, true).await.unwrap();
+    assert_eq!(listed.len(), CHILDREN + 1);
+    let names = names(&listed[1..]);
+    let mut sorted = names.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(names, sorted, "every child once, by name");
+    // Read a few nodes of a stream, then drop it.
+    let request = client.sign(pb::get_sub_tree_request::Body {
+        container_id: cid().0.to_vec(),
+        tree_id: "version".into(),
+        root_id: vec![dir],
+        depth: 0,
+        ..Default::default()
+    });
+    let mut stream = client
+        .raw()
+        .get_sub_tree(request)
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..10 {
+        stream.next().await.unwrap().unwrap();
+    }
+    drop(stream);
+    client.healthcheck().await.unwrap();
+    let again = client.get_subtree(&tree, dir, 0, false).await.unwrap();
+    assert_eq!(again.len(), CHILDREN + 1);
+}

@@ -6,6 +6,7 @@
 mod service_support;
 
 use arbor::config::{AccessConfig, Config, ContainerAccess, Grants, Role};
+use arbor::forest::ListOrder;
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
 use arbor::types::{timestamp_replica, COUNTER_MAX};
@@ -115,6 +116,27 @@ fn every_request(t: &TreeKey, node: u64) -> Vec<(&'static str, Request)> {
                 depth: 0,
             },
         ),
+        (
+            "ListChildren",
+            Request::ListChildren {
+                tree: t.clone(),
+                parent: ROOT,
+                order: ListOrder::Name,
+                after: None,
+                limit: 10,
+            },
+        ),
+        (
+            "GetSubTreePage",
+            Request::GetSubTreePage {
+                tree: t.clone(),
+                root: ROOT,
+                depth: 0,
+                order: ListOrder::Id,
+                after: None,
+                limit: 10,
+            },
+        ),
         ("TreeList", Request::TreeList { cid: t.cid }),
         (
             "Apply",
@@ -152,7 +174,14 @@ fn every_request(t: &TreeKey, node: u64) -> Vec<(&'static str, Request)> {
 /// The operations each caller may send, by the roles of `strict_access`
 /// (replicas: the sync RPCs, with ops of their own).
 fn allowed(caller: &Caller, operation: &str) -> bool {
-    const READS: [&str; 4] = ["GetNodeByPath", "GetMeta", "GetSubTree", "TreeList"];
+    const READS: [&str; 6] = [
+        "GetNodeByPath",
+        "GetMeta",
+        "GetSubTree",
+        "ListChildren",
+        "GetSubTreePage",
+        "TreeList",
+    ];
     const WRITES: [&str; 4] = ["Add", "AddByPath", "Move", "Remove"];
     const SYNC: [&str; 4] = ["Apply", "GetOpLog", "GetOpLogStamps", "TreeList"];
     let reads = READS.contains(&operation);

@@ -5,7 +5,7 @@
 
 use arbor::certs::{self, Validity};
 use arbor::config::{Config, DEFAULT_CLUSTER_ID};
-use arbor::forest::Forest;
+use arbor::forest::{Forest, ListCursor, ListOrder};
 use arbor::grpc;
 use arbor::proto::{Request, Response};
 use arbor::service::Service;
@@ -13,10 +13,10 @@ use arbor::tcp::{self, Connection, Dialer, Server, ServerOptions, TcpTransport};
 use arbor::tls::{CertIdentity, PemFiles, TlsContext};
 use arbor::{ContainerId, KeyValue, NodeInfo, ReplicaId, TreeKey, ATTR_FILE_NAME};
 use clap::{Args, Parser, Subcommand};
+use std::io::{IsTerminal, Write};
 
 #[path = "arbor_cli/grpc.rs"]
 mod grpc_cli;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -75,6 +75,27 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         depth: u32,
     },
+    /// Lists a directory's children, page by page (ListChildren), or with
+    /// --recursive its whole subtree in pre-order (GetSubTreePage),
+    /// following each page's continuation to the end.
+    Ls {
+        #[command(flatten)]
+        tree: TreeArgs,
+        /// The directory by path (a/b/c); the tree's root when empty.
+        #[arg(long, conflicts_with = "parent")]
+        path: Option<String>,
+        /// The directory by node id.
+        #[arg(long)]
+        parent: Option<u64>,
+        #[arg(long, value_enum, default_value_t = OrderArg::Name)]
+        order: OrderArg,
+        /// Nodes per page (the node caps it at limits.max_list_page_nodes).
+        #[arg(long, default_value_t = 1000)]
+        page: u32,
+        /// The whole subtree, the directory first, parents before children.
+        #[arg(long)]
+        recursive: bool,
+    },
     /// Lists the trees of a container.
     List {
         #[command(flatten)]
@@ -93,6 +114,24 @@ enum Command {
     /// Calls a node's gRPC front (tree.TreeService), signing each request.
     #[command(subcommand)]
     Grpc(grpc_cli::GrpcCommand),
+}
+
+/// The order of `arbor ls`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OrderArg {
+    /// By name (nodes without a FileName first), then id.
+    Name,
+    /// By id.
+    Id,
+}
+
+impl From<OrderArg> for ListOrder {
+    fn from(order: OrderArg) -> Self {
+        match order {
+            OrderArg::Name => ListOrder::Name,
+            OrderArg::Id => ListOrder::Id,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -174,6 +213,23 @@ async fn main() -> ExitCode {
         Command::Node { config } => run_node(&config).await,
         Command::Certs(command) => run_certs(command),
         Command::Grpc(command) => grpc_cli::run(command).await,
+        Command::Ls {
+            tree,
+            path,
+            parent,
+            order,
+            page,
+            recursive,
+        } => {
+            let listing = Listing {
+                path,
+                parent,
+                order: order.into(),
+                page,
+                recursive,
+            };
+            run_ls(tree, listing).await
+        }
         command => run_client(command).await,
     };
     match result {
@@ -385,6 +441,94 @@ async fn run_client(command: Command) -> Result<(), String> {
     print_response(response)
 }
 
+/// What `arbor ls` lists.
+struct Listing {
+    path: Option<String>,
+    parent: Option<u64>,
+    order: ListOrder,
+    page: u32,
+    recursive: bool,
+}
+
+/// Prints every page of a listing on one connection, each call within
+/// the timeout.
+async fn run_ls(tree: TreeArgs, listing: Listing) -> Result<(), String> {
+    let (server, tree) = tree.split()?;
+    let dialer = server.dialer()?;
+    let timeout = server.timeout;
+    let open = Connection::open(&server.addr, server.replica, &dialer);
+    let mut connection = tokio::time::timeout(timeout, open)
+        .await
+        .map_err(|_| "connecting timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let mut call = async |request: Request| {
+        tokio::time::timeout(timeout, connection.call(&request))
+            .await
+            .map_err(|_| "request timed out".to_string())?
+            .map_err(|e| e.to_string())
+    };
+    let parent = match (&listing.path, listing.parent) {
+        (Some(path), _) if !split_path(path).is_empty() => {
+            let lookup = Request::GetNodeByPath {
+                tree: tree.clone(),
+                attr: ATTR_FILE_NAME.to_string(),
+                path: split_path(path),
+                attributes: Vec::new(),
+                latest_only: false,
+                all_attributes: true,
+            };
+            match call(lookup).await? {
+                // The directory path lookups take: the smallest id.
+                Response::Nodes(nodes) => nodes
+                    .iter()
+                    .filter(|n| n.meta.is_internal())
+                    .map(|n| n.id)
+                    .min()
+                    .ok_or_else(|| format!("--path {path:?}: no directory there"))?,
+                Response::Error(error) => return Err(error.to_string()),
+                other => return Err(format!("unexpected answer {other:?}")),
+            }
+        }
+        (_, parent) => parent.unwrap_or(arbor::ROOT),
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut after: Option<ListCursor> = None;
+    loop {
+        let request = if listing.recursive {
+            Request::GetSubTreePage {
+                tree: tree.clone(),
+                root: parent,
+                depth: 0,
+                order: listing.order,
+                after: after.take(),
+                limit: listing.page,
+            }
+        } else {
+            Request::ListChildren {
+                tree: tree.clone(),
+                parent,
+                order: listing.order,
+                after: after.take(),
+                limit: listing.page,
+            }
+        };
+        match call(request).await? {
+            Response::Page { nodes, next } => {
+                for node in &nodes {
+                    writeln!(out, "{}", node_line(node)).map_err(|e| e.to_string())?;
+                }
+                match next {
+                    Some(cursor) => after = Some(cursor),
+                    None => break,
+                }
+            }
+            Response::Error(error) => return Err(error.to_string()),
+            other => return Err(format!("unexpected answer {other:?}")),
+        }
+    }
+    out.flush().map_err(|e| e.to_string())
+}
+
 impl ServerArgs {
     /// Plaintext without certificates; mutual TLS, with `Hello`, as the
     /// client the certificate names otherwise.
@@ -466,7 +610,7 @@ fn client_request(command: Command) -> Result<(ServerArgs, Request), String> {
             },
         ),
         Command::Healthcheck { server } => (server, Request::Healthcheck),
-        Command::Node { .. } | Command::Certs(_) | Command::Grpc(_) => {
+        Command::Node { .. } | Command::Certs(_) | Command::Grpc(_) | Command::Ls { .. } => {
             unreachable!("not a client command")
         }
     })
@@ -539,23 +683,33 @@ fn print_response(response: Response) -> Result<(), String> {
             cluster_id,
             replica_id,
         } => println!("replica {replica_id} of cluster {cluster_id}"),
+        Response::Page { nodes, next } => {
+            nodes.iter().for_each(print_node);
+            if next.is_some() {
+                println!("(more)");
+            }
+        }
         Response::Error(error) => return Err(error.to_string()),
     }
     Ok(())
 }
 
 fn print_node(node: &NodeInfo) {
+    println!("{}", node_line(node));
+}
+
+fn node_line(node: &NodeInfo) -> String {
     let items: Vec<String> = node
         .meta
         .items
         .iter()
         .map(|kv| format!("{}={}", kv.key, String::from_utf8_lossy(&kv.value)))
         .collect();
-    println!(
+    format!(
         "{} parent={} ts={} {}",
         node.id,
         node.parent,
         node.meta.time,
         items.join(" ")
-    );
+    )
 }

@@ -234,6 +234,9 @@ pub struct Limits {
     pub push_window_ops: usize,
     /// Largest GetSubTree answer, in nodes.
     pub max_subtree_nodes: usize,
+    /// Most nodes in one page of a listing (`ListChildren`,
+    /// `GetSubTreePage`); a larger page asked for gets this many.
+    pub max_list_page_nodes: usize,
     /// Trees whose replication state is kept in memory (push bookkeeping,
     /// push windows, pull cursors), and tree names taken from one peer in
     /// one sync round. Beyond it the state of idle trees goes (their
@@ -327,6 +330,7 @@ impl Default for Limits {
             sync_stamp_page_size: 16_384,
             push_window_ops: 4096,
             max_subtree_nodes: 100_000,
+            max_list_page_nodes: 10_000,
             max_tracked_trees: 10_000,
             max_connections: 256,
             connect_timeout: Duration::from_secs(2),
@@ -427,6 +431,10 @@ impl Config {
                 self.limits.sync_stamp_page_size,
             ),
             ("limits.max_subtree_nodes", self.limits.max_subtree_nodes),
+            (
+                "limits.max_list_page_nodes",
+                self.limits.max_list_page_nodes,
+            ),
             ("limits.max_tracked_trees", self.limits.max_tracked_trees),
             ("limits.max_connections", self.limits.max_connections),
             ("limits.max_path_len", self.limits.max_path_len),

@@ -124,6 +124,9 @@ fn parse_limits(mut s: Section) -> Result<Limits> {
             .unwrap_or(d.sync_stamp_page_size),
         push_window_ops: s.usize("push_window_ops")?.unwrap_or(d.push_window_ops),
         max_subtree_nodes: s.usize("max_subtree_nodes")?.unwrap_or(d.max_subtree_nodes),
+        max_list_page_nodes: s
+            .usize("max_list_page_nodes")?
+            .unwrap_or(d.max_list_page_nodes),
         max_tracked_trees: s.usize("max_tracked_trees")?.unwrap_or(d.max_tracked_trees),
         max_connections: s.usize("max_connections")?.unwrap_or(d.max_connections),
         connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),

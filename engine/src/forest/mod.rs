@@ -10,6 +10,7 @@ mod check;
 mod counting;
 mod dir_cache;
 mod epochs;
+mod list;
 mod overlay;
 mod query;
 mod read;
@@ -33,6 +34,7 @@ pub use batch::{CheckedBatch, CommitSummary, Committed, InvariantCheck};
 pub use check::{Recheck, ReplicaContent};
 pub use counting::CountingBackend;
 pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
+pub use list::{ListCursor, ListOrder, ListPage, CURSOR_OVERHEAD_BYTES};
 pub use query::{AnswerBounds, PathAnswer};
 pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
 

@@ -14,6 +14,7 @@ use super::pb::{self, tree_service_server::TreeService};
 use super::sign::{PublicKey, SignatureError, Verifier};
 use crate::config::Config;
 use crate::error::Error;
+use crate::forest::{ListCursor, ListOrder};
 use crate::identity::Caller;
 use crate::proto::{Request, Response};
 use crate::service::Service;
@@ -171,6 +172,9 @@ pub fn status_of(error: Error) -> Status {
         Error::PermissionDenied { operation, caller } => Status::permission_denied(format!(
             "access to operation {operation} is denied by the access rules: {caller} holds no such right"
         )),
+        // A stream whose next page could not continue where the last one
+        // ended: the subtree moved under it; the client starts again.
+        Error::CursorRefused(_) => Status::aborted(text),
         Error::UnsupportedAttribute(_)
         | Error::EmptyPath
         | Error::RootImmutable
@@ -543,14 +547,6 @@ impl From<&pb::get_sub_tree_request::Body> for SingleRootBody {
     }
 }
 
-// TEMPORARY: stand-ins until the forest's paged walk is merged.
-#[derive(Clone, Copy, Debug)]
-enum ListOrder {
-    Id,
-    Name,
-}
-type SubtreeCursor = ();
-
 /// One GetSubTree stream: pre-order walks of one root after another, a
 /// page at a time.
 struct SubtreeWalk {
@@ -568,30 +564,27 @@ struct SubtreeState {
     buffered: VecDeque<NodeInfo>,
     /// The root being walked and where its next page starts; `None` once
     /// it is done.
-    resume: Option<(NodeId, SubtreeCursor)>,
+    resume: Option<(NodeId, ListCursor)>,
     roots: VecDeque<NodeId>,
     failed: bool,
 }
 
 /// A page of one root's walk and where the next one starts.
-type SubtreePageOf = (Vec<NodeInfo>, Option<SubtreeCursor>);
+type SubtreePageOf = (Vec<NodeInfo>, Option<ListCursor>);
 
 impl SubtreeWalk {
-    async fn page(
-        &self,
-        root: NodeId,
-        after: Option<SubtreeCursor>,
-    ) -> Result<SubtreePageOf, Status> {
+    async fn page(&self, root: NodeId, after: Option<ListCursor>) -> Result<SubtreePageOf, Status> {
         let first = after.is_none();
-        // TEMPORARY: one-shot until the forest's paged walk is merged.
-        let _ = (self.order, self.page_nodes);
-        let request = Request::GetSubTree {
+        let request = Request::GetSubTreePage {
             tree: self.tree.clone(),
             root,
             depth: self.depth,
+            order: self.order,
+            after,
+            limit: self.page_nodes as u32,
         };
         match call(&self.service, &self.caller, request).await {
-            Ok(Response::Nodes(nodes)) => Ok((nodes, None)),
+            Ok(Response::Page { nodes, next }) => Ok((nodes, next)),
             // A root that is not there is reported as one node with an
             // empty meta, as clients expect; a missing tree stays an error.
             Err(Error::NodeNotFound(missing)) if missing == root && first => Ok((

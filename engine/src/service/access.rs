@@ -42,6 +42,12 @@ fn need_of(request: &Request) -> (&'static str, Need) {
         }
         Request::GetMeta { tree, .. } => ("GetMeta", Need::Client(tree.cid, Role::Reader)),
         Request::GetSubTree { tree, .. } => ("GetSubTree", Need::Client(tree.cid, Role::Reader)),
+        Request::ListChildren { tree, .. } => {
+            ("ListChildren", Need::Client(tree.cid, Role::Reader))
+        }
+        Request::GetSubTreePage { tree, .. } => {
+            ("GetSubTreePage", Need::Client(tree.cid, Role::Reader))
+        }
         Request::TreeList { cid } => ("TreeList", Need::ReplicaOrClient(*cid, Role::Reader)),
         Request::Drop { cid, .. } => ("Drop", Need::Client(*cid, Role::Owner)),
         Request::Apply { tree, .. } => ("Apply", Need::Replica(tree.cid)),

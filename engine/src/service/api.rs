@@ -6,7 +6,9 @@ use super::push::ITEM_OVERHEAD_BYTES;
 use super::{Core, Service};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
-use crate::forest::{AnswerBounds, PathAnswer, WriteOp, WriteOutcome, WriteRequest};
+use crate::forest::{
+    AnswerBounds, Forest, ListPage, PathAnswer, WriteOp, WriteOutcome, WriteRequest,
+};
 use crate::identity::Caller;
 use crate::proto::{Request, Response};
 use crate::runtime::blocking;
@@ -307,6 +309,25 @@ impl Core {
                 let nodes = (self.forest).get_subtree_bounded(&tree, root, depth, bounds)?;
                 Ok(Response::Nodes(nodes))
             }
+            Request::ListChildren {
+                tree,
+                parent,
+                order,
+                after,
+                limit,
+            } => self.list_page(&tree, limit, |forest, bounds| {
+                forest.list_children_page(&tree, parent, order, after.as_ref(), bounds)
+            }),
+            Request::GetSubTreePage {
+                tree,
+                root,
+                depth,
+                order,
+                after,
+                limit,
+            } => self.list_page(&tree, limit, |forest, bounds| {
+                forest.get_subtree_page(&tree, root, depth, order, after.as_ref(), bounds)
+            }),
             sync => self.sync_read(sync),
         }
     }
@@ -380,6 +401,29 @@ impl Core {
     fn check_tree_key(&self, tree: &TreeKey) -> Result<()> {
         self.membership.check_replica(&tree.cid)?;
         validate::tree_id(tree)
+    }
+
+    /// One page of a listing of `tree`, read by `page` within what one
+    /// page may hold: `limit` nodes (0 or beyond it:
+    /// `limits.max_list_page_nodes`) that fit in one message.
+    fn list_page(
+        &self,
+        tree: &TreeKey,
+        limit: u32,
+        page: impl FnOnce(&Forest, AnswerBounds) -> Result<ListPage>,
+    ) -> Result<Response> {
+        self.check_tree_key(tree)?;
+        let max = self.config.limits.max_list_page_nodes;
+        let nodes_max = match limit as usize {
+            0 => max,
+            asked => asked.min(max),
+        };
+        let bounds = AnswerBounds {
+            nodes_max,
+            ..self.answer_bounds()
+        };
+        let ListPage { nodes, next } = page(&self.forest, bounds)?;
+        Ok(Response::Page { nodes, next })
     }
 
     /// What a node read may answer: as many nodes as fit in one message.
