@@ -21,7 +21,7 @@ if ! cargo mutants --version >/dev/null 2>&1; then
 fi
 export ARBOR_MUTANTS_SEEDS="${ARBOR_MUTANTS_SEEDS:-2}"
 status=0
-cargo mutants --output "$out" --no-shuffle "$@" || status=$?
+cargo mutants --package arbor-engine --output "$out" --no-shuffle "$@" || status=$?
 if [ -s "$out/mutants.out/missed.txt" ]; then
     echo "== missed mutants ($out/mutants.out/missed.txt):"
     cat "$out/mutants.out/missed.txt"
