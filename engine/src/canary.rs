@@ -63,10 +63,23 @@ pub enum Canary {
     /// With `tree.ack_replicas` 2 or more, a local write is answered on
     /// its local commit alone, before any peer acknowledged it.
     AckBeforeReplicas = 21,
+    /// A batch's write-ahead log record is written but not synced before
+    /// the batch commits and is answered: a power failure loses writes
+    /// that were acknowledged.
+    WalAckBeforeSync = 22,
+    /// A batch's transaction does not store the log position its record
+    /// reaches, so the checkpoints after it (durable commits of the
+    /// batcher or of a cursor, a drop) name an older one: the next open
+    /// replays records the database already holds.
+    CheckpointWithoutPosition = 23,
+    /// Replay applies each tree's ops one by one, newest first: they get
+    /// other heights than the first run gave them, and peers' pull
+    /// cursors, which count heights, pass over some of them.
+    ReplayReordersHeights = 24,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 21] = [
+    pub const ALL: [Canary; 24] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -88,6 +101,9 @@ impl Canary {
         Canary::JoinerStopsAfterFirstPage,
         Canary::DropKeepsDirCache,
         Canary::AckBeforeReplicas,
+        Canary::WalAckBeforeSync,
+        Canary::CheckpointWithoutPosition,
+        Canary::ReplayReordersHeights,
     ];
 }
 
