@@ -72,14 +72,10 @@ pub enum Canary {
     /// batcher or of a cursor, a drop) name an older one: the next open
     /// replays records the database already holds.
     CheckpointWithoutPosition = 23,
-    /// Replay applies each tree's ops one by one, newest first: they get
-    /// other heights than the first run gave them, and peers' pull
-    /// cursors, which count heights, pass over some of them.
-    ReplayReordersHeights = 24,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 24] = [
+    pub const ALL: [Canary; 23] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -103,7 +99,6 @@ impl Canary {
         Canary::AckBeforeReplicas,
         Canary::WalAckBeforeSync,
         Canary::CheckpointWithoutPosition,
-        Canary::ReplayReordersHeights,
     ];
 }
 

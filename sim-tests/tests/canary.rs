@@ -191,8 +191,3 @@ fn wal_ack_before_sync() {
 fn checkpoint_without_position() {
     caught(Canary::CheckpointWithoutPosition);
 }
-
-#[test]
-fn replay_reorders_heights() {
-    caught(Canary::ReplayReordersHeights);
-}

@@ -198,7 +198,6 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::AckBeforeReplicas => "ack_before_replicas",
         Canary::WalAckBeforeSync => "wal_ack_before_sync",
         Canary::CheckpointWithoutPosition => "checkpoint_without_position",
-        Canary::ReplayReordersHeights => "replay_reorders_heights",
     }
 }
 

@@ -77,8 +77,7 @@ impl Profile {
             | Canary::SyncDropsTreeOnPeerError
             | Canary::DropKeepsPullCursors
             | Canary::DropForgetsMarks
-            | Canary::DropKeepsDirCache
-            | Canary::ReplayReordersHeights => Profile::SyncHeavy,
+            | Canary::DropKeepsDirCache => Profile::SyncHeavy,
             Canary::RejoinAcceptsWrites | Canary::AckBeforeReplicas => Profile::Replace,
             Canary::JoinerStopsAfterFirstPage => Profile::Members,
             Canary::FailedBatchHangs => Profile::StorageErrors,

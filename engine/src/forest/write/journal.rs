@@ -11,7 +11,6 @@
 
 use super::super::records::*;
 use super::{Incoming, Writer};
-use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::forest::WriteOutcome;
 use crate::types::*;
@@ -195,14 +194,6 @@ impl Writer<'_, '_> {
             .map(|(index, op)| Incoming { index, op })
             .collect();
         let mut results = vec![None; moves.len()];
-        if canary::active(Canary::ReplayReordersHeights) {
-            // Planted bug: each op applied on its own, newest first, so
-            // the older ones take heights after it; nothing checks them.
-            for one in incoming.iter().rev() {
-                self.apply_remote(&tree.key, std::slice::from_ref(one), &mut results)?;
-            }
-            return Ok(());
-        }
         self.apply_remote(&tree.key, &incoming, &mut results)?;
         for (result, op) in results.iter().zip(&moves) {
             if !matches!(result, Some(Ok(WriteOutcome::Applied { fresh: true }))) {
