@@ -615,7 +615,7 @@ section_compare() {
         echo "(\`no_sync\`); pilorama's key layout re-created on redb"
         echo "(durable, same batches; \`benches-cmp/src/pilorama.rs\` says what it stores) and Loro's"
         echo "movable tree in memory (no file, no durability). CPU is the bench thread's; KiB/commit and"
-        echo "B/op count what redb handed to its file plus the log's records; fsyncs/s counts both files'"
+        echo "B/op count what redb handed to its file plus the log's records and preallocated segments; fsyncs/s counts both files'"
         echo "syncs; checkpoints is their count x the mean time of the batch (or final call) that made"
         echo "each. The last column is ops/s over Arbor's log run in the same round."
         echo

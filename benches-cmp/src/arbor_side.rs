@@ -103,7 +103,8 @@ pub fn run(objects: &[Object], batch: usize, mode: Mode) -> Row {
         }
     });
     let log = forest.wal_stats();
-    let log_bytes = log.bytes - start.bytes;
+    // Records plus the zeros each new segment was filled with.
+    let log_bytes = log.bytes - start.bytes + log.preallocated - start.preallocated;
     let syncs = db_syncs.load(Ordering::Relaxed) + log.syncs - start.syncs;
     Row {
         name: match mode {

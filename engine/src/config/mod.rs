@@ -334,7 +334,7 @@ impl Default for PiloramaConfig {
             // stored 100,000-op log, whose pages no longer fit.
             cache_bytes: PILORAMA_CACHE_BYTES_DEFAULT,
             wal: true,
-            checkpoint_interval: Duration::from_secs(1),
+            checkpoint_interval: Duration::from_secs(5),
             checkpoint_bytes: PILORAMA_CHECKPOINT_BYTES_DEFAULT as usize,
             wal_segment_bytes: PILORAMA_WAL_SEGMENT_BYTES_DEFAULT as usize,
         }

