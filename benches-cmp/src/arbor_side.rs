@@ -29,7 +29,7 @@ pub enum Mode {
     NotDurable,
 }
 
-fn request(tree: &TreeKey, object: &Object) -> WriteRequest {
+pub fn request(tree: &TreeKey, object: &Object) -> WriteRequest {
     WriteRequest {
         tree: tree.clone(),
         op: WriteOp::AddByPath {

@@ -9,12 +9,17 @@
 //! last column is each side's ops/s over Arbor's in the same round.
 //!
 //!   cargo run --release -- [--ops N] [--batch B] [--rounds R]
+//!   cargo run --release -- --crash-replay [--ops N] [--batch B]
+//!
+//! `--crash-replay` times the open of a forest after a crash instead
+//! (`crash_replay.rs`).
 //!
 //! Rounds run the three sides one after the other, so that a slower
 //! minute on a shared machine shows as spread between rounds rather than
 //! as a difference between sides.
 
 mod arbor_side;
+mod crash_replay;
 mod loro_side;
 mod measure;
 mod pilorama;
@@ -24,6 +29,7 @@ struct Args {
     ops: usize,
     batch: usize,
     rounds: usize,
+    crash_replay: bool,
 }
 
 fn parse_args() -> Args {
@@ -31,6 +37,7 @@ fn parse_args() -> Args {
         ops: 100_000,
         batch: 100,
         rounds: 2,
+        crash_replay: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -42,7 +49,10 @@ fn parse_args() -> Args {
             "--ops" => args.ops = value("--ops"),
             "--batch" => args.batch = value("--batch"),
             "--rounds" => args.rounds = value("--rounds"),
-            other => panic!("unknown flag {other} (--ops N, --batch B, --rounds R)"),
+            "--crash-replay" => args.crash_replay = true,
+            other => panic!(
+                "unknown flag {other} (--ops N, --batch B, --rounds R, --crash-replay)"
+            ),
         }
     }
     assert!(args.ops >= 1 && args.batch >= 1 && args.rounds >= 1);
@@ -52,6 +62,11 @@ fn parse_args() -> Args {
 fn main() {
     let args = parse_args();
     let objects = workload::objects(args.ops);
+    if args.crash_replay {
+        crash_replay::child(&objects, args.batch);
+        crash_replay::run(args.ops, args.batch);
+        return;
+    }
     println!(
         "ops={} batch={} rounds={} (AddByPath, 7 meta fields, 2-3 directories)",
         args.ops, args.batch, args.rounds
