@@ -184,8 +184,10 @@ pub struct Swarm {
     /// the replace profile, else 1. Drawn after everything else.
     #[serde(default = "one_replica")]
     pub ack_replicas: usize,
-    /// The write-ahead log of every node. Drawn after everything else.
-    #[serde(default)]
+    /// The write-ahead log of every node. Drawn after everything else. A
+    /// capsule written before the log existed ran without it, and replays
+    /// so.
+    #[serde(default = "WalKnobs::off")]
     pub wal: WalKnobs,
 }
 
@@ -214,6 +216,14 @@ impl Default for WalKnobs {
 }
 
 impl WalKnobs {
+    /// Every batch a durable commit of its own (`pilorama.wal: false`).
+    fn off() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+
     /// One in eight seeds keeps a durable commit per batch (no log).
     fn draw(rng: &mut SplitMix64) -> Self {
         Self {
