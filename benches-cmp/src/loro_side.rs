@@ -57,5 +57,7 @@ pub fn run(objects: &[Object], batch: usize) -> Row {
         elapsed,
         cpu,
         written_bytes: None,
+        syncs: None,
+        checkpoints: None,
     }
 }

@@ -39,6 +39,17 @@ pub struct Row {
     pub cpu: Duration,
     /// `None` for a side that writes no file.
     pub written_bytes: Option<u64>,
+    /// fsyncs of every file (`None`: not counted).
+    pub syncs: Option<u64>,
+    /// Checkpoints of a run on the write-ahead log.
+    pub checkpoints: Option<Checkpoints>,
+}
+
+/// The durable redb commits of a run on the write-ahead log, and the
+/// time of the batches (or final call) that made them.
+pub struct Checkpoints {
+    pub count: u64,
+    pub time: Duration,
 }
 
 impl Row {
@@ -52,13 +63,32 @@ impl Row {
             Some(b) => format!("{:.1}", b as f64 / 1024.0 / self.commits.max(1) as f64),
             None => "no file".into(),
         };
+        let bytes_per_op = match self.written_bytes {
+            Some(b) => format!("{:.0}", b as f64 / self.ops as f64),
+            None => "-".into(),
+        };
+        let syncs = match self.syncs {
+            Some(n) => format!("{:.0}", n as f64 / self.elapsed.as_secs_f64()),
+            None => "-".into(),
+        };
+        let checkpoints = match &self.checkpoints {
+            Some(c) => format!(
+                "{} x {:.1} ms",
+                c.count,
+                c.time.as_secs_f64() * 1e3 / c.count.max(1) as f64
+            ),
+            None => "-".into(),
+        };
         println!(
-            "| {:<44} | {:>8} | {:>10.0} | {:>9.2} | {:>10} | {:>6.2}x |",
+            "| {:<46} | {:>8} | {:>10.0} | {:>9.2} | {:>10} | {:>7} | {:>8} | {:>14} | {:>6.2}x |",
             self.name,
             self.ops,
             self.ops_per_s(),
             cpu_us_per_op,
             kib,
+            bytes_per_op,
+            syncs,
+            checkpoints,
             self.ops_per_s() / reference_ops_per_s
         );
     }
@@ -66,12 +96,20 @@ impl Row {
 
 pub fn print_header() {
     println!(
-        "| {:<44} | {:>8} | {:>10} | {:>9} | {:>10} | {:>7} |",
-        "side", "ops", "ops/s", "cpu us/op", "KiB/commit", "/ Arbor"
+        "| {:<46} | {:>8} | {:>10} | {:>9} | {:>10} | {:>7} | {:>8} | {:>14} | {:>7} |",
+        "side",
+        "ops",
+        "ops/s",
+        "cpu us/op",
+        "KiB/commit",
+        "B/op",
+        "fsyncs/s",
+        "checkpoints",
+        "/ Arbor"
     );
     println!(
-        "|{:-<46}|{:-<9}:|{:-<11}:|{:-<10}:|{:-<11}:|{:-<8}:|",
-        "", "", "", "", "", ""
+        "|{:-<48}|{:-<9}:|{:-<11}:|{:-<10}:|{:-<11}:|{:-<8}:|{:-<9}:|{:-<15}:|{:-<8}:|",
+        "", "", "", "", "", "", "", "", ""
     );
 }
 

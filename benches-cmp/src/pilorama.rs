@@ -251,5 +251,7 @@ pub fn run(objects: &[Object], batch: usize) -> Row {
         elapsed,
         cpu,
         written_bytes: Some(written.load(Ordering::Relaxed)),
+        syncs: None,
+        checkpoints: None,
     }
 }

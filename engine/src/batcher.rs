@@ -40,6 +40,30 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// `Forest::write_batch` in production; tests plug in failing commits.
 pub type CommitFn = Arc<dyn Fn(&[WriteRequest]) -> Result<Committed> + Send + Sync>;
 
+/// `Forest::write_batch` for a batcher, asking for a checkpoint whenever
+/// `interval` passed on `clock` since the last one it asked for: with a
+/// write-ahead log, the log kept (and replayed after a crash) never spans
+/// more than one interval of batches, and never more than
+/// `pilorama.checkpoint_bytes` (docs/design.md §5).
+pub fn checkpointing_commit(
+    forest: Arc<Forest>,
+    clock: Arc<dyn crate::runtime::Clock>,
+    interval: Duration,
+) -> CommitFn {
+    let last = std::sync::Mutex::new(clock.now());
+    Arc::new(move |requests| {
+        if forest.has_wal() {
+            let now = clock.now();
+            let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+            if now.saturating_sub(*last) >= interval {
+                forest.request_checkpoint();
+                *last = now;
+            }
+        }
+        forest.write_batch(requests)
+    })
+}
+
 /// Told once per commit what it changed (`Forest::write_batch`'s summary,
 /// or `CommitSummary::failed` for a transaction that failed), right after
 /// the transaction ended, in the same blocking call and so before any of

@@ -63,10 +63,19 @@ pub enum Canary {
     /// With `tree.ack_replicas` 2 or more, a local write is answered on
     /// its local commit alone, before any peer acknowledged it.
     AckBeforeReplicas = 21,
+    /// A batch's write-ahead log record is written but not synced before
+    /// the batch commits and is answered: a power failure loses writes
+    /// that were acknowledged.
+    WalAckBeforeSync = 22,
+    /// A batch's transaction does not store the log position its record
+    /// reaches, so the checkpoints after it (durable commits of the
+    /// batcher or of a cursor, a drop) name an older one: the next open
+    /// replays records the database already holds.
+    CheckpointWithoutPosition = 23,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 21] = [
+    pub const ALL: [Canary; 23] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -88,6 +97,8 @@ impl Canary {
         Canary::JoinerStopsAfterFirstPage,
         Canary::DropKeepsDirCache,
         Canary::AckBeforeReplicas,
+        Canary::WalAckBeforeSync,
+        Canary::CheckpointWithoutPosition,
     ];
 }
 

@@ -181,3 +181,13 @@ fn drop_keeps_dir_cache() {
 fn ack_before_replicas() {
     caught(Canary::AckBeforeReplicas);
 }
+
+#[test]
+fn wal_ack_before_sync() {
+    caught(Canary::WalAckBeforeSync);
+}
+
+#[test]
+fn checkpoint_without_position() {
+    caught(Canary::CheckpointWithoutPosition);
+}

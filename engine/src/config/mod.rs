@@ -119,6 +119,18 @@ pub struct PiloramaConfig {
     /// redb's page cache, in bytes. Pages beyond it are read again from
     /// the file (and so from the OS page cache).
     pub cache_bytes: usize,
+    /// Batches go through the write-ahead log (docs/design.md §5): each
+    /// syncs one appended record and commits to the database without
+    /// durability. False: each batch is a durable database commit.
+    pub wal: bool,
+    /// The longest time between two checkpoints (durable database commits
+    /// that let log segments go) while batches come in.
+    pub checkpoint_interval: Duration,
+    /// Log bytes after which the next batch is a checkpoint: bounds the
+    /// log kept and what an open replays.
+    pub checkpoint_bytes: usize,
+    /// Size of a preallocated log segment.
+    pub wal_segment_bytes: usize,
 }
 
 /// `node:` section: who this node is and who its peers are.
@@ -294,6 +306,15 @@ pub const PILORAMA_CACHE_BYTES_DEFAULT: usize = 256 << 20;
 /// The smallest `pilorama.cache_bytes` accepted: 1 MiB.
 pub const PILORAMA_CACHE_BYTES_MIN: usize = 1 << 20;
 
+/// `pilorama.checkpoint_bytes` unless configured: 64 MiB.
+pub const PILORAMA_CHECKPOINT_BYTES_DEFAULT: u64 = 64 << 20;
+
+/// `pilorama.wal_segment_bytes` unless configured: 16 MiB.
+pub const PILORAMA_WAL_SEGMENT_BYTES_DEFAULT: u64 = 16 << 20;
+
+/// The smallest `pilorama.wal_segment_bytes` accepted: 4 KiB.
+pub const PILORAMA_WAL_SEGMENT_BYTES_MIN: usize = 4 << 10;
+
 impl Default for PiloramaConfig {
     fn default() -> Self {
         Self {
@@ -312,6 +333,10 @@ impl Default for PiloramaConfig {
             // 64 MiB did as well there but halved the re-apply of a
             // stored 100,000-op log, whose pages no longer fit.
             cache_bytes: PILORAMA_CACHE_BYTES_DEFAULT,
+            wal: true,
+            checkpoint_interval: Duration::from_secs(5),
+            checkpoint_bytes: PILORAMA_CHECKPOINT_BYTES_DEFAULT as usize,
+            wal_segment_bytes: PILORAMA_WAL_SEGMENT_BYTES_DEFAULT as usize,
         }
     }
 }
@@ -407,7 +432,19 @@ impl Config {
                 self.pilorama.cache_bytes
             )));
         }
+        if self.pilorama.wal_segment_bytes < PILORAMA_WAL_SEGMENT_BYTES_MIN {
+            return Err(Error::Config(format!(
+                "pilorama.wal_segment_bytes: {} is below the minimum {PILORAMA_WAL_SEGMENT_BYTES_MIN}",
+                self.pilorama.wal_segment_bytes
+            )));
+        }
+        if self.pilorama.checkpoint_interval.is_zero() {
+            return Err(Error::Config(
+                "pilorama.checkpoint_interval: must not be 0".into(),
+            ));
+        }
         let positive = [
+            ("pilorama.checkpoint_bytes", self.pilorama.checkpoint_bytes),
             (
                 "tree.replication_worker_count",
                 self.tree.replication_worker_count,
@@ -633,6 +670,11 @@ impl Config {
             durable: !self.pilorama.no_sync,
             counter_jump_max: self.limits.counter_jump_max,
             cache_bytes: self.pilorama.cache_bytes,
+            wal: crate::forest::wal::WalOptions {
+                enabled: self.pilorama.wal,
+                checkpoint_bytes: self.pilorama.checkpoint_bytes as u64,
+                segment_bytes: self.pilorama.wal_segment_bytes as u64,
+            },
         }
     }
 }

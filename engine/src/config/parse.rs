@@ -99,6 +99,12 @@ fn parse_pilorama(mut s: Section) -> Result<PiloramaConfig> {
             .duration("reopen_backoff_max")?
             .unwrap_or(d.reopen_backoff_max),
         cache_bytes: s.usize("cache_bytes")?.unwrap_or(d.cache_bytes),
+        wal: s.bool("wal")?.unwrap_or(d.wal),
+        checkpoint_interval: s
+            .duration("checkpoint_interval")?
+            .unwrap_or(d.checkpoint_interval),
+        checkpoint_bytes: s.usize("checkpoint_bytes")?.unwrap_or(d.checkpoint_bytes),
+        wal_segment_bytes: s.usize("wal_segment_bytes")?.unwrap_or(d.wal_segment_bytes),
     };
     s.finish()?;
     Ok(config)

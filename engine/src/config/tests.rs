@@ -216,6 +216,30 @@ fn a_page_cache_below_one_mebibyte_is_refused() {
 }
 
 #[test]
+fn the_write_ahead_log_keys_reach_the_forest_and_are_bounded() {
+    let with = |keys: &str| format!("node: {{ replica_id: 1 }}\npilorama: {{ {keys} }}");
+    let c = Config::from_yaml_str(&with(
+        "wal: false, checkpoint_interval: 250ms, checkpoint_bytes: 1000, wal_segment_bytes: 8192",
+    ))
+    .unwrap();
+    assert!(!c.pilorama.wal);
+    assert_eq!(c.pilorama.checkpoint_interval, Duration::from_millis(250));
+    let wal = c.forest_options().wal;
+    assert!(!wal.enabled);
+    assert_eq!((wal.checkpoint_bytes, wal.segment_bytes), (1000, 8192));
+    let defaults = Config::from_yaml_str(&with("")).unwrap();
+    assert!(defaults.forest_options().wal.enabled);
+    for (keys, key) in [
+        ("checkpoint_interval: 0s", "pilorama.checkpoint_interval"),
+        ("checkpoint_bytes: 0", "pilorama.checkpoint_bytes"),
+        ("wal_segment_bytes: 4095", "pilorama.wal_segment_bytes"),
+    ] {
+        let refused = Config::from_yaml_str(&with(keys)).unwrap_err().to_string();
+        assert!(refused.contains(key), "{keys}: {refused}");
+    }
+}
+
+#[test]
 fn garbage_is_an_error_not_a_panic() {
     for text in ["[1, 2", "- a\n- b", "\u{0}\u{1}", "node: [1]", ": :"] {
         assert!(Config::from_yaml_str(text).is_err(), "{text:?}");

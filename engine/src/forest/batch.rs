@@ -1,11 +1,16 @@
 //! Group commits: one batch of writes in one write transaction, and the
 //! summary of what it changed (docs/design.md §5).
 
-use super::{dir_cache, write, Forest, WriteOp, WriteOutcome, WriteRequest};
+use super::records::{META, WAL_POSITION};
+use super::{
+    closed_database, dir_cache, write, Forest, WriteOp, WriteOutcome, WriteRequest, WriteTxn,
+};
+use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::types::*;
 use crate::validate;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 /// An invariant check that `write_batch_checked` runs on one tree inside
 /// the batch's write transaction, after the batch and before its commit:
@@ -157,9 +162,11 @@ impl Forest {
                     .map(Err)
             })
             .collect();
-        let txn = self.begin_write()?;
-        let (changed, results, verdict) = {
-            let mut writer = write::Writer::open(&txn, &self.options, dirs, &self.tree_numbers)?;
+        let txn = self.begin_batch_write()?;
+        let logged = self.wal_opener.is_some() && !txn.durable;
+        let (changed, results, verdict, journal) = {
+            let mut writer =
+                write::Writer::open(&txn, &self.options, dirs, &self.tree_numbers, logged)?;
             let results = apply_requests(&mut writer, requests, refused)?;
             let changed = writer.flush()?;
             let mut verdict = Ok(());
@@ -169,13 +176,14 @@ impl Forest {
                     break;
                 }
             }
-            (changed && verdict.is_ok(), results, verdict)
+            let journal = writer.take_journal();
+            (changed && verdict.is_ok(), results, verdict, journal)
         };
         assert_eq!(results.len(), requests.len(), "one result per request");
-        if changed {
-            txn.commit()?;
-        } else {
-            txn.abort()?;
+        match (changed, journal) {
+            (false, _) => txn.abort()?,
+            (true, None) => txn.commit()?,
+            (true, Some(journal)) => self.commit_logged(txn, &journal)?,
         }
         let summary = match verdict {
             Ok(()) => CommitSummary::of(requests, &results),
@@ -186,6 +194,41 @@ impl Forest {
             summary,
             verdict,
         })
+    }
+}
+
+impl Forest {
+    /// Commits a batch of a forest with a log: its record is appended and
+    /// synced first, then the transaction commits without durability, so
+    /// nothing of the batch is visible before its record is durable. Every
+    /// `checkpoint_bytes` of log, or when asked (`request_checkpoint`), the
+    /// batch commits durably instead, as a checkpoint, and writes no
+    /// record. An error aborts the transaction; the log then refuses
+    /// appends until the forest is reopened.
+    fn commit_logged(
+        &self,
+        mut txn: WriteTxn<'_>,
+        journal: &write::journal::Journal,
+    ) -> Result<()> {
+        let mut slot = self.lock_wal();
+        let wal = slot.as_mut().ok_or_else(closed_database)?;
+        if wal.checkpoint_due() || self.checkpoint_requested.swap(false, Ordering::SeqCst) {
+            txn.set_durable(true)?;
+            return super::checkpoint_commit(txn.txn, wal);
+        }
+        let seq = wal.last_seq() + 1;
+        if !canary::active(Canary::CheckpointWithoutPosition) {
+            txn.open_table(META)?.insert(WAL_POSITION, seq)?;
+        }
+        let appended = wal.append(&journal.encode())?;
+        assert_eq!(appended, seq, "the record took the next sequence number");
+        let committed = txn.txn.commit();
+        if committed.is_err() {
+            // The record is durable but the database does not hold it:
+            // only a reopen (which replays it) makes the two agree.
+            wal.fail();
+        }
+        Ok(committed?)
     }
 }
 

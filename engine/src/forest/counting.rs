@@ -5,11 +5,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Wraps a redb backend and adds every write's length to a shared counter.
+/// Wraps a redb backend and adds every write's length to a shared counter
+/// (and counts its syncs).
 #[derive(Debug)]
 pub struct CountingBackend<B> {
     inner: B,
     written_bytes: Arc<AtomicU64>,
+    syncs: Arc<AtomicU64>,
 }
 
 impl<B> CountingBackend<B> {
@@ -19,8 +21,14 @@ impl<B> CountingBackend<B> {
         let backend = Self {
             inner,
             written_bytes: written_bytes.clone(),
+            syncs: Arc::default(),
         };
         (backend, written_bytes)
+    }
+
+    /// The counter of `sync_data` calls through this backend.
+    pub fn sync_counter(&self) -> Arc<AtomicU64> {
+        self.syncs.clone()
     }
 }
 
@@ -35,6 +43,7 @@ impl<B: redb::StorageBackend> redb::StorageBackend for CountingBackend<B> {
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         self.inner.sync_data()
     }
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {

@@ -20,6 +20,7 @@ mod stamps;
 mod tests;
 mod tree_numbers;
 mod trees;
+pub mod wal;
 mod write;
 
 use crate::error::{Error, Result};
@@ -28,7 +29,9 @@ use crate::validate::InputLimits;
 use records::*;
 use redb::{Database, ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use wal::{Wal, WalOpener, WalOptions, WalStats};
 
 pub use batch::{CheckedBatch, CommitSummary, Committed, InvariantCheck};
 pub use check::{Recheck, ReplicaContent};
@@ -54,6 +57,9 @@ pub struct ForestOptions {
     pub counter_jump_max: u64,
     /// redb's page cache of a file-backed forest (`pilorama.cache_bytes`).
     pub cache_bytes: usize,
+    /// The write-ahead log of a durable forest opened with one
+    /// (`Forest::open`, `Forest::open_with_wal`).
+    pub wal: WalOptions,
 }
 
 impl ForestOptions {
@@ -75,6 +81,7 @@ impl Default for ForestOptions {
             durable: true,
             counter_jump_max: 1 << 20,
             cache_bytes: crate::config::PILORAMA_CACHE_BYTES_DEFAULT,
+            wal: WalOptions::default(),
         }
     }
 }
@@ -176,6 +183,16 @@ pub struct Forest {
     /// Tree key -> number hints (see `tree_numbers`); a new epoch starts
     /// under the `dir_cache` lock whenever numbers may be given again.
     tree_numbers: tree_numbers::TreeNumbers,
+    /// Opens the write-ahead log again with the database; `None`: every
+    /// batch is a commit of its own durability (no log).
+    wal_opener: Option<WalOpener>,
+    /// The open log; `None` in a forest with one only while the database
+    /// is closed. Locked inside write transactions only.
+    wal: Mutex<Option<Wal>>,
+    /// Stats of logs closed by reopens.
+    wal_stats_closed: Mutex<WalStats>,
+    /// The next batch commits durably, as a checkpoint.
+    checkpoint_requested: AtomicBool,
 }
 
 /// A read snapshot of one existing tree.
@@ -200,6 +217,9 @@ fn tree_number(trees: &impl ReadableTable<&'static [u8], u64>, tree: &TreeKey) -
 /// keeps until it ends (fields drop in order: the transaction first).
 pub(crate) struct WriteTxn<'a> {
     txn: redb::WriteTransaction,
+    /// Commits durably; in a forest with a log, as a checkpoint.
+    durable: bool,
+    forest: &'a Forest,
     _db: std::sync::RwLockReadGuard<'a, Option<Database>>,
 }
 
@@ -217,8 +237,28 @@ impl std::ops::DerefMut for WriteTxn<'_> {
 }
 
 impl WriteTxn<'_> {
+    /// Commits; a durable commit of a forest with a log is a checkpoint.
     pub(crate) fn commit(self) -> Result<()> {
-        Ok(self.txn.commit()?)
+        if !self.durable || self.forest.wal_opener.is_none() {
+            return Ok(self.txn.commit()?);
+        }
+        let mut slot = self.forest.lock_wal();
+        let wal = slot.as_mut().ok_or_else(closed_database)?;
+        checkpoint_commit(self.txn, wal)
+    }
+
+    /// Makes the commit durable or not.
+    pub(crate) fn set_durable(&mut self, durable: bool) -> Result<()> {
+        let durability = if durable {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        };
+        self.txn
+            .set_durability(durability)
+            .map_err(|e| Error::Storage(e.to_string()))?;
+        self.durable = durable;
+        Ok(())
     }
 
     pub(crate) fn abort(self) -> Result<()> {
@@ -271,24 +311,67 @@ fn redb_builder(cache_bytes: usize) -> redb::Builder {
     builder
 }
 
+/// The last log record a database (or transaction) holds.
+fn wal_position(meta: &impl ReadableTable<&'static str, u64>) -> Result<u64> {
+    Ok(meta.get(WAL_POSITION)?.map_or(0, |g| g.value()))
+}
+
 fn closed_database() -> Error {
     Error::Storage("database closed after a storage error; reopening".into())
+}
+
+/// Commits `txn`, which must be durable, as a checkpoint of `wal`: the
+/// log position the transaction holds ([`WAL_POSITION`]) is durable with
+/// it, and the segments it covers can go. A failure to remove them only
+/// leaves them for the next checkpoint.
+fn checkpoint_commit(txn: redb::WriteTransaction, wal: &mut Wal) -> Result<()> {
+    let seq = wal_position(&txn.open_table(META)?)?;
+    txn.commit()?;
+    if let Err(error) = wal.checkpointed(seq) {
+        tracing::warn!(%error, "removing covered log segments");
+    }
+    Ok(())
 }
 
 impl Forest {
     /// Opens (or creates) a forest in a file; `reopen` opens the file again.
     /// A missing or empty file is first created whole on the side
     /// (`create_aside`), so a creation cut short leaves no file redb refuses.
+    /// A durable forest keeps its write-ahead log in the directory
+    /// `<path>.wal` (`wal::wal_dir_of`) unless `options.wal.enabled` is
+    /// false.
     pub fn open(path: &std::path::Path, options: ForestOptions) -> Result<Self> {
-        let path = path.to_path_buf();
+        let db_path = path.to_path_buf();
         let cache_bytes = options.cache_bytes;
-        Self::open_reopenable(
-            Box::new(move || {
-                create_aside(&path)?;
-                Ok(redb_builder(cache_bytes).create(&path)?)
-            }),
-            options,
-        )
+        let opener: DatabaseOpener = Box::new(move || {
+            create_aside(&db_path)?;
+            Ok(redb_builder(cache_bytes).create(&db_path)?)
+        });
+        let dir = wal::wal_dir_of(path);
+        let wal: WalOpener = Box::new(move || {
+            let storage = wal::DirStorage::open(&dir)
+                .map_err(|e| Error::Storage(format!("write-ahead log directory: {e}")))?;
+            Ok(Box::new(storage) as Box<dyn wal::WalStorage>)
+        });
+        Self::open_with_wal(opener, wal, options)
+    }
+
+    /// Opens (or creates) a forest with `opener` and its write-ahead log
+    /// with `wal` (both called again by `reopen`), replaying the records
+    /// the database's last checkpoint does not cover. Without
+    /// `options.durable` or `options.wal.enabled` the log is not used.
+    pub fn open_with_wal(
+        opener: DatabaseOpener,
+        wal: WalOpener,
+        options: ForestOptions,
+    ) -> Result<Self> {
+        let db = opener()?;
+        let use_wal = options.durable && options.wal.enabled;
+        let mut forest = Self::bare(options);
+        forest.opener = Some(opener);
+        forest.wal_opener = use_wal.then_some(wal);
+        forest.start(db)?;
+        Ok(forest)
     }
 
     /// Opens (or creates) a forest with `opener`, which `reopen` calls again
@@ -343,10 +426,13 @@ impl Forest {
         }
         let db = opener()?;
         create_tables(&db)?;
-        *slot = Some(db);
         // Lost non-durable commits may have created trees whose numbers
         // the counter now gives again. Still under the directory lock.
         self.tree_numbers.new_epoch();
+        // The log is read again too: a record whose append reported an
+        // error may be whole, and is then replayed like any other.
+        self.recover_wal(&db, &mut dirs)?;
+        *slot = Some(db);
         Ok(())
     }
 
@@ -373,14 +459,138 @@ impl Forest {
     }
 
     fn init(db: Database, options: ForestOptions) -> Result<Self> {
-        create_tables(&db)?;
-        Ok(Self {
-            db: std::sync::RwLock::new(Some(db)),
+        let forest = Self::bare(options);
+        forest.start(db)?;
+        Ok(forest)
+    }
+
+    /// A forest with no database yet.
+    fn bare(options: ForestOptions) -> Self {
+        Self {
+            db: std::sync::RwLock::new(None),
             opener: None,
             options,
             dir_cache: Mutex::default(),
             tree_numbers: tree_numbers::TreeNumbers::default(),
-        })
+            wal_opener: None,
+            wal: Mutex::new(None),
+            wal_stats_closed: Mutex::default(),
+            checkpoint_requested: AtomicBool::new(false),
+        }
+    }
+
+    /// Puts `db` in place after creating its tables and replaying the log
+    /// into it.
+    fn start(&self, db: Database) -> Result<()> {
+        create_tables(&db)?;
+        let mut dirs = self.lock_dir_cache();
+        self.recover_wal(&db, &mut dirs)?;
+        *self.db.write().unwrap_or_else(|e| e.into_inner()) = Some(db);
+        Ok(())
+    }
+
+    /// Opens the write-ahead log (when the forest has one) and replays
+    /// into `db`, in a non-durable commit each, the records its last
+    /// checkpoint does not cover, then checkpoints them. Nobody else can
+    /// write to `db` meanwhile: it is not in place yet.
+    fn recover_wal(&self, db: &Database, dirs: &mut dir_cache::DirCache) -> Result<()> {
+        let Some(opener) = &self.wal_opener else {
+            return Ok(());
+        };
+        let retired = self.lock_wal().take();
+        if let Some(old) = retired {
+            let mut closed = self.lock_wal_stats();
+            *closed = closed.plus(&old.stats);
+        }
+        let storage = opener()?;
+        let checkpointed = wal_position(&db.begin_read()?.open_table(META)?)?;
+        let (mut wal, records) = Wal::open(storage, self.options.wal, checkpointed)?;
+        let replayed = self.replay(db, dirs, &records);
+        if replayed.is_err() {
+            dirs.clear();
+        }
+        replayed?;
+        if !records.is_empty() {
+            let mut txn = db.begin_write()?;
+            txn.set_durability(redb::Durability::Immediate)
+                .map_err(|e| Error::Storage(e.to_string()))?;
+            checkpoint_commit(txn, &mut wal)?;
+            tracing::info!(records = records.len(), "write-ahead log replayed");
+        }
+        *self.lock_wal() = Some(wal);
+        Ok(())
+    }
+
+    /// Stores each record as its batch did, one non-durable commit each.
+    fn replay(
+        &self,
+        db: &Database,
+        dirs: &mut dir_cache::DirCache,
+        records: &[wal::Replayed],
+    ) -> Result<()> {
+        // Checked when the batch ran; a limit changed since must not
+        // refuse what was acknowledged.
+        let options = ForestOptions {
+            counter_jump_max: u64::MAX,
+            ..self.options.clone()
+        };
+        for record in records {
+            let trees = write::journal::decode(&record.payload)?;
+            let mut txn = db.begin_write()?;
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| Error::Storage(e.to_string()))?;
+            {
+                let mut writer =
+                    write::Writer::open(&txn, &options, dirs, &self.tree_numbers, false)?;
+                for tree in &trees {
+                    writer.replay_tree(tree)?;
+                }
+                writer.flush()?;
+            }
+            txn.open_table(META)?.insert(WAL_POSITION, record.seq)?;
+            txn.commit()?;
+        }
+        Ok(())
+    }
+
+    fn lock_wal(&self) -> MutexGuard<'_, Option<Wal>> {
+        self.wal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_wal_stats(&self) -> MutexGuard<'_, WalStats> {
+        self.wal_stats_closed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the write-ahead log did since the forest was opened (zeros
+    /// without a log).
+    pub fn wal_stats(&self) -> WalStats {
+        let closed = *self.lock_wal_stats();
+        match self.lock_wal().as_ref() {
+            Some(wal) => closed.plus(&wal.stats),
+            None => closed,
+        }
+    }
+
+    /// True when batches go through a write-ahead log.
+    pub fn has_wal(&self) -> bool {
+        self.wal_opener.is_some()
+    }
+
+    /// Makes the next batch commit durably, as a checkpoint (the service
+    /// asks every `pilorama.checkpoint_interval`).
+    pub fn request_checkpoint(&self) {
+        self.checkpoint_requested.store(true, Ordering::SeqCst);
+    }
+
+    /// A durable commit now that covers every log record so far and lets
+    /// whole segments go; nothing to do without a log.
+    pub fn checkpoint(&self) -> Result<()> {
+        if self.wal_opener.is_none() {
+            return Ok(());
+        }
+        self.begin_write()?.commit()
     }
 
     fn begin_read(&self) -> Result<redb::ReadTransaction> {
@@ -392,17 +602,29 @@ impl Forest {
         &self.options
     }
 
+    /// A write transaction that commits durably unless the operator chose
+    /// `no_sync`; with a log, its durable commit is a checkpoint.
     fn begin_write(&self) -> Result<WriteTxn<'_>> {
+        self.begin_write_as(self.options.durable)
+    }
+
+    /// A batch's write transaction: with a log, it commits without
+    /// durability after its log record is synced (`write_batch`).
+    fn begin_batch_write(&self) -> Result<WriteTxn<'_>> {
+        self.begin_write_as(self.options.durable && self.wal_opener.is_none())
+    }
+
+    fn begin_write_as(&self, durable: bool) -> Result<WriteTxn<'_>> {
         let db = self.db.read().unwrap_or_else(|e| e.into_inner());
-        let mut txn = db.as_ref().ok_or_else(closed_database)?.begin_write()?;
-        let durability = if self.options.durable {
-            redb::Durability::Immediate
-        } else {
-            redb::Durability::None
+        let txn = db.as_ref().ok_or_else(closed_database)?.begin_write()?;
+        let mut txn = WriteTxn {
+            txn,
+            durable,
+            forest: self,
+            _db: db,
         };
-        txn.set_durability(durability)
-            .map_err(|e| Error::Storage(e.to_string()))?;
-        Ok(WriteTxn { txn, _db: db })
+        txn.set_durable(durable)?;
+        Ok(txn)
     }
 
     /// The directory cache, locked. After a panic in a batch (poisoned

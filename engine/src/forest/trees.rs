@@ -245,7 +245,7 @@ impl Forest {
     /// that run many short cases on one database (fuzzing), where opening
     /// and closing redb per case costs more than the case.
     pub fn clear(&self) -> Result<()> {
-        self.clear_with(redb::Durability::Immediate)
+        self.clear_with(true)
     }
 
     /// `clear` in a commit without durability, for harnesses whose forests
@@ -254,17 +254,16 @@ impl Forest {
     /// flush of `clear` and nothing grows; a later `clear` makes it all
     /// durable.
     pub fn clear_without_sync(&self) -> Result<()> {
-        self.clear_with(redb::Durability::None)
+        self.clear_with(false)
     }
 
-    fn clear_with(&self, durability: redb::Durability) -> Result<()> {
+    fn clear_with(&self, durable: bool) -> Result<()> {
         // Tree numbers start over, so a cached lookup would name a node of
         // a deleted tree. Taken before `db`, in the order `write_batch` does.
         let mut dirs = self.lock_dir_cache();
         dirs.clear();
         let mut txn = self.begin_write()?;
-        txn.set_durability(durability)
-            .map_err(|e| Error::Storage(e.to_string()))?;
+        txn.set_durable(durable)?;
         txn.delete_table(TREES)?;
         txn.delete_table(META)?;
         txn.delete_table(ROWS)?;

@@ -36,7 +36,7 @@ pub use pull::{PullObserver, PullPass, MAX_PULL_PAGES_PER_ROUND};
 use crate::batcher::{Batcher, BatcherOptions, CommitObserver};
 use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};
 use crate::error::{Error, Result};
-use crate::forest::{CursorKind, Forest, WriteRequest};
+use crate::forest::{CursorKind, Forest};
 use crate::net::Transport;
 use crate::runtime::{blocking, Env};
 use access::Access;
@@ -463,8 +463,11 @@ fn start_batcher(
     env: &Env,
     observer: Arc<dyn CommitObserver>,
 ) -> Batcher {
-    let forest = forest.clone();
-    let commit = Arc::new(move |requests: &[WriteRequest]| forest.write_batch(requests));
+    let commit = crate::batcher::checkpointing_commit(
+        forest.clone(),
+        env.clock.clone(),
+        config.pilorama.checkpoint_interval,
+    );
     let options = BatcherOptions {
         max_batch_size: config.pilorama.max_batch_size,
         max_batch_delay: config.pilorama.max_batch_delay,

@@ -210,14 +210,10 @@ struct PendingWrite {
     pages_start: usize,
 }
 
-struct DiskState {
-    config: DiskConfig,
-    /// Page size of the images: a multiple of the block size, so no block
-    /// straddles two pages.
-    page_bytes: u64,
-    /// Shared by every page a `set_len` adds, so growth allocates nothing.
-    zero_page: Page,
-    rng: SplitMix64,
+/// One file of the disk: what reads see, what survives a power failure,
+/// and whether its name does.
+#[derive(Clone)]
+struct FileState {
     /// What reads see: every write so far, synced or not.
     current: Image,
     /// What survives a power failure.
@@ -229,6 +225,53 @@ struct DiskState {
     /// write landed; above it a `set_len` may have changed anything. Lets a
     /// sync share only what changed instead of the whole image.
     unchanged_pages: usize,
+    /// The name is in the directory now (false: removed).
+    linked: bool,
+    /// The name survives a power failure (the directory was synced since
+    /// it was created).
+    durable_linked: bool,
+}
+
+impl FileState {
+    fn empty(durable_linked: bool) -> Self {
+        Self {
+            current: Image::empty(),
+            durable: Image::empty(),
+            pending: Vec::new(),
+            pending_pages: Vec::new(),
+            unchanged_pages: 0,
+            linked: true,
+            durable_linked,
+        }
+    }
+
+    fn from_image(image: Image) -> Self {
+        Self {
+            unchanged_pages: image.pages.len(),
+            current: image.clone(),
+            durable: image,
+            ..Self::empty(true)
+        }
+    }
+}
+
+/// The name of the database file on the disk; other files (the
+/// write-ahead log's segments) have names of their own.
+const DB_FILE: &str = "";
+
+/// Names of the write-ahead log's segment files.
+const WAL_PREFIX: &str = "wal/";
+
+struct DiskState {
+    config: DiskConfig,
+    /// Page size of the images: a multiple of the block size, so no block
+    /// straddles two pages.
+    page_bytes: u64,
+    /// Shared by every page a `set_len` adds, so growth allocates nothing.
+    zero_page: Page,
+    rng: SplitMix64,
+    /// Every file by name; the database file ([`DB_FILE`]) is always there.
+    files: std::collections::BTreeMap<String, FileState>,
     /// Counts power cycles; a backend made in an earlier one is dead.
     generation: u64,
     /// When set, the disk loses power on its own after this many more
@@ -247,10 +290,12 @@ pub struct SimDisk {
 impl fmt::Debug for SimDisk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.lock();
+        let db = state.db();
         f.debug_struct("SimDisk")
-            .field("len", &state.current.len)
-            .field("durable_len", &state.durable.len)
-            .field("pending_writes", &state.pending.len())
+            .field("len", &db.current.len)
+            .field("durable_len", &db.durable.len)
+            .field("pending_writes", &db.pending.len())
+            .field("files", &state.files.len())
             .field("generation", &state.generation)
             .finish()
     }
@@ -284,11 +329,7 @@ impl SimDisk {
             page_bytes,
             zero_page: new_page(vec![0; page_bytes as usize]),
             rng: SplitMix64::new(config.seed),
-            current: Image::empty(),
-            durable: Image::empty(),
-            pending: Vec::new(),
-            pending_pages: Vec::new(),
-            unchanged_pages: 0,
+            files: [(DB_FILE.to_string(), FileState::empty(true))].into(),
             generation: 0,
             power_cut_after_ops: None,
             latency_owed: Duration::ZERO,
@@ -307,9 +348,9 @@ impl SimDisk {
         {
             let mut state = disk.lock();
             let image = Image::from_bytes(&image, state.page_bytes);
-            state.unchanged_pages = image.pages.len();
-            state.current = image.clone();
-            state.durable = image;
+            state
+                .files
+                .insert(DB_FILE.into(), FileState::from_image(image));
         }
         disk
     }
@@ -320,7 +361,27 @@ impl SimDisk {
         SimBackend {
             disk: self.clone(),
             generation,
+            file: DB_FILE.into(),
         }
+    }
+
+    /// The write-ahead log's directory on this disk, bound to the current
+    /// power cycle.
+    pub fn wal(&self) -> SimWal {
+        SimWal {
+            disk: self.clone(),
+            generation: self.lock().generation,
+        }
+    }
+
+    /// Segment files of the write-ahead log present now (for tests).
+    pub fn wal_files(&self) -> usize {
+        let state = self.lock();
+        state
+            .files
+            .iter()
+            .filter(|(name, f)| name.starts_with(WAL_PREFIX) && f.linked)
+            .count()
     }
 
     /// Fresh backends over this disk, all bound to the current power cycle:
@@ -335,6 +396,7 @@ impl SimDisk {
             Ok(SimBackend {
                 disk: disk.clone(),
                 generation,
+                file: DB_FILE.into(),
             })
         }
     }
@@ -351,11 +413,7 @@ impl SimDisk {
     /// node replacement; the node must be down).
     pub fn destroy(&self) {
         let mut state = self.lock();
-        state.pending.clear();
-        state.pending_pages.clear();
-        state.current = Image::empty();
-        state.durable = Image::empty();
-        state.unchanged_pages = 0;
+        state.files = [(DB_FILE.to_string(), FileState::empty(true))].into();
         state.generation += 1;
         state.power_cut_after_ops = None;
         state.stats.disks_destroyed += 1;
@@ -369,7 +427,8 @@ impl SimDisk {
     pub fn install(&self, image: &[u8]) -> io::Result<()> {
         let mut state = self.lock();
         assert_eq!(
-            state.current.len, 0,
+            state.db().current.len,
+            0,
             "a database is installed on an empty disk"
         );
         let latency = state.config.latency;
@@ -382,11 +441,9 @@ impl SimDisk {
             return Err(io::Error::other("simulated sync error (install)"));
         }
         let image = Image::from_bytes(image, state.page_bytes);
-        state.pending.clear();
-        state.pending_pages.clear();
-        state.unchanged_pages = image.pages.len();
-        state.current = image.clone();
-        state.durable = image;
+        state
+            .files
+            .insert(DB_FILE.into(), FileState::from_image(image));
         state.stats.syncs += 1;
         Ok(())
     }
@@ -419,17 +476,17 @@ impl SimDisk {
 
     /// Bytes that would survive a power failure right now (for tests).
     pub fn durable_image(&self) -> Vec<u8> {
-        self.lock().durable.to_bytes()
+        self.lock().db().durable.to_bytes()
     }
 
     /// The disk's length as written, synced or not (for tests).
     pub fn len_bytes(&self) -> u64 {
-        self.lock().current.len
+        self.lock().db().current.len
     }
 
     /// Number of writes not yet made durable.
     pub fn pending_writes(&self) -> usize {
-        self.lock().pending.len()
+        self.lock().db().pending.len()
     }
 
     fn lock(&self) -> MutexGuard<'_, DiskState> {
@@ -440,30 +497,58 @@ impl SimDisk {
 }
 
 impl DiskState {
+    fn db(&self) -> &FileState {
+        self.files
+            .get(DB_FILE)
+            .expect("the database file is always there")
+    }
+
+    fn file(&mut self, name: &str) -> io::Result<&mut FileState> {
+        self.files
+            .get_mut(name)
+            .filter(|f| f.linked)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "simulated file removed"))
+    }
+
     fn power_fail(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
-        let pages = std::mem::take(&mut self.pending_pages);
+        let names: Vec<String> = self.files.keys().cloned().collect();
+        for name in names {
+            let mut file = self.files.remove(&name).expect("listed");
+            self.lose_unsynced(&mut file);
+            // A name whose creation was never synced is gone; a removal
+            // that was never synced is undone.
+            if file.durable_linked {
+                file.linked = true;
+                self.files.insert(name, file);
+            }
+        }
+        self.generation += 1;
+        self.power_cut_after_ops = None;
+        self.stats.power_failures += 1;
+    }
+
+    /// Every unsynced write of `file` is lost or torn (per the seed).
+    fn lose_unsynced(&mut self, file: &mut FileState) {
+        let pending = std::mem::take(&mut file.pending);
+        let pages = std::mem::take(&mut file.pending_pages);
         for (i, write) in pending.iter().enumerate() {
             if self.rng.chance(self.config.faults.torn_write_probability) {
                 let pages_end = pending.get(i + 1).map_or(pages.len(), |w| w.pages_start);
-                self.persist_some_blocks(write, &pages[write.pages_start..pages_end]);
+                self.persist_some_blocks(file, write, &pages[write.pages_start..pages_end]);
                 self.stats.writes_torn += 1;
             } else {
                 self.stats.writes_lost += 1;
             }
         }
-        self.current = self.durable.clone();
-        self.unchanged_pages = self.current.pages.len();
-        self.generation += 1;
-        self.power_cut_after_ops = None;
-        self.stats.power_failures += 1;
+        file.current = file.durable.clone();
+        file.unchanged_pages = file.current.pages.len();
     }
 
     /// Copies a random subset of the write's blocks into the durable image.
     /// Blocks are aligned to the disk, not to the write, as on real hardware.
     /// `pages` are the write's pages as it left them, the first one being
     /// the page of its first byte.
-    fn persist_some_blocks(&mut self, write: &PendingWrite, pages: &[Page]) {
+    fn persist_some_blocks(&mut self, file: &mut FileState, write: &PendingWrite, pages: &[Page]) {
         let (block_size, page_bytes) = (self.config.block_size, self.page_bytes);
         let first_page = write.offset / page_bytes;
         let end = write.offset + write.len;
@@ -476,23 +561,10 @@ impl DiskState {
                 let page = &pages[(start / page_bytes - first_page) as usize];
                 let from = (start % page_bytes) as usize;
                 let to = from + (chunk_end - start) as usize;
-                self.persist_range(start, &page[from..to]);
+                persist_range(file, page_bytes, start, &page[from..to]);
             }
             start = chunk_end;
         }
-    }
-
-    /// A block beyond the durable length only survives if the file's length
-    /// reached it durably: unsynced growth is lost with the power.
-    fn persist_range(&mut self, offset: u64, data: &[u8]) {
-        if offset >= self.durable.len {
-            return;
-        }
-        let end = (offset + data.len() as u64).min(self.durable.len);
-        let take = (end - offset) as usize;
-        let page = &mut self.durable.pages[(offset / self.page_bytes) as usize];
-        let from = (offset % self.page_bytes) as usize;
-        page_mut(page)[from..from + take].copy_from_slice(&data[..take]);
     }
 
     /// Counts one write or sync toward an armed power cut; true when the
@@ -511,10 +583,11 @@ impl DiskState {
         }
     }
 
-    fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+    fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        let page_bytes = self.page_bytes;
         let end = offset
             .checked_add(data.len() as u64)
-            .filter(|&end| end <= self.current.len)
+            .filter(|&end| self.files.get(name).is_some_and(|f| end <= f.current.len))
             .ok_or_else(|| invalid_input("write beyond the end of the disk"))?;
         self.latency_owed += self.config.latency.per_write
             + Duration::from_nanos(self.config.latency.per_byte_nanos * data.len() as u64);
@@ -522,25 +595,26 @@ impl DiskState {
             self.stats.write_errors_injected += 1;
             return Err(io::Error::other("simulated write error"));
         }
-        let pages_start = self.pending_pages.len();
+        let file = self.file(name)?;
+        let pages_start = file.pending_pages.len();
         let mut at = offset;
         while at < end {
-            let index = (at / self.page_bytes) as usize;
-            let from = (at % self.page_bytes) as usize;
-            let chunk_end = end.min((index as u64 + 1) * self.page_bytes);
+            let index = (at / page_bytes) as usize;
+            let from = (at % page_bytes) as usize;
+            let chunk_end = end.min((index as u64 + 1) * page_bytes);
             let chunk = &data[(at - offset) as usize..(chunk_end - offset) as usize];
-            let page = &mut self.current.pages[index];
+            let page = &mut file.current.pages[index];
             match Arc::get_mut(page) {
                 Some(bytes) => bytes[from..from + chunk.len()].copy_from_slice(chunk),
                 // A whole page shared with the durable image or an older
                 // pending write: a fresh page, no need to copy the old one.
-                None if chunk.len() as u64 == self.page_bytes => *page = new_page(chunk),
+                None if chunk.len() as u64 == page_bytes => *page = new_page(chunk),
                 None => page_mut(page)[from..from + chunk.len()].copy_from_slice(chunk),
             }
-            self.pending_pages.push(page.clone());
+            file.pending_pages.push(page.clone());
             at = chunk_end;
         }
-        self.pending.push(PendingWrite {
+        file.pending.push(PendingWrite {
             offset,
             len: data.len() as u64,
             pages_start,
@@ -550,105 +624,162 @@ impl DiskState {
         Ok(())
     }
 
-    fn sync(&mut self) -> io::Result<()> {
+    fn sync(&mut self, name: &str) -> io::Result<()> {
+        self.file(name)?;
         self.latency_owed += self.config.latency.per_sync;
+        let page_bytes = self.page_bytes;
         if self.rng.chance(self.config.faults.sync_error_probability) {
             self.stats.sync_errors_injected += 1;
             // A failed fsync says nothing about what reached the platter:
             // half the time everything did, and only the report failed.
             if self.rng.chance(0.5) {
-                self.make_durable();
+                make_durable(self.file(name)?, page_bytes);
             }
             return Err(io::Error::other("simulated sync error"));
         }
-        self.make_durable();
+        make_durable(self.file(name)?, page_bytes);
         self.stats.syncs += 1;
         Ok(())
     }
 
-    fn make_durable(&mut self) {
-        // fdatasync makes the length durable together with the data, since
-        // the data cannot be read back without it.
-        let unchanged = self.unchanged_pages.min(self.current.pages.len());
-        self.durable.len = self.current.len;
-        self.durable.pages.truncate(unchanged);
-        self.durable
-            .pages
-            .extend_from_slice(&self.current.pages[unchanged..]);
-        for write in std::mem::take(&mut self.pending) {
-            let first = (write.offset / self.page_bytes) as usize;
-            let last =
-                ((write.offset + write.len).div_ceil(self.page_bytes) as usize).min(unchanged);
-            for index in first..last {
-                self.durable.pages[index] = self.current.pages[index].clone();
-            }
-        }
-        self.pending_pages.clear();
-        self.unchanged_pages = self.current.pages.len();
-    }
-
-    fn set_len(&mut self, len: u64) -> io::Result<()> {
+    fn set_len(&mut self, name: &str, len: u64) -> io::Result<()> {
         if len > self.config.capacity_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::StorageFull,
                 "simulated disk is full",
             ));
         }
+        let (page_bytes, zero) = (self.page_bytes, self.zero_page.clone());
+        let file = self.file(name)?;
         // Growth is zero-filled as the trait requires; the change becomes
         // durable at the next sync like any write.
-        let page_count = len.div_ceil(self.page_bytes) as usize;
-        if len < self.current.len {
-            self.current.pages.truncate(page_count);
-            let tail = (len % self.page_bytes) as usize;
-            if let Some(last) = self.current.pages.last_mut().filter(|_| tail > 0) {
+        let page_count = len.div_ceil(page_bytes) as usize;
+        if len < file.current.len {
+            file.current.pages.truncate(page_count);
+            let tail = (len % page_bytes) as usize;
+            if let Some(last) = file.current.pages.last_mut().filter(|_| tail > 0) {
                 if last[tail..].iter().any(|&b| b != 0) {
                     page_mut(last)[tail..].fill(0);
                 }
             }
         } else {
-            let zero = &self.zero_page;
-            self.current.pages.resize_with(page_count, || zero.clone());
+            file.current.pages.resize_with(page_count, || zero.clone());
         }
-        self.current.len = len;
+        file.current.len = len;
         // A page cut in the middle is changed even if regrown.
-        self.unchanged_pages = self.unchanged_pages.min((len / self.page_bytes) as usize);
+        file.unchanged_pages = file.unchanged_pages.min((len / page_bytes) as usize);
         Ok(())
     }
 
-    fn read(&mut self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read(&mut self, name: &str, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let page_bytes = self.page_bytes;
+        let file = self.file(name)?;
         let end = offset
             .checked_add(out.len() as u64)
-            .filter(|&end| end <= self.current.len)
+            .filter(|&end| end <= file.current.len)
             .ok_or_else(|| invalid_input("read beyond the end of the disk"))?;
         let mut at = offset;
         while at < end {
-            let index = (at / self.page_bytes) as usize;
-            let from = (at % self.page_bytes) as usize;
-            let chunk_end = end.min((index as u64 + 1) * self.page_bytes);
+            let index = (at / page_bytes) as usize;
+            let from = (at % page_bytes) as usize;
+            let chunk_end = end.min((index as u64 + 1) * page_bytes);
             let n = (chunk_end - at) as usize;
             let out_from = (at - offset) as usize;
-            out[out_from..out_from + n].copy_from_slice(&self.current.pages[index][from..from + n]);
+            out[out_from..out_from + n].copy_from_slice(&file.current.pages[index][from..from + n]);
             at = chunk_end;
         }
         self.stats.reads += 1;
         Ok(())
     }
+
+    /// Creates file `name` empty unless it is there; its name is durable
+    /// only after `sync_dir`.
+    fn create(&mut self, name: &str) {
+        match self.files.get_mut(name) {
+            Some(file) if file.linked => {}
+            Some(file) => {
+                // Removed without a synced directory, then made again.
+                let durable_linked = file.durable_linked;
+                *file = FileState::empty(durable_linked);
+            }
+            None => {
+                self.files.insert(name.to_string(), FileState::empty(false));
+            }
+        }
+    }
+
+    /// The directory's creations and removals become durable.
+    fn sync_dir(&mut self) -> io::Result<()> {
+        self.latency_owed += self.config.latency.per_sync;
+        if self.rng.chance(self.config.faults.sync_error_probability) {
+            self.stats.sync_errors_injected += 1;
+            if self.rng.chance(0.5) {
+                self.apply_dir();
+            }
+            return Err(io::Error::other("simulated directory sync error"));
+        }
+        self.apply_dir();
+        self.stats.syncs += 1;
+        Ok(())
+    }
+
+    fn apply_dir(&mut self) {
+        self.files.retain(|_, f| f.linked);
+        for file in self.files.values_mut() {
+            file.durable_linked = true;
+        }
+    }
+}
+
+/// A block beyond the durable length only survives if the file's length
+/// reached it durably: unsynced growth is lost with the power.
+fn persist_range(file: &mut FileState, page_bytes: u64, offset: u64, data: &[u8]) {
+    if offset >= file.durable.len {
+        return;
+    }
+    let end = (offset + data.len() as u64).min(file.durable.len);
+    let take = (end - offset) as usize;
+    let page = &mut file.durable.pages[(offset / page_bytes) as usize];
+    let from = (offset % page_bytes) as usize;
+    page_mut(page)[from..from + take].copy_from_slice(&data[..take]);
+}
+
+fn make_durable(file: &mut FileState, page_bytes: u64) {
+    // fdatasync makes the length durable together with the data, since
+    // the data cannot be read back without it.
+    let unchanged = file.unchanged_pages.min(file.current.pages.len());
+    file.durable.len = file.current.len;
+    file.durable.pages.truncate(unchanged);
+    file.durable
+        .pages
+        .extend_from_slice(&file.current.pages[unchanged..]);
+    for write in std::mem::take(&mut file.pending) {
+        let first = (write.offset / page_bytes) as usize;
+        let last = ((write.offset + write.len).div_ceil(page_bytes) as usize).min(unchanged);
+        for index in first..last {
+            file.durable.pages[index] = file.current.pages[index].clone();
+        }
+    }
+    file.pending_pages.clear();
+    file.unchanged_pages = file.current.pages.len();
 }
 
 fn invalid_input(message: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, message)
 }
 
-/// redb's view of a [`SimDisk`] for one power cycle.
+/// redb's view of one file of a [`SimDisk`] for one power cycle.
 pub struct SimBackend {
     disk: SimDisk,
     generation: u64,
+    file: Arc<str>,
 }
 
 impl fmt::Debug for SimBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SimBackend")
             .field("generation", &self.generation)
+            .field("file", &self.file)
             .finish()
     }
 }
@@ -659,39 +790,96 @@ impl SimBackend {
     fn with_state<T>(
         &self,
         counts: bool,
-        op: impl FnOnce(&mut DiskState) -> io::Result<T>,
+        op: impl FnOnce(&mut DiskState, &str) -> io::Result<T>,
     ) -> io::Result<T> {
-        let mut state = self.disk.lock();
-        if state.generation != self.generation || (counts && state.tick_power_cut()) {
-            state.stats.stale_calls += 1;
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "simulated disk lost power",
-            ));
-        }
-        op(&mut state)
+        with_power(&self.disk, self.generation, counts, |s| op(s, &self.file))
     }
+}
+
+/// Runs `op` on the disk unless the power went out since `generation`.
+fn with_power<T>(
+    disk: &SimDisk,
+    generation: u64,
+    counts: bool,
+    op: impl FnOnce(&mut DiskState) -> io::Result<T>,
+) -> io::Result<T> {
+    let mut state = disk.lock();
+    if state.generation != generation || (counts && state.tick_power_cut()) {
+        state.stats.stale_calls += 1;
+        return Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "simulated disk lost power",
+        ));
+    }
+    op(&mut state)
 }
 
 impl redb::StorageBackend for SimBackend {
     fn len(&self) -> io::Result<u64> {
-        self.with_state(false, |s| Ok(s.current.len))
+        self.with_state(false, |s, name| Ok(s.file(name)?.current.len))
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.with_state(false, |s| s.read(offset, out))
+        self.with_state(false, |s, name| s.read(name, offset, out))
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.with_state(true, |s| s.set_len(len))
+        self.with_state(true, |s, name| s.set_len(name, len))
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.with_state(true, |s| s.sync())
+        self.with_state(true, |s, name| s.sync(name))
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.with_state(true, |s| s.write(offset, data))
+        self.with_state(true, |s, name| s.write(name, offset, data))
+    }
+}
+
+/// The write-ahead log's directory on a [`SimDisk`], for one power cycle:
+/// segment `n` is the file `wal/<n>`. Creations and removals are lost at
+/// a power failure unless the directory was synced after them.
+#[derive(Clone, Debug)]
+pub struct SimWal {
+    disk: SimDisk,
+    generation: u64,
+}
+
+impl arbor::forest::wal::WalStorage for SimWal {
+    fn segments(&self) -> io::Result<Vec<u64>> {
+        with_power(&self.disk, self.generation, false, |s| {
+            Ok(s.files
+                .iter()
+                .filter(|(_, f)| f.linked)
+                .filter_map(|(name, _)| name.strip_prefix(WAL_PREFIX)?.parse().ok())
+                .collect())
+        })
+    }
+
+    fn open(&self, number: u64) -> io::Result<Box<dyn redb::StorageBackend>> {
+        let file: Arc<str> = format!("{WAL_PREFIX}{number}").into();
+        with_power(&self.disk, self.generation, true, |s| {
+            s.create(&file);
+            Ok(())
+        })?;
+        Ok(Box::new(SimBackend {
+            disk: self.disk.clone(),
+            generation: self.generation,
+            file,
+        }))
+    }
+
+    fn remove(&self, number: u64) -> io::Result<()> {
+        with_power(&self.disk, self.generation, true, |s| {
+            if let Some(file) = s.files.get_mut(&format!("{WAL_PREFIX}{number}")) {
+                file.linked = false;
+            }
+            Ok(())
+        })
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        with_power(&self.disk, self.generation, true, |s| s.sync_dir())
     }
 }
 

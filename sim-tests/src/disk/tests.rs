@@ -432,3 +432,39 @@ fn injected_errors_surface_as_redb_errors() {
     let got = keys(&db);
     assert!(got == vec![1] || got == vec![1, 2], "{got:?}");
 }
+
+/// The log's files share the disk's power cycle: an unsynced creation or
+/// removal is undone by a power failure, synced data and names survive,
+/// and a handle of the old cycle is dead.
+#[test]
+fn wal_files_need_a_synced_directory_to_survive_a_power_failure() {
+    use arbor::forest::wal::WalStorage;
+    let disk = SimDisk::new(DiskConfig::reliable(3));
+    let wal = disk.wal();
+    let kept = wal.open(0).unwrap();
+    kept.set_len(4096).unwrap();
+    kept.write(0, b"record").unwrap();
+    kept.sync_data().unwrap();
+    wal.sync_dir().unwrap();
+    let unsynced_name = wal.open(1).unwrap();
+    unsynced_name.set_len(4096).unwrap();
+    unsynced_name.sync_data().unwrap();
+    wal.remove(0).unwrap();
+    assert_eq!(wal.segments().unwrap(), vec![1]);
+    disk.power_fail();
+    assert!(kept.write(0, b"x").is_err(), "a handle of the old cycle");
+    let wal = disk.wal();
+    assert_eq!(
+        wal.segments().unwrap(),
+        vec![0],
+        "creation lost, removal undone"
+    );
+    let mut out = [0u8; 6];
+    wal.open(0).unwrap().read(0, &mut out).unwrap();
+    assert_eq!(&out, b"record");
+    wal.remove(0).unwrap();
+    wal.sync_dir().unwrap();
+    disk.power_fail();
+    assert!(disk.wal().segments().unwrap().is_empty());
+    assert_eq!(disk.wal_files(), 0);
+}

@@ -5,6 +5,13 @@
 //! one batch that was in flight (all of it or none of it), with its tree
 //! invariant intact and its nodes equal to the paper's model of its log.
 //!
+//! The forest runs on its write-ahead log (or, per input, with a durable
+//! commit per batch): power cuts land inside log appends, checkpoints and
+//! segment rolls as well as redb commits; I/O errors hit the log and the
+//! database alike, and may strike again while the reopened forest replays
+//! its log. A batch that failed may also be followed by a reopen without
+//! a power failure (the service's recovery), which replays the log.
+//!
 //! The expected state comes from a second, in-memory forest fed only the
 //! acknowledged batches: local ops take their timestamps from the history,
 //! so the same history gives the same ids on both.
@@ -15,6 +22,7 @@ use super::ops::{
 };
 use crate::disk::{DiskConfig, DiskFaults, SimDisk};
 use arbitrary::{Arbitrary, Unstructured};
+use arbor::forest::wal::{WalOptions, WalStorage};
 use arbor::forest::{Forest, ForestOptions, TreeDump, WriteOp, WriteRequest};
 use arbor::model::TreeModel;
 use arbor::{KeyValue, LogEntry, NodeId, ROOT};
@@ -33,13 +41,27 @@ pub struct Input {
     pub seed: u64,
     /// Chance (in 1/255) that an unsynced write is torn rather than lost.
     pub torn: u8,
+    pub log: Log,
     pub batches: Vec<Batch>,
+}
+
+/// How the forest commits its batches.
+#[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Log {
+    /// A durable redb commit per batch.
+    PerBatch,
+    /// The write-ahead log, with a checkpoint every `checkpoint * 64`
+    /// bytes of log (plus 64) and segments of `segment * 64` bytes (plus
+    /// 4 KiB): small, so checkpoints, rolls and removals happen.
+    Wal { checkpoint: u8, segment: u8 },
 }
 
 #[derive(Arbitrary, Debug)]
 pub struct Batch {
     pub ops: Vec<CrashOp>,
     pub crash: Crash,
+    /// The batch commits as a checkpoint (`Forest::request_checkpoint`).
+    pub checkpoint: bool,
 }
 
 /// What goes wrong around one batch.
@@ -53,6 +75,15 @@ pub enum Crash {
     CutDuring(u8),
     /// The disk returns I/O errors during the batch (chances in 1/255).
     IoErrors {
+        write: u8,
+        sync: u8,
+    },
+    /// The power fails after the batch, and again after this many disk
+    /// writes/syncs of the reopen (its log replay and checkpoint).
+    CutDuringReplay(u8),
+    /// The power fails after the batch, and the reopen meets I/O errors
+    /// (chances in 1/255) until it succeeds.
+    IoErrorsDuringReplay {
         write: u8,
         sync: u8,
     },
@@ -76,18 +107,50 @@ pub fn check(data: &[u8]) {
     run(&input);
 }
 
-fn options() -> ForestOptions {
+fn options(log: Log) -> ForestOptions {
+    let wal = match log {
+        Log::PerBatch => WalOptions {
+            enabled: false,
+            ..WalOptions::default()
+        },
+        Log::Wal {
+            checkpoint,
+            segment,
+        } => WalOptions {
+            enabled: true,
+            checkpoint_bytes: 64 + 64 * u64::from(checkpoint),
+            segment_bytes: 4096 + 64 * u64::from(segment),
+        },
+    };
     ForestOptions {
         replica_id: REPLICA_ID,
         durable: true,
+        wal,
         ..ForestOptions::default()
     }
 }
+
+/// Opens the forest on the disk's current power cycle, its log beside it.
+fn open(disk: &SimDisk, log: Log) -> arbor::Result<Forest> {
+    let backend = disk.backend_factory();
+    let wal = disk.wal();
+    Forest::open_with_wal(
+        Box::new(move || Ok(redb::Builder::new().create_with_backend(backend()?)?)),
+        Box::new(move || Ok(Box::new(wal.clone()) as Box<dyn WalStorage>)),
+        options(log),
+    )
+}
+
+/// Attempts at reopening under faults before they are switched off.
+const REOPEN_TRIES_UNDER_FAULTS: usize = 4;
 
 /// The forest under test, its disk, and the reference holding exactly the
 /// acknowledged (or recovered) batches.
 struct Run<'r> {
     disk: SimDisk,
+    log: Log,
+    /// A failed batch is followed by a reopen without a power failure.
+    reopen_in_place: bool,
     forest: Option<Forest>,
     reference: &'r Forest,
     summary: Summary,
@@ -103,6 +166,12 @@ pub struct Summary {
     /// Unacknowledged batches found absent after the crash.
     pub in_flight_lost: u64,
     pub writes_torn: u64,
+    /// Reopens that failed (under injected faults) before one worked.
+    pub failed_reopens: u64,
+    /// Log records replayed by reopens, and checkpoints taken.
+    pub replayed: u64,
+    pub checkpoints: u64,
+    pub segments_removed: u64,
 }
 
 thread_local! {
@@ -127,10 +196,11 @@ fn run_with(input: &Input, reference: &Forest) -> Summary {
     config.faults.torn_write_probability = f64::from(input.torn) / 255.0;
     // The disk starts with an empty forest already created and closed.
     let disk = SimDisk::with_image(config, empty_forest_image());
-    let forest = Forest::open_with_backend(disk.backend(), options())
-        .expect("a forest opens on an empty disk");
+    let forest = open(&disk, input.log).expect("a forest opens on an empty disk");
     let mut run = Run {
         disk,
+        log: input.log,
+        reopen_in_place: input.seed & 1 == 1,
         forest: Some(forest),
         reference,
         summary: Summary::default(),
@@ -138,7 +208,8 @@ fn run_with(input: &Input, reference: &Forest) -> Summary {
     for batch in input.batches.iter().take(MAX_BATCHES) {
         run.batch(batch);
     }
-    run.recover(None);
+    run.recover(None, Crash::Nothing);
+    run.count_log();
     run.summary.writes_torn = run.disk.stats().writes_torn;
     run.summary
 }
@@ -149,6 +220,9 @@ impl Run<'_> {
         let power_failures = self.disk.stats().power_failures;
         arm(&self.disk, batch.crash);
         let forest = self.forest.as_ref().expect("forest open between batches");
+        if batch.checkpoint {
+            forest.request_checkpoint();
+        }
         let result = forest.write_batch(&requests).map(|c| c.results);
         self.disk.set_power_cut_after(None);
         self.disk.set_faults(DiskFaults {
@@ -167,16 +241,97 @@ impl Run<'_> {
                     results, expected,
                     "per-op results differ from the reference"
                 );
-                if cut || batch.crash == Crash::PowerFailAfter {
-                    self.recover(None);
+                let replay_fault = matches!(
+                    batch.crash,
+                    Crash::CutDuringReplay(_) | Crash::IoErrorsDuringReplay { .. }
+                );
+                if cut || batch.crash == Crash::PowerFailAfter || replay_fault {
+                    self.recover(None, batch.crash);
                 }
             }
             // Not acknowledged: the batch may or may not have committed.
             Err(_) => {
                 self.check_failed_batch_invisible();
-                self.recover(Some(requests));
+                if self.reopen_in_place && !cut {
+                    self.reopen_in_place(requests);
+                } else {
+                    self.recover(Some(requests), batch.crash);
+                }
             }
         }
+    }
+
+    /// Adds the closing forest's log counts to the summary.
+    fn count_log(&mut self) {
+        if let Some(forest) = &self.forest {
+            let stats = forest.wal_stats();
+            self.summary.replayed += stats.replayed;
+            self.summary.checkpoints += stats.checkpoints;
+            self.summary.segments_removed += stats.segments_removed;
+        }
+    }
+
+    /// The service's recovery after a failed batch: the database (and its
+    /// log) reopened in place, no power failure. The forest must then
+    /// hold the acknowledged state, or that plus the whole failed batch.
+    fn reopen_in_place(&mut self, requests: Vec<WriteRequest>) {
+        let forest = self.forest.as_ref().expect("forest open between batches");
+        forest
+            .reopen()
+            .unwrap_or_else(|e| panic!("the forest does not reopen in place: {e}"));
+        let state = stored_state(forest);
+        check_consistent(forest, &state.0);
+        if state != stored_state(self.reference) {
+            self.summary.in_flight_kept += 1;
+            self.reference
+                .write_batch(&requests)
+                .expect("the reference commits");
+            assert_eq!(
+                state,
+                stored_state(self.reference),
+                "a reopen left part of a failed batch, or something never written"
+            );
+        } else {
+            self.summary.in_flight_lost += 1;
+        }
+    }
+
+    /// Reopens after a power failure, under the faults `crash` asks for
+    /// during the reopen: a reopen that fails is tried again (after
+    /// another power failure when the cut struck), the faults switched off
+    /// after a few tries.
+    fn reopen_after_crash(&mut self, crash: Crash) -> Forest {
+        for attempt in 0.. {
+            let under_faults = attempt < REOPEN_TRIES_UNDER_FAULTS;
+            match crash {
+                Crash::CutDuringReplay(ops) if under_faults => {
+                    self.disk.set_power_cut_after(Some(u64::from(ops % 16)))
+                }
+                Crash::IoErrorsDuringReplay { write, sync } if under_faults => {
+                    arm(&self.disk, Crash::IoErrors { write, sync })
+                }
+                _ => {}
+            }
+            let opened = open(&self.disk, self.log);
+            self.disk.set_power_cut_after(None);
+            let torn = self.disk.faults().torn_write_probability;
+            self.disk.set_faults(DiskFaults {
+                torn_write_probability: torn,
+                ..DiskFaults::default()
+            });
+            match opened {
+                Ok(forest) => return forest,
+                Err(e) if under_faults => {
+                    self.summary.failed_reopens += 1;
+                    tracing::debug!(%e, attempt, "reopen under faults failed");
+                    // Whatever the failed open wrote is gone with the
+                    // power, or left for the next open to read.
+                    self.disk.power_fail();
+                }
+                Err(e) => panic!("the forest does not reopen after a power failure: {e}"),
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     /// Until the crash, a batch that reported failure must not be visible:
@@ -194,13 +349,13 @@ impl Run<'_> {
 
     /// Power failure and restart: the reopened forest must hold the
     /// acknowledged state, or that state plus the whole in-flight batch.
-    fn recover(&mut self, in_flight: Option<Vec<WriteRequest>>) {
+    fn recover(&mut self, in_flight: Option<Vec<WriteRequest>>, crash: Crash) {
         self.disk.power_fail();
+        self.count_log();
         // The old forest's destructor runs against a dead backend, as a
         // crashed process's would never run at all.
         drop(self.forest.take());
-        let forest = Forest::open_with_backend(self.disk.backend(), options())
-            .unwrap_or_else(|e| panic!("the forest does not reopen after a power failure: {e}"));
+        let forest = self.reopen_after_crash(crash);
         let state = stored_state(&forest);
         check_consistent(&forest, &state.0);
         self.summary.recoveries += 1;
@@ -227,7 +382,10 @@ impl Run<'_> {
 /// Arms the fault this batch runs under.
 fn arm(disk: &SimDisk, crash: Crash) {
     match crash {
-        Crash::Nothing | Crash::PowerFailAfter => {}
+        Crash::Nothing
+        | Crash::PowerFailAfter
+        | Crash::CutDuringReplay(_)
+        | Crash::IoErrorsDuringReplay { .. } => {}
         Crash::CutDuring(ops) => disk.set_power_cut_after(Some(u64::from(ops % 32))),
         Crash::IoErrors { write, sync } => disk.set_faults(DiskFaults {
             write_error_probability: f64::from(write) / 255.0 / 4.0,
@@ -337,11 +495,20 @@ mod tests {
                     } else {
                         Crash::Nothing
                     },
+                    checkpoint: false,
                 })
                 .collect();
             let summary = run(&Input {
                 seed: u64::from(cut),
                 torn: 128,
+                log: if cut % 3 == 0 {
+                    Log::PerBatch
+                } else {
+                    Log::Wal {
+                        checkpoint: cut,
+                        segment: 0,
+                    }
+                },
                 batches,
             });
             total.recoveries += summary.recoveries;
@@ -361,11 +528,16 @@ mod tests {
                     } else {
                         Crash::Nothing
                     },
+                    checkpoint: false,
                 })
                 .collect();
             let summary = run(&Input {
                 seed,
                 torn: 0,
+                log: Log::Wal {
+                    checkpoint: 200,
+                    segment: 0,
+                },
                 batches,
             });
             total.in_flight_kept += summary.in_flight_kept;
@@ -375,5 +547,54 @@ mod tests {
         assert!(total.in_flight_kept > 0, "{total:?}");
         assert!(total.writes_torn > 0, "{total:?}");
         assert!(total.recoveries > 24, "{total:?}");
+    }
+
+    /// The log's own paths are reached: records replayed after crashes
+    /// (also while the power fails or the disk errs during the replay),
+    /// checkpoints by size and on request, segments removed.
+    #[test]
+    fn crashes_reach_the_logs_replay_checkpoints_and_segment_removal() {
+        let mut total = Summary::default();
+        for seed in 0..24u64 {
+            let crash = |i: u64| match (i + seed) % 6 {
+                0 => Crash::PowerFailAfter,
+                1 => Crash::CutDuringReplay((seed % 9) as u8),
+                2 => Crash::IoErrorsDuringReplay {
+                    write: 60,
+                    sync: 120,
+                },
+                3 => Crash::CutDuring((seed % 7) as u8),
+                _ => Crash::Nothing,
+            };
+            let batches = (0..MAX_BATCHES as u64)
+                .map(|i| Batch {
+                    ops: (0..MAX_BATCH_OPS as u8)
+                        .map(|j| CrashOp::AddByPath {
+                            path: vec![i as u8, j, 1],
+                        })
+                        .collect(),
+                    crash: crash(i),
+                    checkpoint: i == 5,
+                })
+                .collect();
+            let summary = run(&Input {
+                seed,
+                torn: 200,
+                log: Log::Wal {
+                    checkpoint: 8,
+                    segment: 0,
+                },
+                batches,
+            });
+            total.replayed += summary.replayed;
+            total.checkpoints += summary.checkpoints;
+            total.segments_removed += summary.segments_removed;
+            total.failed_reopens += summary.failed_reopens;
+            total.in_flight_kept += summary.in_flight_kept;
+        }
+        assert!(total.replayed > 0, "{total:?}");
+        assert!(total.checkpoints > 0, "{total:?}");
+        assert!(total.segments_removed > 0, "{total:?}");
+        assert!(total.failed_reopens > 0, "{total:?}");
     }
 }

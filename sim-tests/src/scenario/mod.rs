@@ -196,6 +196,8 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::JoinerStopsAfterFirstPage => "joiner_stops_after_first_page",
         Canary::DropKeepsDirCache => "drop_keeps_dir_cache",
         Canary::AckBeforeReplicas => "ack_before_replicas",
+        Canary::WalAckBeforeSync => "wal_ack_before_sync",
+        Canary::CheckpointWithoutPosition => "checkpoint_without_position",
     }
 }
 
@@ -294,6 +296,10 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> World {
     let access = intruder::access_config(swarm.size.clients);
     for config in &mut configs {
         config.pilorama.replicated_batch_delay = swarm.replicated_batch_delay;
+        config.pilorama.wal = swarm.wal.enabled;
+        config.pilorama.checkpoint_interval = swarm.wal.checkpoint_interval;
+        config.pilorama.checkpoint_bytes = swarm.wal.checkpoint_bytes;
+        config.pilorama.wal_segment_bytes = swarm.wal.segment_bytes;
         config.tree.ack_replicas = swarm.ack_replicas;
         config.access = access.clone();
     }

@@ -92,7 +92,9 @@ impl Profile {
             | Canary::ResultsToWrongCallers
             | Canary::MovesNoOp
             | Canary::DefiniteFailureApplied
-            | Canary::AuthorizationSkipped => Profile::Standard,
+            | Canary::AuthorizationSkipped
+            | Canary::WalAckBeforeSync
+            | Canary::CheckpointWithoutPosition => Profile::Standard,
         }
     }
 
@@ -182,6 +184,55 @@ pub struct Swarm {
     /// the replace profile, else 1. Drawn after everything else.
     #[serde(default = "one_replica")]
     pub ack_replicas: usize,
+    /// The write-ahead log of every node. Drawn after everything else. A
+    /// capsule written before the log existed ran without it, and replays
+    /// so.
+    #[serde(default = "WalKnobs::off")]
+    pub wal: WalKnobs,
+}
+
+/// `pilorama.wal`, `checkpoint_interval`, `checkpoint_bytes` and
+/// `wal_segment_bytes` of every node: small enough in most seeds that
+/// checkpoints by size and by time, segment rolls and removals happen
+/// within a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalKnobs {
+    pub enabled: bool,
+    pub checkpoint_interval: Duration,
+    pub checkpoint_bytes: usize,
+    pub segment_bytes: usize,
+}
+
+impl Default for WalKnobs {
+    fn default() -> Self {
+        let config = arbor::config::PiloramaConfig::default();
+        Self {
+            enabled: config.wal,
+            checkpoint_interval: config.checkpoint_interval,
+            checkpoint_bytes: config.checkpoint_bytes,
+            segment_bytes: config.wal_segment_bytes,
+        }
+    }
+}
+
+impl WalKnobs {
+    /// Every batch a durable commit of its own (`pilorama.wal: false`).
+    fn off() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+
+    /// One in eight seeds keeps a durable commit per batch (no log).
+    fn draw(rng: &mut SplitMix64) -> Self {
+        Self {
+            enabled: rng.next_u64() % 8 != 0,
+            checkpoint_interval: Duration::from_millis(pick(rng, &[200, 1_000, 5_000])),
+            checkpoint_bytes: pick(rng, &[8 << 10, 64 << 10, 64 << 20]),
+            segment_bytes: pick(rng, &[4 << 10, 32 << 10, 16 << 20]),
+        }
+    }
 }
 
 fn one_replica() -> usize {
@@ -302,6 +353,7 @@ impl Swarm {
             .min(replication_timeout / 4),
             pushes_blocked: Vec::new(),
             ack_replicas: 1,
+            wal: WalKnobs::default(),
         };
         let pair_roll = rng.next_u64();
         if swarm.knobs.sync_interval.is_some() && rng.chance(SYNC_ONLY_PAIR_PROBABILITY) {
@@ -327,6 +379,9 @@ impl Swarm {
         if swarm.profile == Profile::Replace && ack_two {
             swarm.ack_replicas = 2;
         }
+        // Drawn after everything else, so it left the other draws as
+        // they were.
+        swarm.wal = WalKnobs::draw(&mut rng);
         swarm
     }
 

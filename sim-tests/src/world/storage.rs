@@ -2,18 +2,20 @@
 //! outside the madsim node, so it survives a kill and a restart reopens it.
 
 use crate::disk::{DiskConfig, SimDisk};
+use arbor::forest::wal::WalStorage;
 use arbor::forest::{Forest, ForestOptions};
 
-/// Opens the forest on the disk's current contents. A reopen after a
-/// storage error gets a fresh backend of the same power cycle, as a process
-/// reopening its file does. `cache_bytes` sizes redb's page cache (redb's
-/// default when `None`).
+/// Opens the forest on the disk's current contents, its write-ahead log
+/// in the disk's `wal/` files. A reopen after a storage error gets a fresh
+/// backend of the same power cycle, as a process reopening its file does.
+/// `cache_bytes` sizes redb's page cache (redb's default when `None`).
 pub fn open_forest(
     disk: &SimDisk,
     options: ForestOptions,
     cache_bytes: Option<usize>,
 ) -> arbor::Result<Forest> {
     let backend = disk.backend_factory();
+    let wal = disk.wal();
     let disk = disk.clone();
     let opener = move || {
         if disk.len_bytes() == 0 {
@@ -25,7 +27,8 @@ pub fn open_forest(
         }
         Ok(builder.create_with_backend(backend()?)?)
     };
-    Forest::open_reopenable(Box::new(opener), options)
+    let wal_opener = move || Ok(Box::new(wal.clone()) as Box<dyn WalStorage>);
+    Forest::open_with_wal(Box::new(opener), Box::new(wal_opener), options)
 }
 
 /// What `Forest::open` does with a file (docs/design.md §5): an empty

@@ -53,6 +53,14 @@ pub const NEXT_TREE_NUMBER: &str = "next_tree_number";
 /// (docs/design.md §6).
 pub const LOG_EPOCH: &str = "log_epoch";
 
+/// Key of [`META`] holding the sequence number of the last write-ahead
+/// log record whose ops this database holds (docs/design.md §5): set in
+/// the transaction of every batch that writes a record and of every
+/// replayed one, so whatever commit survives a crash names the records
+/// it holds, and a checkpoint (a durable commit) stores the position it
+/// covers. Absent: 0.
+pub const WAL_POSITION: &str = "wal_position";
+
 /// Key of [`META`] holding the log epoch of `peer` that this database's
 /// pull cursors of `peer` count heights in.
 pub fn peer_log_epoch_key(peer: ReplicaId) -> String {

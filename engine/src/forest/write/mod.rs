@@ -5,6 +5,7 @@
 //! replicated ops, `local` local ones, and `ops` holds the do and undo of
 //! one op on the rows that both use.
 
+pub(super) mod journal;
 mod local;
 mod ops;
 mod remote;
@@ -58,6 +59,8 @@ pub(super) struct Writer<'txn, 'c> {
     /// Node states of an undo/redo pass, while one runs: node and
     /// children rows are then written once, at its end.
     overlay: Option<Overlay>,
+    /// What the batch stored, for the write-ahead log (when it has one).
+    journal: Option<journal::Journal>,
 }
 
 /// Consecutive heights of one tree given out in this batch.
@@ -89,6 +92,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         options: &ForestOptions,
         dirs: &'c mut DirCache,
         numbers: &'c TreeNumbers,
+        journal: bool,
     ) -> Result<Self> {
         Ok(Self {
             txn,
@@ -104,7 +108,14 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             scratch: Scratch::default(),
             height_runs: Vec::new(),
             overlay: None,
+            journal: journal.then(journal::Journal::default),
         })
+    }
+
+    /// What the batch stored, as the write-ahead log keeps it (`None`
+    /// unless asked for at `open`).
+    pub fn take_journal(&mut self) -> Option<journal::Journal> {
+        self.journal.take()
     }
 
     /// Writes back the height runs and the changed tree records; true
@@ -202,6 +213,9 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             None if create => self.new_tree_record(key)?,
             None => return Ok(None),
         };
+        if let Some(journal) = &mut self.journal {
+            journal.touch(key, current.number, stored.is_none());
+        }
         self.states
             .insert(key.clone(), TreeState { stored, current });
         Ok(Some(current))

@@ -38,6 +38,9 @@ impl Writer<'_, '_> {
             .insert(log_key(rec.number, ts), self.scratch.log.as_slice())?
             .is_some();
         assert!(!stored_before, "timestamp {ts} stored twice");
+        if let Some(journal) = &mut self.journal {
+            journal.op(rec.number, ts, &self.scratch.log);
+        }
         let digest = op_digest(log_body(&self.scratch.log)?);
         self.record_height(rec.number, rec.next_height, ts, digest);
         rec.next_height += 1;
