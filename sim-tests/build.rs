@@ -4,6 +4,17 @@
 
 use std::process::Command;
 
+/// `git status` that only reads: a plain `git status` refreshes the
+/// index's stat cache and rewrites `.git/index`, which this script
+/// watches, so the next build (the first `cargo run` after a `cargo
+/// build`) would run it again and rebuild the crate for nothing.
+pub const STATUS_ARGS: &[&str] = &[
+    "--no-optional-locks",
+    "status",
+    "--porcelain",
+    "--untracked-files=no",
+];
+
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok()?;
     out.status
@@ -29,7 +40,7 @@ fn main() {
     }
     let commit = match git(&["rev-parse", "HEAD"]).filter(|h| !h.is_empty()) {
         None => "unknown".to_string(),
-        Some(head) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        Some(head) => match git(STATUS_ARGS) {
             Some(changes) if changes.is_empty() => head,
             _ => format!("{head}-dirty"),
         },

@@ -190,6 +190,9 @@ struct Shared {
     closed: AtomicBool,
     /// Set by the worker when it has answered its last job.
     finished: watch::Sender<bool>,
+    /// Duration of every commit transaction, in seconds (the metrics
+    /// endpoint exports it).
+    commit_seconds: crate::metrics::Histogram,
 }
 
 /// The group-commit front of one forest.
@@ -237,6 +240,7 @@ impl Batcher {
             counters: Counters::default(),
             closed: AtomicBool::new(false),
             finished: watch::channel(false).0,
+            commit_seconds: crate::metrics::latency_histogram(),
         });
         let (queue, receiver) = mpsc::channel(options.max_pending);
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -266,6 +270,11 @@ impl Batcher {
 
     pub fn options(&self) -> BatcherOptions {
         self.options
+    }
+
+    /// The histogram of commit durations (shared, not a copy).
+    pub fn commit_latency(&self) -> crate::metrics::Histogram {
+        self.shared.commit_seconds.clone()
     }
 
     /// Writes one request in the next batch.
@@ -537,6 +546,7 @@ impl Worker {
         counters
             .commit_us
             .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        self.shared.commit_seconds.observe(elapsed.as_secs_f64());
         match result {
             Ok(committed) => {
                 assert_eq!(

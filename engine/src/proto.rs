@@ -108,6 +108,30 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The request's name (a label of the latency metrics).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Request::Add { .. } => "Add",
+            Request::AddByPath { .. } => "AddByPath",
+            Request::Move { .. } => "Move",
+            Request::Remove { .. } => "Remove",
+            Request::GetNodeByPath { .. } => "GetNodeByPath",
+            Request::GetMeta { .. } => "GetMeta",
+            Request::GetSubTree { .. } => "GetSubTree",
+            Request::TreeList { .. } => "TreeList",
+            Request::Apply { .. } => "Apply",
+            Request::GetOpLog { .. } => "GetOpLog",
+            Request::Healthcheck => "Healthcheck",
+            Request::Drop { .. } => "Drop",
+            Request::GetOpLogStamps { .. } => "GetOpLogStamps",
+            Request::Hello { .. } => "Hello",
+            Request::ListChildren { .. } => "ListChildren",
+            Request::GetSubTreePage { .. } => "GetSubTreePage",
+        }
+    }
+}
+
 /// A response of the service API.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {

@@ -137,6 +137,8 @@ pub struct TlsContext {
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
     identity: CertIdentity,
+    /// The validity of this process's own certificate.
+    dates: CertDates,
 }
 
 impl fmt::Debug for TlsContext {
@@ -156,8 +158,8 @@ impl TlsContext {
     /// Reads the files of `node.tls` (errors name the file and the key).
     pub fn load(files: &TlsFiles) -> Result<Self> {
         let read = |key: &str, path: &Path| {
-            std::fs::read(path)
-                .map_err(|e| Error::Config(format!("node.tls.{key}: {}: {e}", path.display())))
+            let key = format!("node.tls.{key}");
+            crate::files::read_regular(&key, path, crate::files::TLS_FILE_BYTES_MAX)
         };
         let (ca, cert, key) = (
             read("ca", &files.ca)?,
@@ -185,6 +187,7 @@ impl TlsContext {
             .map_err(|e| bad("key", format!("no private key: {e}")))?;
         let identity =
             CertIdentity::from_certificate(&chain[0]).map_err(|e| bad("cert", e.to_string()))?;
+        let dates = CertDates::of_der(&chain[0]).map_err(|why| bad("cert", why))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server = server_config(&provider, roots.clone(), chain.clone(), key.clone_key())?;
         let client = client_config(&provider, roots, chain, key)?;
@@ -192,12 +195,18 @@ impl TlsContext {
             server: Arc::new(server),
             client: Arc::new(client),
             identity,
+            dates,
         })
     }
 
     /// The identity this process's own certificate names.
     pub fn identity(&self) -> &CertIdentity {
         &self.identity
+    }
+
+    /// When this process's own certificate starts and stops being valid.
+    pub fn dates(&self) -> CertDates {
+        self.dates
     }
 
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
@@ -235,6 +244,56 @@ impl TlsContext {
         }
         Ok(())
     }
+}
+
+/// The validity of a node's own certificates, by the key naming each file.
+pub type OwnCertificates = Vec<(&'static str, CertDates)>;
+
+/// A node's own certificates (`node.tls.cert`, `grpc.tls.cert`) at
+/// `now`: one that expired or is not valid yet is an error naming its
+/// key and file (a node that started with it would be cut off from every
+/// peer and client); each that expires within `node.tls_expiry_warning`
+/// gives a warning. The dates are returned by key for the metrics gauge.
+pub fn check_own_certificates(
+    config: &crate::config::Config,
+    node: Option<&TlsContext>,
+    now: std::time::SystemTime,
+) -> Result<(OwnCertificates, Vec<String>)> {
+    let mut certificates = Vec::new();
+    if let (Some(files), Some(node)) = (&config.node.tls, node) {
+        certificates.push(("node.tls.cert", files.cert.clone(), node.dates()));
+    }
+    if let Some(files) = &config.grpc.tls {
+        let pem = crate::files::read_regular(
+            "grpc.tls.cert",
+            &files.cert,
+            crate::files::TLS_FILE_BYTES_MAX,
+        )?;
+        let dates = CertDates::of_pem(&pem).map_err(|why| {
+            Error::Config(format!("grpc.tls.cert: {}: {why}", files.cert.display()))
+        })?;
+        certificates.push(("grpc.tls.cert", files.cert.clone(), dates));
+    }
+    let warn_within = config.node.tls_expiry_warning.as_secs();
+    let mut warnings = Vec::new();
+    for (key, path, dates) in &certificates {
+        let left = dates
+            .check(now)
+            .map_err(|why| Error::Config(format!("{key}: {}: {why}", path.display())))?;
+        if left < warn_within {
+            warnings.push(format!(
+                "{key}: {}: expires at {}, within node.tls_expiry_warning ({})",
+                path.display(),
+                dates.expires(),
+                humantime::format_duration(config.node.tls_expiry_warning)
+            ));
+        }
+    }
+    let dates = certificates
+        .into_iter()
+        .map(|(key, _, dates)| (key, dates))
+        .collect();
+    Ok((dates, warnings))
 }
 
 /// The TLS side of the gRPC front: presents `cert` (a PEM chain) with its
@@ -306,12 +365,103 @@ fn parse_certs(pem: &[u8]) -> std::result::Result<Vec<CertificateDer<'static>>, 
 
 fn parse_roots(pem: &[u8]) -> std::result::Result<Arc<RootCertStore>, String> {
     let mut roots = RootCertStore::empty();
-    for cert in parse_certs(pem)? {
+    for (i, cert) in parse_certs(pem)?.into_iter().enumerate() {
+        check_is_ca(&cert).map_err(|why| format!("certificate {} of the file: {why}", i + 1))?;
         roots
             .add(cert)
             .map_err(|e| format!("not a usable CA certificate: {e}"))?;
     }
     Ok(Arc::new(roots))
+}
+
+/// A trust anchor must be a CA: its basic constraints say so. A leaf
+/// certificate given as the CA would otherwise be trusted to vouch for
+/// itself only, and the node would refuse every peer without saying why.
+fn check_is_ca(cert: &CertificateDer<'_>) -> std::result::Result<(), String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert)
+        .map_err(|e| format!("unreadable certificate: {e}"))?;
+    match parsed.basic_constraints() {
+        Ok(Some(constraints)) if constraints.value.ca => Ok(()),
+        Ok(_) => Err(format!(
+            "{} is not a CA (its basic constraints do not say CA): a leaf certificate given as the CA",
+            parsed.subject()
+        )),
+        Err(e) => Err(format!("unreadable basic constraints: {e}")),
+    }
+}
+
+/// When a certificate starts and stops being valid, in seconds since the
+/// Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CertDates {
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+impl CertDates {
+    /// The validity of the first certificate of a PEM file.
+    pub fn of_pem(pem: &[u8]) -> std::result::Result<Self, String> {
+        let chain = parse_certs(pem)?;
+        Self::of_der(&chain[0])
+    }
+
+    pub fn of_der(der: &[u8]) -> std::result::Result<Self, String> {
+        let (_, cert) = x509_parser::parse_x509_certificate(der)
+            .map_err(|e| format!("unreadable certificate: {e}"))?;
+        let validity = cert.validity();
+        Ok(Self {
+            not_before: validity.not_before.timestamp(),
+            not_after: validity.not_after.timestamp(),
+        })
+    }
+
+    /// Seconds from `now` until the certificate expires (negative once it
+    /// has).
+    pub fn seconds_left(&self, now: std::time::SystemTime) -> i64 {
+        self.not_after - unix_seconds(now)
+    }
+
+    /// Refuses a certificate that is not valid at `now` (expired, or not
+    /// yet valid); otherwise the time it has left.
+    pub fn check(&self, now: std::time::SystemTime) -> std::result::Result<u64, String> {
+        let now_s = unix_seconds(now);
+        if now_s < self.not_before {
+            return Err(format!(
+                "not valid before {} (now {})",
+                rfc3339(self.not_before),
+                rfc3339(now_s)
+            ));
+        }
+        if now_s >= self.not_after {
+            return Err(format!(
+                "expired at {} (now {})",
+                rfc3339(self.not_after),
+                rfc3339(now_s)
+            ));
+        }
+        Ok((self.not_after - now_s) as u64)
+    }
+
+    /// The expiry as text (RFC 3339, UTC).
+    pub fn expires(&self) -> String {
+        rfc3339(self.not_after)
+    }
+}
+
+fn unix_seconds(time: std::time::SystemTime) -> i64 {
+    match time.duration_since(std::time::UNIX_EPOCH) {
+        Ok(after) => after.as_secs() as i64,
+        Err(before) => -(before.duration().as_secs() as i64),
+    }
+}
+
+fn rfc3339(seconds: i64) -> String {
+    let time = if seconds >= 0 {
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(seconds as u64)
+    } else {
+        std::time::UNIX_EPOCH - std::time::Duration::from_secs(seconds.unsigned_abs())
+    };
+    humantime::format_rfc3339_seconds(time).to_string()
 }
 
 fn tls_error(part: &str) -> impl Fn(rustls::Error) -> Error + '_ {

@@ -491,17 +491,314 @@ async fn sigterm_commits_what_was_acknowledged_and_exits_0() {
         address: address.clone(),
         child: None,
     };
-    node.start();
-    let (_, log) = snapshot(&via, &address, &tree("t"))
-        .await
-        .expect("a snapshot");
-    node.kill();
-    let stored: std::collections::BTreeSet<String> = log
-        .iter()
-        .filter_map(|op| op.meta.get(ATTR_FILE_NAME))
-        .map(|name| String::from_utf8_lossy(name).into_owned())
-        .collect();
+    let stored = stored_after_restart(&mut node, &via).await;
     for name in &acknowledged {
         assert!(stored.contains(name), "{name} acknowledged, then lost");
     }
+}
+
+/// SIGTERM to the running `node`; once `writers` all ended, the node must
+/// exit 0 (within the patience). What the writers returned.
+async fn stop_while_running<T>(
+    node: &mut Node,
+    writers: Vec<tokio::task::JoinHandle<T>>,
+) -> Vec<T> {
+    let mut child = node.child.take().expect("a running node");
+    let pid = child.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(status.success());
+    let mut outcomes = Vec::new();
+    for writer in writers {
+        outcomes.push(writer.await.unwrap());
+    }
+    let (sender, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait());
+    });
+    let status = exited.recv_timeout(PATIENCE).expect("node exits").unwrap();
+    assert!(status.success(), "{status:?}");
+    outcomes
+}
+
+/// Starts `node` again and reads the name of every op of tree `t` it
+/// holds, then kills it.
+async fn stored_after_restart(node: &mut Node, via: &Dialer) -> std::collections::BTreeSet<String> {
+    node.start();
+    let (_, log) = snapshot(via, &node.address, &tree("t"))
+        .await
+        .expect("a snapshot");
+    node.kill();
+    log.iter()
+        .filter_map(|op| op.meta.get(ATTR_FILE_NAME))
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+        .collect()
+}
+
+/// What one writer's calls got before its connection ended.
+#[derive(Default)]
+struct WriterOutcome {
+    acknowledged: Vec<String>,
+    /// Answered `ShuttingDown` (not stored, safe to retry elsewhere).
+    refused: usize,
+    /// The last write sent, and what the connection did instead of
+    /// answering it (EOF, reset, a timeout): unanswered.
+    unanswered: Option<(String, String)>,
+}
+
+/// Writes `file-<writer>-<n>` over one connection until the node stops
+/// answering; says on `started` once its first write was acknowledged.
+async fn write_over_one_connection(
+    via: Dialer,
+    address: String,
+    writer: usize,
+    started: tokio::sync::mpsc::Sender<()>,
+) -> WriterOutcome {
+    let mut outcome = WriterOutcome::default();
+    let mut connection = Connection::open(&address, None, &via).await.unwrap();
+    for n in 0.. {
+        let name = format!("file-{writer}-{n}");
+        let request = Request::AddByPath {
+            tree: tree("t"),
+            attr: ATTR_FILE_NAME.into(),
+            path: vec!["root".into()],
+            items: vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())],
+        };
+        let answer = tokio::time::timeout(PATIENCE, connection.call(&request)).await;
+        match answer {
+            Ok(Ok(Response::AddedByPath { .. })) => {
+                outcome.acknowledged.push(name);
+                if outcome.acknowledged.len() == 1 {
+                    started.send(()).await.unwrap();
+                }
+            }
+            Ok(Ok(Response::Error(arbor::Error::ShuttingDown)))
+            | Ok(Err(arbor::Error::ShuttingDown)) => {
+                outcome.refused += 1;
+                break;
+            }
+            Ok(other) => {
+                outcome.unanswered = Some((name, format!("{other:?}")));
+                break;
+            }
+            Err(_) => {
+                outcome.unanswered = Some((name, "no answer within the patience".into()));
+                break;
+            }
+        }
+    }
+    outcome
+}
+
+/// SIGTERM while 16 writers each have a write in flight on their own
+/// connection: every write sent is answered, with its result or with
+/// `ShuttingDown`, before the connection closes; every acknowledged write
+/// is there after a restart. A node that closed a connection without
+/// answering left its client to guess (a gateway that retries creates the
+/// object twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_every_write_in_flight() {
+    for tls in [false, true] {
+        sigterm_answers_every_write_in_flight_over(tls).await;
+    }
+}
+
+async fn sigterm_answers_every_write_in_flight_over(tls: bool) {
+    const WRITERS: usize = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let certs = tls.then(|| {
+        make_certs(&certs, 1);
+        certs.as_path()
+    });
+    let db = dir.path().join("data/tree.db");
+    let address = format!("127.0.0.1:{}", free_port());
+    // A batch waits 20 ms for company, so most writers are in flight
+    // whenever the signal lands.
+    let extra = format!(
+        "{}access:\n  anonymous: trusted\n  default:\n    owners: [test]\npilorama:\n  path: {}\n  max_batch_delay: 20ms\n",
+        tls_yaml(certs, 1),
+        db.display()
+    );
+    let yaml = format!("node:\n  replica_id: 1\n  listen: \"{address}\"\n{extra}");
+    let config = dir.path().join("node.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut node = Node {
+        config_path: config,
+        address: address.clone(),
+        child: None,
+    };
+    node.start();
+    let via = client_dialer(certs);
+    let (started, mut first_acks) = tokio::sync::mpsc::channel(WRITERS);
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let run = write_over_one_connection(via.clone(), address.clone(), w, started.clone());
+            tokio::spawn(run)
+        })
+        .collect();
+    for _ in 0..WRITERS {
+        first_acks
+            .recv()
+            .await
+            .expect("every writer got its first answer");
+    }
+    let outcomes = stop_while_running(&mut node, writers).await;
+    let stored = stored_after_restart(&mut node, &via).await;
+    let acknowledged: usize = outcomes.iter().map(|o| o.acknowledged.len()).sum();
+    let refused: usize = outcomes.iter().map(|o| o.refused).sum();
+    let unanswered: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| o.unanswered.clone())
+        .collect();
+    let unanswered_stored = unanswered
+        .iter()
+        .filter(|(name, _)| stored.contains(name))
+        .count();
+    eprintln!(
+        "tls {tls}: {WRITERS} writers, {acknowledged} acknowledged, {refused} answered \
+         ShuttingDown, {} unanswered ({unanswered_stored} of them stored)",
+        unanswered.len()
+    );
+    for outcome in &outcomes {
+        for name in &outcome.acknowledged {
+            assert!(stored.contains(name), "{name} acknowledged, then lost");
+        }
+    }
+    assert!(
+        unanswered.is_empty(),
+        "tls {tls}: writes sent but never answered: {unanswered:?}"
+    );
+}
+
+/// What one gRPC writer's calls got before the node stopped.
+#[derive(Default)]
+struct GrpcOutcome {
+    acknowledged: Vec<String>,
+    /// The write that failed, and its status.
+    failed: Option<(String, tonic::Status)>,
+}
+
+async fn grpc_write_until_refused(
+    address: String,
+    signer: arbor::grpc::Signer,
+    writer: usize,
+    started: tokio::sync::mpsc::Sender<()>,
+) -> GrpcOutcome {
+    let target = arbor::grpc::client::Target::plaintext(address);
+    let mut client = arbor::grpc::client::GrpcClient::connect(&target, signer)
+        .await
+        .unwrap();
+    let mut outcome = GrpcOutcome::default();
+    let t = tree("t");
+    for n in 0.. {
+        let name = format!("grpc-{writer}-{n}");
+        let meta = [KeyValue::new(ATTR_FILE_NAME, name.as_bytes())];
+        let call = client.add_by_path(&t, &["root"], &meta);
+        match tokio::time::timeout(PATIENCE, call).await {
+            Ok(Ok(_)) => {
+                outcome.acknowledged.push(name);
+                if outcome.acknowledged.len() == 1 {
+                    started.send(()).await.unwrap();
+                }
+            }
+            Ok(Err(status)) => {
+                outcome.failed = Some((name, status));
+                break;
+            }
+            Err(_) => {
+                outcome.failed = Some((name, tonic::Status::deadline_exceeded("no answer")));
+                break;
+            }
+        }
+    }
+    outcome
+}
+
+/// SIGTERM while 16 gRPC callers each have a write in flight: every call
+/// the node took is answered before it exits (tonic's graceful shutdown
+/// lets them finish); a call that failed was not stored, so a gateway
+/// that retries it creates nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_every_grpc_call_in_flight() {
+    const WRITERS: usize = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("data/tree.db");
+    let address = format!("127.0.0.1:{}", free_port());
+    let grpc_address = format!("127.0.0.1:{}", free_port());
+    let signer = arbor::grpc::Signer::from_seed(7);
+    let key = signer.public().hex();
+    let yaml = format!(
+        "node:\n  replica_id: 1\n  listen: \"{address}\"\ngrpc:\n  listen: \"{grpc_address}\"\n\
+         access:\n  anonymous: trusted\n  default:\n    writers: [\"{key}\"]\n\
+         pilorama:\n  path: {}\n  max_batch_delay: 20ms\n",
+        db.display()
+    );
+    let config = dir.path().join("node.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut node = Node {
+        config_path: config,
+        address: address.clone(),
+        child: None,
+    };
+    node.start();
+    let (started, mut first_acks) = tokio::sync::mpsc::channel(WRITERS);
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let run =
+                grpc_write_until_refused(grpc_address.clone(), signer.clone(), w, started.clone());
+            tokio::spawn(run)
+        })
+        .collect();
+    for _ in 0..WRITERS {
+        first_acks
+            .recv()
+            .await
+            .expect("every writer got its first answer");
+    }
+    let outcomes = stop_while_running(&mut node, writers).await;
+    let stored = stored_after_restart(&mut node, &client_dialer(None)).await;
+    let acknowledged: usize = outcomes.iter().map(|o| o.acknowledged.len()).sum();
+    let failed: Vec<_> = outcomes.iter().filter_map(|o| o.failed.clone()).collect();
+    let shutting_down = failed
+        .iter()
+        .filter(|(_, status)| status.message().contains("shutting down"))
+        .count();
+    // A call is answered (ShuttingDown), or the node never took it: its
+    // channel found the port closed when it dialled again after the
+    // node's GOAWAY; the call was still queued in the client when the
+    // connection closed (hyper's `Canceled`); or its stream came after the
+    // last one the GOAWAY let in (HTTP/2 says such a stream was not
+    // processed). Anything else cut a call the node had taken. And no
+    // failed call may have been stored (below).
+    let never_sent = |status: &tonic::Status| {
+        let debug = format!("{status:?}");
+        status.message().contains("tcp connect error")
+            || (status.code() == tonic::Code::Cancelled
+                && debug.contains("Canceled, \"connection closed\""))
+            || debug.contains("GoAway(b\"\", NO_ERROR, Remote)")
+    };
+    let cut: Vec<_> = failed
+        .iter()
+        .filter(|(_, status)| !status.message().contains("shutting down") && !never_sent(status))
+        .collect();
+    assert!(cut.is_empty(), "calls cut without an answer: {cut:?}");
+    let failed_stored: Vec<_> = failed
+        .iter()
+        .filter(|(name, _)| stored.contains(name))
+        .collect();
+    eprintln!(
+        "gRPC: {WRITERS} writers, {acknowledged} acknowledged, {} failed ({shutting_down} answered \
+         ShuttingDown, {} of the failed stored)",
+        failed.len(),
+        failed_stored.len()
+    );
+    for outcome in &outcomes {
+        for name in &outcome.acknowledged {
+            assert!(stored.contains(name), "{name} acknowledged, then lost");
+        }
+    }
+    assert!(
+        failed_stored.is_empty(),
+        "calls stored but answered with an error: {failed_stored:?}"
+    );
 }

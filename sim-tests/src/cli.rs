@@ -534,13 +534,22 @@ impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
     }
 }
 
-/// Sets up the replay log: trace events and engine logs on simulated time.
+/// The replay log's filter unless `RUST_LOG` says otherwise. madsim warns
+/// at every start that it cannot seed std's `HashMap` on Linux; a replay's
+/// repetition is checked by its trace fingerprint instead, so that line
+/// is left out.
+pub const REPLAY_LOG_FILTER: &str = "info,madsim=warn,madsim::sim::rand=error";
+
+/// Sets up the replay log: trace events and engine logs on simulated time,
+/// on stdout, coloured only when stdout is a terminal.
 pub(crate) fn init_replay_log() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,madsim=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(REPLAY_LOG_FILTER));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_timer(SimulatedTime)
         .with_target(false)
+        .with_ansi(std::io::stdout().is_terminal())
         .try_init();
 }

@@ -195,6 +195,24 @@ fn a_failing_replay_exits_1() {
         "FailedBatchHangs",
     ]);
     assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    // Redirected, as a reader saving it does: no colour codes, no madsim
+    // start-up warning, and a header in a config's words.
+    let out = text(&output);
+    assert!(
+        !out.contains('\u{1b}'),
+        "ANSI codes in a piped replay: {out:?}"
+    );
+    assert!(!out.contains("HashMap"), "{out}");
+    let header: Vec<&str> = out
+        .lines()
+        .skip_while(|line| !line.starts_with("seed 2 profile storage-errors ("))
+        .take_while(|line| !line.starts_with("ops sent"))
+        .collect();
+    assert_eq!(header.len(), 4, "{out}");
+    let header = header.join("\n");
+    for debug in ["Some(", "None", "DiskFaults", "{"] {
+        assert!(!header.contains(debug), "{debug} in {header}");
+    }
 }
 
 /// Bad flags and unwritable outputs exit 2 before any seed runs.

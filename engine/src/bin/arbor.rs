@@ -107,6 +107,25 @@ enum Command {
     Healthcheck {
         #[command(flatten)]
         server: ServerArgs,
+        /// Tries again until the node answers, for at most this long (a
+        /// script waiting for a node it just started).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<Duration>,
+    },
+    /// Says, per container, whether the replica at --addr can leave it:
+    /// every op it stamped there is held by every remaining member, and
+    /// every op it holds there by one of them. Exits 0 only when every
+    /// container is drained.
+    Drain {
+        /// The leaving replica.
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Container id (64 hex digits), repeatable.
+        #[arg(long = "cid", required = true)]
+        cids: Vec<String>,
+        /// HOST:PORT of a replica that stays, repeatable.
+        #[arg(long = "member", required = true)]
+        members: Vec<String>,
     },
     /// Makes development certificates (a cluster CA, nodes, clients).
     #[command(subcommand)]
@@ -230,6 +249,15 @@ async fn main() -> ExitCode {
             };
             run_ls(tree, listing).await
         }
+        Command::Drain {
+            server,
+            cids,
+            members,
+        } => run_drain(server, cids, members).await,
+        Command::Healthcheck {
+            server,
+            wait: Some(wait),
+        } => run_healthcheck_until(server, wait).await,
         command => run_client(command).await,
     };
     match result {
@@ -257,16 +285,29 @@ async fn run_node(path: &Path) -> Result<(), String> {
         );
         return Ok(());
     }
-    // Everything is checked before the first file is created: the TLS
-    // files, the database path, and the listen address (bound first).
+    // Everything is checked before the first file is created: what
+    // plaintext cannot enforce, the TLS files and their dates, the
+    // database path, and the listen addresses (bound first).
+    if let Some(warning) = config.plaintext_access().map_err(|e| e.to_string())? {
+        tracing::warn!("{warning}");
+    }
     let tls = TlsContext::for_node(&config).map_err(|e| e.to_string())?;
     let grpc_tls = grpc::tls_for(&config).map_err(|e| e.to_string())?;
+    let (certificates, expiring) =
+        arbor::tls::check_own_certificates(&config, tls.as_deref(), std::time::SystemTime::now())
+            .map_err(|e| e.to_string())?;
+    for warning in expiring {
+        tracing::warn!("{warning}");
+    }
     let db = &config.pilorama.path;
     check_db_path(db)?;
     let listener = tcp::listen(&config, tls.is_some())
         .await
         .map_err(|e| e.to_string())?;
     let grpc_listener = grpc::listen(&config, grpc_tls.is_some())
+        .await
+        .map_err(|e| e.to_string())?;
+    let metrics_listener = arbor::metrics::listen(&config)
         .await
         .map_err(|e| e.to_string())?;
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -292,7 +333,6 @@ async fn run_node(path: &Path) -> Result<(), String> {
     let address = server.local_addr().map_err(|e| e.to_string())?;
     let stop = StopSignal::install()?;
     let handle = server.handle();
-    tokio::spawn(server.run());
     let grpc = match grpc_listener {
         Some(listener) => {
             let front = grpc::Front::new(service.clone());
@@ -302,7 +342,10 @@ async fn run_node(path: &Path) -> Result<(), String> {
         }
         None => None,
     };
-    // Scripts and tests read these lines to learn the bound ports.
+    // Scripts and tests read these lines to learn the bound ports. They
+    // are all out before the node's own port serves (connections wait in
+    // its backlog meanwhile): once a Healthcheck is answered, a script
+    // finds them.
     println!(
         "arbor: replica {} listening on {address}",
         config.node.replica_id
@@ -313,6 +356,23 @@ async fn run_node(path: &Path) -> Result<(), String> {
             config.node.replica_id, grpc.local_addr
         );
     }
+    if let Some(listener) = metrics_listener {
+        let metrics_address = listener.local_addr().map_err(|e| e.to_string())?;
+        let sources = arbor::metrics::Sources {
+            service: service.clone(),
+            tcp: handle.clone(),
+            grpc: grpc.as_ref().map(|grpc| grpc.handle()),
+            certificates,
+        };
+        let registry = Arc::new(arbor::metrics::registry(sources));
+        let timeout = config.limits.handshake_timeout;
+        tokio::spawn(arbor::metrics::serve(listener, registry, timeout));
+        println!(
+            "arbor: replica {} metrics on http://{metrics_address}/metrics",
+            config.node.replica_id
+        );
+    }
+    tokio::spawn(server.run());
     tracing::info!(%address, replica = config.node.replica_id, "serving");
     let signal = stop.wait().await;
     tracing::info!(signal, "stopping");
@@ -438,7 +498,118 @@ async fn run_client(command: Command) -> Result<(), String> {
         .await
         .map_err(|_| "request timed out".to_string())?
         .map_err(|e| e.to_string())?;
+    // A path that names no node is an error for a script, not an empty
+    // answer.
+    if let (Request::GetNodeByPath { path, .. }, Response::Nodes(nodes)) = (&request, &response) {
+        if nodes.is_empty() {
+            return Err(format!("{}: not found", path.join("/")));
+        }
+    }
     print_response(response)
+}
+
+/// `arbor drain`: reads what the leaver and each remaining member hold in
+/// each container and prints `arbor::drain::judge`'s answer per container.
+async fn run_drain(
+    server: ServerArgs,
+    cids: Vec<String>,
+    members: Vec<String>,
+) -> Result<(), String> {
+    let cids = cids
+        .iter()
+        .map(|hex| parse_cid(hex))
+        .collect::<Result<Vec<_>, _>>()?;
+    let dialer = server.dialer()?;
+    let timeout = server.timeout;
+    let open = |address: String, expect: Option<ReplicaId>| {
+        let dialer = dialer.clone();
+        async move {
+            let open = Connection::open(&address, expect, &dialer);
+            let mut connection = tokio::time::timeout(timeout, open)
+                .await
+                .map_err(|_| format!("{address}: connecting timed out"))?
+                .map_err(|e| format!("{address}: {e}"))?;
+            let health = tokio::time::timeout(timeout, connection.call(&Request::Healthcheck))
+                .await
+                .map_err(|_| format!("{address}: Healthcheck timed out"))?
+                .map_err(|e| format!("{address}: {e}"))?;
+            match health {
+                Response::Health { replica_id, .. } => Ok((address, replica_id, connection)),
+                Response::Error(error) => Err(format!("{address}: {error}")),
+                other => Err(format!("{address}: unexpected answer {other:?}")),
+            }
+        }
+    };
+    let (leaver_address, leaver, mut leaver_connection) =
+        open(server.addr.clone(), server.replica).await?;
+    let mut stay = Vec::new();
+    for address in members {
+        let (address, replica, connection) = open(address, None).await?;
+        if replica == leaver {
+            return Err(format!(
+                "{address} is replica {leaver}, the leaving one ({leaver_address})"
+            ));
+        }
+        stay.push((address, replica, connection));
+    }
+    let mut all_drained = true;
+    for cid in cids {
+        let held = held_ops(&leaver_address, &mut leaver_connection, cid, timeout).await?;
+        let mut remaining = Vec::new();
+        for (address, replica, connection) in &mut stay {
+            remaining.push((*replica, held_ops(address, connection, cid, timeout).await?));
+        }
+        let report = arbor::drain::judge(cid, leaver, &held, &remaining);
+        println!("{report}");
+        all_drained &= report.done();
+    }
+    if all_drained {
+        Ok(())
+    } else {
+        Err(format!(
+            "replica {leaver} is not drained: do not take it out of the containers yet"
+        ))
+    }
+}
+
+/// What the replica at `address` holds in `cid`, each call answered
+/// within `timeout`.
+async fn held_ops(
+    address: &str,
+    connection: &mut Connection,
+    cid: ContainerId,
+    timeout: Duration,
+) -> Result<arbor::drain::HeldOps, String> {
+    arbor::drain::held_ops(connection, cid, timeout)
+        .await
+        .map_err(|e| format!("{address}: {e}"))
+}
+
+/// `arbor healthcheck --wait`: calls until the node answers `Health` or
+/// `wait` has passed, a tenth of a second between tries.
+async fn run_healthcheck_until(server: ServerArgs, wait: Duration) -> Result<(), String> {
+    let dialer = server.dialer()?;
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let call = async {
+            let mut connection = Connection::open(&server.addr, server.replica, &dialer).await?;
+            connection.call(&Request::Healthcheck).await
+        };
+        let error = match tokio::time::timeout(server.timeout, call).await {
+            Ok(Ok(response @ Response::Health { .. })) => return print_response(response),
+            Ok(Ok(Response::Error(error))) | Ok(Err(error)) => error.to_string(),
+            Ok(Ok(other)) => format!("unexpected answer {other:?}"),
+            Err(_) => "request timed out".to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{}: no answer within {}: {error}",
+                server.addr,
+                humantime::format_duration(wait)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// What `arbor ls` lists.
@@ -609,8 +780,12 @@ fn client_request(command: Command) -> Result<(ServerArgs, Request), String> {
                 cid: parse_cid(&cid)?,
             },
         ),
-        Command::Healthcheck { server } => (server, Request::Healthcheck),
-        Command::Node { .. } | Command::Certs(_) | Command::Grpc(_) | Command::Ls { .. } => {
+        Command::Healthcheck { server, .. } => (server, Request::Healthcheck),
+        Command::Node { .. }
+        | Command::Certs(_)
+        | Command::Grpc(_)
+        | Command::Ls { .. }
+        | Command::Drain { .. } => {
             unreachable!("not a client command")
         }
     })
@@ -675,10 +850,7 @@ fn print_response(response: Response) -> Result<(), String> {
                 stamps.len()
             )
         }
-        Response::Health {
-            replica_id,
-            log_epoch,
-        } => println!("ok replica {replica_id} log epoch {log_epoch}"),
+        Response::Health { replica_id, .. } => println!("ok replica {replica_id}"),
         Response::Hello {
             cluster_id,
             replica_id,

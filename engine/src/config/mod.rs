@@ -154,7 +154,21 @@ pub struct NodeConfig {
     /// replicates from every peer (docs/design.md §6). Needs
     /// `tree.sync_interval`.
     pub rejoin: bool,
+    /// Where the Prometheus metrics endpoint listens (plaintext HTTP:
+    /// loopback only unless `insecure_plaintext`); `None`: no endpoint.
+    pub metrics_listen: Option<String>,
+    /// A node whose own certificate (`node.tls.cert`, `grpc.tls.cert`)
+    /// expires within this time warns at start; an expired or not yet
+    /// valid one stops it.
+    pub tls_expiry_warning: Duration,
 }
+
+/// `node.tls_expiry_warning` unless configured: 30 days.
+pub const TLS_EXPIRY_WARNING_DEFAULT: Duration = Duration::from_secs(30 * 86_400);
+
+/// Connections the metrics endpoint serves at once; a scraper beyond
+/// waits in the listen backlog.
+pub const METRICS_CONNECTIONS_MAX: usize = 4;
 
 /// `node.tls`: PEM files of the cluster's CA and this node's certificate
 /// (which must name `node.cluster_id` and `node.replica_id`) and key.
@@ -389,6 +403,8 @@ impl NodeConfig {
             tls: None,
             insecure_plaintext: false,
             rejoin: false,
+            metrics_listen: None,
+            tls_expiry_warning: TLS_EXPIRY_WARNING_DEFAULT,
         }
     }
 }
@@ -412,8 +428,8 @@ impl Config {
 
     /// Reads and parses a YAML file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let text =
+            crate::files::read_regular_text("--config", path, crate::files::CONFIG_FILE_BYTES_MAX)?;
         Self::from_yaml_str(&text)
     }
 
@@ -553,6 +569,59 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// What `access:` cannot do on a node without `node.tls`, checked when
+    /// `arbor node` starts: over plaintext no caller proves a certificate
+    /// name, so rules naming clients by name match nobody, and a `Hello`
+    /// claiming a configured peer is believed. Rules naming clients by
+    /// name stop the start unless `node.insecure_plaintext` says the
+    /// operator knows (then they are a warning), or `anonymous: trusted`
+    /// opens everything to everyone anyway; a node with peers whose
+    /// rules are not `anonymous: trusted` gets a warning that anyone who
+    /// reaches its port holds the peers' rights. `Ok(None)`: nothing to say.
+    /// (Callers of the gRPC front are named by keys that sign their
+    /// requests, which plaintext does not weaken.)
+    pub fn plaintext_access(&self) -> Result<Option<String>> {
+        if self.node.tls.is_some() {
+            return Ok(None);
+        }
+        let access = &self.access;
+        let all = access.containers.iter().map(|c| &c.grants);
+        let mut named = BTreeSet::new();
+        for grants in all.chain([&access.default]) {
+            let names = grants.owners.iter().chain(&grants.writers);
+            for name in names.chain(&grants.readers) {
+                if !crate::grpc::looks_like_key(name) {
+                    named.insert(name.as_str());
+                }
+            }
+        }
+        // `anonymous: trusted` lets every caller do everything: rules
+        // naming clients restrict nobody there, and nobody is led to think
+        // they do.
+        if !named.is_empty() && !access.anonymous_replicates {
+            let names: Vec<&str> = named.into_iter().collect();
+            let why = format!(
+                "access: names clients by certificate ({}), but without node.tls no caller \
+                 proves a name: those rules match nobody, and a Hello claiming a peer is believed",
+                names.join(", ")
+            );
+            if !self.node.insecure_plaintext {
+                return Err(Error::Config(format!(
+                    "{why}; set node.tls, or node.insecure_plaintext: true to start anyway"
+                )));
+            }
+            return Ok(Some(why));
+        }
+        if !self.node.peers.is_empty() && !access.anonymous_replicates {
+            return Ok(Some(
+                "node.tls is not set: a caller whose Hello claims a configured peer is believed, \
+                 so anyone who reaches node.listen holds the peers' rights (replicating, reading op logs)"
+                    .into(),
+            ));
+        }
+        Ok(None)
     }
 
     /// The keys of the gRPC front (docs/grpc.md).

@@ -209,6 +209,10 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
     let tls = parse_tls(&mut s)?;
     let insecure_plaintext = s.bool("insecure_plaintext")?.unwrap_or(false);
     let rejoin = s.bool("rejoin")?.unwrap_or(false);
+    let metrics_listen = s.string("metrics_listen")?;
+    let tls_expiry_warning = s
+        .duration("tls_expiry_warning")?
+        .unwrap_or(TLS_EXPIRY_WARNING_DEFAULT);
     s.finish()?;
     Ok(NodeConfig {
         replica_id,
@@ -219,6 +223,8 @@ fn parse_node(mut s: Section) -> Result<NodeConfig> {
         tls,
         insecure_plaintext,
         rejoin,
+        metrics_listen,
+        tls_expiry_warning,
     })
 }
 

@@ -311,3 +311,74 @@ fn bad_grpc_keys_are_refused_by_name() {
     let grant = format!("access:\n  default:\n    readers: [\"{not_a_point}\"]\n");
     assert!(error(&grant).contains("access.default.readers[0]"));
 }
+
+#[test]
+fn the_metrics_endpoint_and_the_expiry_warning() {
+    let config = Config::from_yaml_str(
+        "node:\n  replica_id: 1\n  metrics_listen: 127.0.0.1:9100\n  tls_expiry_warning: 7d\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.node.metrics_listen.as_deref(),
+        Some("127.0.0.1:9100")
+    );
+    assert_eq!(
+        config.node.tls_expiry_warning,
+        Duration::from_secs(7 * 86_400)
+    );
+    let defaults = Config::from_yaml_str("node:\n  replica_id: 1\n").unwrap();
+    assert_eq!(defaults.node.metrics_listen, None);
+    assert_eq!(defaults.node.tls_expiry_warning, TLS_EXPIRY_WARNING_DEFAULT);
+    let error = Config::from_yaml_str("node:\n  replica_id: 1\n  tls_expiry_warning: soon\n")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("node.tls_expiry_warning"), "{error}");
+}
+
+/// Over plaintext a rule naming a client by certificate matches nobody:
+/// the node refuses to start unless `node.insecure_plaintext` says the
+/// operator knows, and then warns; rules naming gRPC keys only, or
+/// `anonymous: trusted`, say nothing; peers with restricting rules warn.
+#[test]
+fn plaintext_access_rules_naming_clients_are_refused_unless_told() {
+    let key = crate::grpc::Signer::from_seed(1).public().hex();
+    let base = "node:\n  replica_id: 1\n";
+    let named = "access:\n  default:\n    writers: [gateway-1]\n";
+    let error = Config::from_yaml_str(&format!("{base}{named}"))
+        .unwrap()
+        .plaintext_access()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("access:") && error.contains("gateway-1"),
+        "{error}"
+    );
+    assert!(error.contains("node.insecure_plaintext"), "{error}");
+    let told = format!("{base}  insecure_plaintext: true\n{named}");
+    let warning = Config::from_yaml_str(&told).unwrap().plaintext_access();
+    assert!(warning.unwrap().unwrap().contains("gateway-1"));
+    let mut tls = Config::from_yaml_str(&format!("{base}{named}")).unwrap();
+    tls.node.tls = Some(TlsFiles {
+        ca: "ca".into(),
+        cert: "c".into(),
+        key: "k".into(),
+    });
+    assert_eq!(tls.plaintext_access().unwrap(), None);
+    let trusted_named =
+        format!("{base}access:\n  anonymous: trusted\n  default:\n    writers: [gw]\n");
+    let trusted_named = Config::from_yaml_str(&trusted_named).unwrap();
+    assert_eq!(trusted_named.plaintext_access().unwrap(), None);
+    let keys_only = format!("{base}access:\n  default:\n    writers: [\"{key}\"]\n");
+    let keys_only = Config::from_yaml_str(&keys_only).unwrap();
+    assert_eq!(keys_only.plaintext_access().unwrap(), None);
+    let peers = "  peers:\n    - { replica_id: 2, address: \"127.0.0.1:7002\" }\n";
+    let trusted = format!("{base}{peers}access:\n  anonymous: trusted\n");
+    let trusted = Config::from_yaml_str(&trusted).unwrap();
+    assert_eq!(trusted.plaintext_access().unwrap(), None);
+    let readers = format!("{base}{peers}access:\n  anonymous: reader\n");
+    let warning = Config::from_yaml_str(&readers).unwrap().plaintext_access();
+    assert!(warning
+        .unwrap()
+        .unwrap()
+        .contains("Hello claims a configured peer"));
+}

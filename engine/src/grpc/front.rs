@@ -196,7 +196,14 @@ pub fn status_of(error: Error) -> Status {
     }
 }
 
+/// Refused signatures logged, over every gRPC front of the process.
+static SIGNATURES_REFUSED: crate::metrics::WarnLimit =
+    crate::metrics::WarnLimit::new(crate::metrics::REFUSALS_LOGGED_PER_MINUTE);
+
 fn signature_refused(operation: &str, error: SignatureError) -> Status {
+    if let Some(held_back) = SIGNATURES_REFUSED.admit() {
+        tracing::warn!(operation, %error, held_back, "gRPC call refused: signature");
+    }
     Status::unauthenticated(format!(
         "access to operation {operation} is denied by the signature check: {error}"
     ))

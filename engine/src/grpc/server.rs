@@ -56,14 +56,18 @@ pub fn tls_for(config: &Config) -> Result<Option<TlsAcceptor>> {
         (None, None) => return Ok(None),
     };
     let read = |part: &str, path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|e| Error::Config(format!("{section}.{part}: {}: {e}", path.display())))
+        let key = format!("{section}.{part}");
+        crate::files::read_regular(&key, path, crate::files::TLS_FILE_BYTES_MAX)
     };
     let (cert_pem, key_pem) = (read("cert", cert)?, read("key", key)?);
     crate::tls::grpc_acceptor(&cert_pem, &key_pem)
         .map(Some)
         .map_err(|error| Error::Config(format!("{section}.{error}")))
 }
+
+/// Refused handshakes logged by the gRPC ports of the process.
+static REFUSALS: crate::metrics::WarnLimit =
+    crate::metrics::WarnLimit::new(crate::metrics::REFUSALS_LOGGED_PER_MINUTE);
 
 /// What the gRPC server has done.
 #[derive(Default)]
@@ -246,13 +250,17 @@ impl Handshake {
                 self.counters
                     .handshakes_failed
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(?remote, %error, "gRPC TLS handshake failed");
+                if let Some(held_back) = REFUSALS.admit() {
+                    tracing::warn!(?remote, %error, held_back, "gRPC TLS handshake refused");
+                }
             }
             Err(_) => {
                 self.counters
                     .handshakes_failed
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(?remote, "gRPC TLS handshake timed out");
+                if let Some(held_back) = REFUSALS.admit() {
+                    tracing::warn!(?remote, held_back, "gRPC TLS handshake refused: timed out");
+                }
             }
         }
     }

@@ -24,6 +24,15 @@ impl Service {
     /// established; errors are `Response::Error`. The caller's rights are
     /// checked before anything else (docs/design.md §9).
     pub async fn handle(&self, caller: &Caller, request: Request) -> Response {
+        let kind = request.kind();
+        let started = self.core.env.clock.now();
+        let response = self.answer(caller, request).await;
+        let took = self.core.env.clock.now().saturating_sub(started);
+        self.core.request_latency.observe(kind, took);
+        response
+    }
+
+    async fn answer(&self, caller: &Caller, request: Request) -> Response {
         if self.core.stopped() {
             return Response::Error(Error::ShuttingDown);
         }

@@ -194,6 +194,8 @@ struct Core {
     /// The epoch of this database's log, told to peers in `Health`; set
     /// once stored (a disk error at start leaves it to the first `Health`).
     log_epoch: std::sync::OnceLock<u64>,
+    /// How long requests took to answer, by kind (the metrics endpoint).
+    request_latency: crate::metrics::RequestLatency,
 }
 
 impl Core {
@@ -305,6 +307,7 @@ impl Service {
             rejoin,
             acks,
             log_epoch,
+            request_latency: Default::default(),
         });
         let service = Arc::new(Service {
             pusher: Pusher::start(core.clone(), book, windows.clone()),
@@ -383,6 +386,16 @@ impl Service {
 
     pub fn forest(&self) -> &Arc<Forest> {
         &self.core.forest
+    }
+
+    /// Commit durations (the batcher's histogram, shared).
+    pub fn commit_latency(&self) -> crate::metrics::Histogram {
+        self.core.batcher.commit_latency()
+    }
+
+    /// Request durations by kind, as `handle` answered them.
+    pub fn request_latency(&self) -> &crate::metrics::RequestLatency {
+        &self.core.request_latency
     }
 
     /// True while a replaced node refuses local writes (`node.rejoin`).

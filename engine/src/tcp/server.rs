@@ -26,6 +26,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+/// Refused handshakes and identities logged, over every server of the
+/// process (`held_back` counts the lines left out since the last one).
+static REFUSALS: crate::metrics::WarnLimit =
+    crate::metrics::WarnLimit::new(crate::metrics::REFUSALS_LOGGED_PER_MINUTE);
+
 /// Bounds and identity of the server side.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -336,7 +341,7 @@ impl Shared {
                 self.serve_requests(&mut buffered(stream), Caller::Anonymous, &evict)
                     .await
             }
-            Some(acceptor) => match self.handshake(acceptor, stream, &evict).await {
+            Some(acceptor) => match self.handshake(acceptor, stream, remote, &evict).await {
                 Ok((stream, caller)) => {
                     self.serve_requests(&mut buffered(stream), caller, &evict)
                         .await
@@ -355,6 +360,7 @@ impl Shared {
         &self,
         acceptor: &tokio_rustls::TlsAcceptor,
         stream: TcpStream,
+        remote: SocketAddr,
         evict: &Arc<Notify>,
     ) -> Result<(Box<dyn Stream>, Caller)> {
         let _idle = IdleTicket::enter(&self.idle, evict);
@@ -372,11 +378,15 @@ impl Shared {
                 self.counters
                     .handshakes_failed
                     .fetch_add(1, Ordering::Relaxed);
-                return Err(match failed {
+                let error = match failed {
                     Err(_) => Error::Timeout,
                     Ok(Err(e)) => Error::Network(format!("TLS handshake: {e}")),
                     Ok(Ok(_)) => unreachable!("handled above"),
-                });
+                };
+                if let Some(held_back) = REFUSALS.admit() {
+                    tracing::warn!(%remote, %error, held_back, "TLS handshake refused");
+                }
+                return Err(error);
             }
         };
         let identity = {
@@ -392,7 +402,9 @@ impl Shared {
                 self.counters
                     .identities_refused
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%error, "TLS client refused");
+                if let Some(held_back) = REFUSALS.admit() {
+                    tracing::warn!(%remote, %error, held_back, "TLS client refused");
+                }
                 self.answer(&mut stream, 0, Response::Error(error.clone()))
                     .await
                     .ok();
@@ -413,6 +425,10 @@ impl Shared {
             let request = match self.next_request(stream, evict).await {
                 Ok(Some(request)) => request,
                 Ok(None) => return Ok(()),
+                Err(Error::ShuttingDown) => {
+                    self.farewell(stream).await;
+                    return Ok(());
+                }
                 Err(error) => {
                     let _ = self.answer(stream, 0, Response::Error(error.clone())).await;
                     return Err(error);
@@ -439,9 +455,36 @@ impl Shared {
         }
     }
 
+    /// The end of a connection when the server stops between two requests:
+    /// a request the client may have sent meanwhile is not read, so it is
+    /// answered `ShuttingDown` (id 0, the answer to whatever it sent), this
+    /// end's writing half is closed, and what already arrived is read off
+    /// so that closing sends no reset (a reset can destroy the answer
+    /// before the client reads it). A request sent before the stop is
+    /// never left without an answer.
+    async fn farewell<S: Stream>(&self, stream: &mut S) {
+        use futures::FutureExt;
+        use tokio::io::AsyncWriteExt;
+        if self
+            .answer(stream, 0, Response::Error(Error::ShuttingDown))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let _ = tokio::time::timeout(self.options.frame_timeout, stream.shutdown()).await;
+        let mut discard = [0u8; 4096];
+        while let Some(Ok(read)) = stream.read(&mut discard).now_or_never() {
+            if read == 0 {
+                break;
+            }
+        }
+    }
+
     /// Waits for the next frame to start (at most `idle_timeout`, and only
     /// until the connection is evicted or the server stops), then gives it
-    /// `frame_timeout` to arrive whole. `None`: close quietly.
+    /// `frame_timeout` to arrive whole. `None`: close quietly;
+    /// `ShuttingDown`: the server stopped first.
     async fn next_request<S: Stream>(
         &self,
         stream: &mut S,
@@ -454,7 +497,7 @@ impl Shared {
             let idle_timeout = self.options.idle_timeout;
             tokio::select! {
                 biased;
-                _ = stop.wait_for(|stop| *stop) => return Ok(None),
+                _ = stop.wait_for(|stop| *stop) => return Err(Error::ShuttingDown),
                 () = evict.notified() => return Ok(None),
                 read = tokio::time::timeout(idle_timeout, stream.read(&mut first)) => read,
             }

@@ -739,7 +739,7 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
         script = ZOOM_SCRIPT,
         heading = escape(&truncate(&title, 160)),
         title = escape(&title),
-        swarm = escape(&report.swarm.to_string()).replace('\n', "<br>"),
+        swarm = escape(&report.swarm.describe(report.plan.ops_planned())).replace('\n', "<br>"),
         sent = report.ops_sent,
         acked = report.ops_acked,
         faults = report.faults_injected,

@@ -14,7 +14,10 @@
 //!   leaver; once every request sent before has had its answer, the leave
 //!   waits until every op the leaver stamped in the container is held by
 //!   every remaining member, all of them up, and every other op it holds
-//!   there by one of them (`drain_complete`). It is called off when that
+//!   there by one of them: the answer `arbor drain` gives an operator
+//!   (`arbor::drain::judge`, on what `arbor::drain::held_ops_local` reads
+//!   of each replica, as `held_ops` does over the network). It is called
+//!   off when that
 //!   does not happen within `LEAVE_DRAIN_MAX`. Then the leaver restarts
 //!   out of the container (it answers its requests with `NotReplica`) and
 //!   the remaining members restart without it as a peer, but with it as
@@ -36,7 +39,8 @@ use crate::world::supervisor::Supervisor;
 use crate::world::transport::RequestKind;
 use crate::world::World;
 use arbor::config::ContainerConfig;
-use arbor::{timestamp_replica, ContainerId, ReplicaId, Timestamp, TreeKey};
+use arbor::drain;
+use arbor::{ContainerId, ReplicaId, Timestamp, TreeKey};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -254,6 +258,17 @@ fn stamps_of(
     Some(stamps)
 }
 
+/// What `replica` holds in `cid` as the operator reads it
+/// (`arbor::drain::held_ops_local`); `None` while it is down or a
+/// stand-in serves its address, or its read fails.
+fn held_ops(world: &World, replica: ReplicaId, cid: &ContainerId) -> Option<drain::HeldOps> {
+    let node = world.node(replica);
+    if node.is_stand_in() {
+        return None;
+    }
+    drain::held_ops_local(node.service()?.forest(), cid).ok()
+}
+
 /// Whether `holder` holds every op of `wanted` (trees it lacks hold none).
 fn holds_all(
     holder: &BTreeMap<TreeKey, BTreeSet<Timestamp>>,
@@ -265,23 +280,6 @@ fn holds_all(
                 .get(tree)
                 .is_some_and(|held| held.is_superset(stamps))
     })
-}
-
-/// Only the ops `origin` stamped.
-fn stamped_by(
-    stamps: BTreeMap<TreeKey, BTreeSet<Timestamp>>,
-    origin: ReplicaId,
-) -> BTreeMap<TreeKey, BTreeSet<Timestamp>> {
-    stamps
-        .into_iter()
-        .map(|(tree, held)| {
-            let own = held
-                .into_iter()
-                .filter(|&ts| timestamp_replica(ts) == origin)
-                .collect();
-            (tree, own)
-        })
-        .collect()
 }
 
 /// `sets` with `replica` in (`join`) or out of `cid`'s replica set.
@@ -438,15 +436,16 @@ impl Driver {
     }
 
     /// Waits (bounded) until every remaining member is up and the leaver's
-    /// copy of the container is drained into them (`drain_complete`).
+    /// copy of the container is drained into them (`arbor::drain::judge`,
+    /// the rule `arbor drain` applies).
     async fn drained(&self, leaver: ReplicaId, cid: ContainerId, remaining: &[ReplicaId]) -> bool {
         let deadline = crate::world::clock::global_now() + LEAVE_DRAIN_MAX;
         loop {
-            if let Some(held) = stamps_of(&self.world, leaver, &cid) {
+            if let Some(held) = held_ops(&self.world, leaver, &cid) {
                 let others: Option<Vec<_>> = (remaining.iter())
-                    .map(|&m| stamps_of(&self.world, m, &cid))
+                    .map(|&m| held_ops(&self.world, m, &cid).map(|held| (m, held)))
                     .collect();
-                if others.is_some_and(|others| drain_complete(&held, leaver, &others)) {
+                if others.is_some_and(|others| drain::judge(cid, leaver, &held, &others).done()) {
                     return true;
                 }
             }
@@ -498,23 +497,6 @@ struct Left {
     handed: Vec<Option<BTreeMap<TreeKey, BTreeSet<Timestamp>>>>,
 }
 
-/// Whether a leaver that holds `held` of a container has drained into the
-/// remaining members, which hold `others`: each of them holds every op the
-/// leaver stamped (its own ops are its own to push), and every op the
-/// leaver holds, whoever stamped it, is held by one of them. The second
-/// half matters once the op's originator lost its disk: the leaver may
-/// then be the last replica serving it, and the remaining members no
-/// longer pull from it once its leave takes effect (docs/design.md §6).
-fn drain_complete(
-    held: &BTreeMap<TreeKey, BTreeSet<Timestamp>>,
-    leaver: ReplicaId,
-    others: &[BTreeMap<TreeKey, BTreeSet<Timestamp>>],
-) -> bool {
-    let own = stamped_by(held.clone(), leaver);
-    others.iter().all(|other| holds_all(other, &own))
-        && first_unkept(held, others, |_| true).is_none()
-}
-
 /// The first op of `held` (what a leaver held) that none of `others` (the
 /// remaining members) holds, in a tree `settled` says no drop touched.
 fn first_unkept<'h>(
@@ -562,38 +544,6 @@ mod tests {
             (other.clone(), set(&[9])),
         ])];
         assert_eq!(first_unkept(&held, &drained, all), None);
-    }
-
-    /// The drain rule, fed the history of members seed 482: replica-4
-    /// stamped op 262148, replica-1 pulled it, replica-4's disk was then
-    /// destroyed, and replica-1 left holding the only served copy. A drain
-    /// that looked at the leaver's own ops alone let that leave take
-    /// effect and the write was lost; it must wait until a remaining
-    /// member holds the op, and each remaining member every own op.
-    #[test]
-    fn a_leaver_keeps_serving_another_replicas_op_it_alone_holds() {
-        let tree = TreeKey::new(ContainerId([1; 32]), "version");
-        let set = |stamps: &[Timestamp]| stamps.iter().copied().collect::<BTreeSet<_>>();
-        let (own_op, foreign_op) = (0x1_0001, 0x4_0004);
-        assert_eq!(timestamp_replica(own_op), 1);
-        assert_eq!(timestamp_replica(foreign_op), 4);
-        let held = BTreeMap::from([(tree.clone(), set(&[own_op, foreign_op]))]);
-        let own_only = BTreeMap::from([(tree.clone(), set(&[own_op]))]);
-        let all = BTreeMap::from([(tree.clone(), set(&[own_op, foreign_op]))]);
-        let nothing = BTreeMap::new();
-        assert!(!drain_complete(
-            &held,
-            1,
-            &[own_only.clone(), own_only.clone()]
-        ));
-        assert!(drain_complete(&held, 1, &[own_only.clone(), all.clone()]));
-        assert!(!drain_complete(&held, 1, &[nothing, all.clone()]));
-        assert!(drain_complete(&held, 1, &[all.clone(), all]));
-        assert!(drain_complete(
-            &own_only,
-            1,
-            std::slice::from_ref(&own_only)
-        ));
     }
 
     /// Drawn changes are valid; a hand edit that breaks a set is refused.

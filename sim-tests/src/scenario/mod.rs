@@ -147,7 +147,7 @@ impl fmt::Display for Report {
             None => writeln!(f, "seed {} passed", self.seed)?,
             Some(failure) => writeln!(f, "seed {} FAILED: {failure}", self.seed)?,
         }
-        writeln!(f, "{}", self.swarm)?;
+        writeln!(f, "{}", self.swarm.describe(self.plan.ops_planned()))?;
         writeln!(
             f,
             "ops sent {}, acked {}, faults {}, simulated {:?}, trace {:016x} ({} events)",

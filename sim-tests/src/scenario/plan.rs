@@ -155,6 +155,14 @@ pub struct Plan {
     pub changes: Vec<PlannedChange>,
 }
 
+impl Plan {
+    /// Client ops the plan issues after the opening bursts (what a shrunk
+    /// plan left of them).
+    pub fn ops_planned(&self) -> u64 {
+        self.clients.iter().map(ClientPlan::ops_issued).sum()
+    }
+}
+
 /// Why a plan cannot run.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {

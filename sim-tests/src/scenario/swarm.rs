@@ -465,39 +465,83 @@ impl Swarm {
 
 impl fmt::Display for Swarm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(self.size.ops_total))
+    }
+}
+
+/// A duration as an operator writes it ("300ms", "1s 500ms").
+fn duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// An optional duration: the duration, or `none`.
+fn maybe(d: Option<Duration>, none: &str) -> String {
+    d.map_or_else(|| none.to_string(), duration)
+}
+
+impl Swarm {
+    /// What the seed drew, for people (reports, the timeline's header),
+    /// with `ops` the client ops of the plan that ran: fewer than the
+    /// size's for a shrunk or hand-edited capsule.
+    pub fn describe(&self, ops: u64) -> String {
         let k = &self.knobs;
-        writeln!(
-            f,
-            "seed {} profile {} ({} ops, {:?}, {} clients)",
-            self.seed,
-            self.profile.name(),
-            self.size.ops_total,
-            self.size.workload_duration,
-            self.size.clients
-        )?;
-        writeln!(
-            f,
-            "  replicas {}; max_batch_size {}, max_batch_delay {:?}, replication_channel_capacity {}, workers {}, replication_timeout {:?}, sync_interval {:?}, max_pending_writes {}, sync_page_size {}",
-            self.replicas, k.max_batch_size, k.max_batch_delay, k.replication_channel_capacity, k.replication_worker_count, k.replication_timeout, k.sync_interval, k.max_pending_writes, k.sync_page_size
-        )?;
         let fm = &self.faults;
-        writeln!(
-            f,
-            "  opening partition {:?}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), latency {:.2}, crash {:.2}, disk {:.2} ({:?}), push-blackout {:.2}, disk replaced {:.2}, misconfig {:.2}; gap {:?}; torn writes {}",
-            self.opening_partition, fm.partition, fm.one_way, fm.packet_loss, self.packet_loss_rate, fm.latency_spike, fm.crash, fm.disk_errors, self.disk_faults, fm.push_blackout, fm.replace_disk, fm.misconfig, self.fault_gap_mean, self.torn_write_probability
-        )?;
+        let d = &self.disk_faults;
         let skews: Vec<String> = self
             .skews
             .iter()
             .map(|s| format!("+{}ms {:+}ppm", s.offset.as_millis(), s.drift_ppm))
             .collect();
-        write!(
-            f,
-            "  clocks: {}; disk latency {:?}; replicated_batch_delay {:?}; pushes blocked all run {:?}; ack_replicas {}",
+        let blocked: Vec<String> = self
+            .pushes_blocked
+            .iter()
+            .map(|(a, b)| format!("{a}-{b}"))
+            .collect();
+        let latency = &self.disk_latency;
+        format!(
+            "seed {} profile {} ({ops} client ops, {}, {} clients)\n  \
+             replicas {}; max_batch_size {}, max_batch_delay {}, replication_channel_capacity {}, \
+             workers {}, replication_timeout {}, sync_interval {}, max_pending_writes {}, sync_page_size {}\n  \
+             opening partition {}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), \
+             latency {:.2}, crash {:.2}, disk {:.2} (write errors {}, sync errors {}, torn writes {}), \
+             push-blackout {:.2}, disk replaced {:.2}, misconfig {:.2}; gap {}; torn writes at power failure {}\n  \
+             clocks: {}; disk latency {} a write, {} a sync, {}ns a byte; replicated_batch_delay {}; \
+             pushes blocked all run {}; ack_replicas {}",
+            self.seed,
+            self.profile.name(),
+            duration(self.size.workload_duration),
+            self.size.clients,
+            self.replicas,
+            k.max_batch_size,
+            duration(k.max_batch_delay),
+            k.replication_channel_capacity,
+            k.replication_worker_count,
+            duration(k.replication_timeout),
+            maybe(k.sync_interval, "off"),
+            k.max_pending_writes,
+            k.sync_page_size,
+            maybe(self.opening_partition, "none"),
+            fm.partition,
+            fm.one_way,
+            fm.packet_loss,
+            self.packet_loss_rate,
+            fm.latency_spike,
+            fm.crash,
+            fm.disk_errors,
+            d.write_error_probability,
+            d.sync_error_probability,
+            d.torn_write_probability,
+            fm.push_blackout,
+            fm.replace_disk,
+            fm.misconfig,
+            duration(self.fault_gap_mean),
+            self.torn_write_probability,
             skews.join(", "),
-            self.disk_latency,
-            self.replicated_batch_delay,
-            self.pushes_blocked,
+            duration(latency.per_write),
+            duration(latency.per_sync),
+            latency.per_byte_nanos,
+            duration(self.replicated_batch_delay),
+            if blocked.is_empty() { "none".to_string() } else { blocked.join(", ") },
             self.ack_replicas
         )
     }
@@ -506,6 +550,23 @@ impl fmt::Display for Swarm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The header people read says what was drawn in their words: no
+    /// `Some(..)`, no struct names, durations as written in a config.
+    #[test]
+    fn the_description_prints_no_debug_text() {
+        for profile in Profile::ALL {
+            for seed in 1..40 {
+                let swarm = Swarm::draw(seed, profile, Size::TEST, true);
+                let text = swarm.to_string();
+                for debug in ["Some(", "None", "{", "DiskFaults", "DiskLatency", "µs"] {
+                    assert!(!text.contains(debug), "{debug} in {text}");
+                }
+                assert!(text.contains(&format!("({} client ops", swarm.size.ops_total)));
+                assert!(swarm.describe(5).contains("(5 client ops"));
+            }
+        }
+    }
 
     // Regression: push-only seeds 7, 22 and 45 (small) drew disk
     // replacements, drawn before the profile turned sync off; the replaced

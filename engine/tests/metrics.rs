@@ -1,0 +1,114 @@
+//! The metrics endpoint in process: a write and a read show up in the
+//! latency histograms by kind and in the counters; the endpoint serves at
+//! most `METRICS_CONNECTIONS_MAX` connections at once and closes one that
+//! sends nothing within its timeout.
+
+use arbor::config::{Config, METRICS_CONNECTIONS_MAX};
+use arbor::forest::Forest;
+use arbor::metrics::{self, Sources};
+use arbor::proto::{Request, Response};
+use arbor::service::Service;
+use arbor::system::system_env;
+use arbor::tcp::{Connection, Server, ServerOptions, TcpTransport};
+use arbor::{ContainerId, KeyValue, TreeKey, ATTR_FILE_NAME};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+async fn get(address: &str) -> String {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.unwrap();
+    page
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let config = Config::default_for_test(1);
+    let forest = Forest::in_memory(config.forest_options()).unwrap();
+    let transport = Arc::new(TcpTransport::new(&config, None));
+    let service =
+        Service::start(config.clone(), Arc::new(forest), system_env(), transport).unwrap();
+    let server = Server::new(
+        listener,
+        service.clone(),
+        ServerOptions::from_config(&config),
+        None,
+    );
+    let handle = server.handle();
+    tokio::spawn(server.run());
+    let mut connection = Connection::connect(&address, Duration::from_secs(2), 4 << 20)
+        .await
+        .unwrap();
+    let tree = TreeKey::new(ContainerId([7; 32]), "t");
+    let add = Request::Add {
+        tree: tree.clone(),
+        parent: 0,
+        items: vec![KeyValue::new(ATTR_FILE_NAME, b"a")],
+    };
+    assert!(matches!(
+        connection.call(&add).await.unwrap(),
+        Response::Added { .. }
+    ));
+    let list = Request::TreeList { cid: tree.cid };
+    assert!(matches!(
+        connection.call(&list).await.unwrap(),
+        Response::Trees(_)
+    ));
+
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_address = metrics_listener.local_addr().unwrap().to_string();
+    let sources = Sources {
+        service: service.clone(),
+        tcp: handle,
+        grpc: None,
+        certificates: Vec::new(),
+    };
+    let registry = Arc::new(metrics::registry(sources));
+    let timeout = Duration::from_secs(2);
+    tokio::spawn(metrics::serve(metrics_listener, registry, timeout));
+
+    let page = get(&metrics_address).await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    for line in [
+        "arbor_request_seconds_count{kind=\"Add\"} 1",
+        "arbor_request_seconds_count{kind=\"TreeList\"} 1",
+        "arbor_commit_seconds_count 1",
+        "arbor_writes_committed_total 1",
+        "arbor_batches_committed_total 1",
+        "arbor_tcp_connections_accepted_total 1",
+        "arbor_tcp_connections_open 1",
+    ] {
+        assert!(page.lines().any(|l| l == line), "{line} missing:\n{page}");
+    }
+    assert!(!page.contains("arbor_grpc_"), "no gRPC port here:\n{page}");
+
+    // Every slot held by a connection that sends nothing: the next
+    // scrape waits for a slot, and gets one when the endpoint closes a
+    // silent connection at its timeout.
+    let mut silent = Vec::new();
+    for _ in 0..METRICS_CONNECTIONS_MAX {
+        silent.push(TcpStream::connect(&metrics_address).await.unwrap());
+    }
+    let started = tokio::time::Instant::now();
+    let page = tokio::time::timeout(timeout * 5, get(&metrics_address))
+        .await
+        .expect("answered once a silent connection timed out");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(started.elapsed() >= timeout / 2, "answered beside {METRICS_CONNECTIONS_MAX} held connections");
+    let mut closed = 0;
+    for mut stream in silent {
+        let mut byte = [0u8; 1];
+        if matches!(stream.read(&mut byte).await, Ok(0) | Err(_)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, METRICS_CONNECTIONS_MAX, "silent connections closed at the timeout");
+}
