@@ -133,3 +133,68 @@ fn gateway_sequences_over_grpc() {
     assert_eq!(cpu.requests, answered);
     assert_cpu_adds_up(&report);
 }
+
+/// Calls a client gives up on before the node has taken them off the
+/// connection (the generator's deadline under load, a gateway's alike)
+/// leave the connection up for the calls after them. h2 closes a
+/// connection on its 21st such reset unless told otherwise, failing
+/// every call on it.
+#[tokio::test]
+async fn calls_cancelled_before_the_node_takes_them_keep_the_connection() {
+    use arbor::config::Config;
+    use arbor::forest::Forest;
+    use arbor::service::Service;
+    use arbor_sim::load::target::NoPeers;
+    use std::sync::Arc;
+
+    let config = Config::default_for_test(1);
+    let forest = Forest::in_memory(config.forest_options()).expect("forest");
+    let env = arbor::system::system_env();
+    let service = Service::start(config.clone(), Arc::new(forest), env, Arc::new(NoPeers))
+        .expect("service starts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let front = arbor::grpc::Front::new(service);
+    let server = arbor::grpc::serve(&config, listener, front, None).expect("serves");
+    let tcp = tokio::net::TcpStream::connect(server.local_addr)
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    let connection = tokio::spawn(connection);
+    let healthcheck = || {
+        http::Request::post(format!(
+            "http://{}/tree.TreeService/Healthcheck",
+            server.local_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request")
+    };
+    // An empty HealthcheckRequest: no compression, length 0.
+    let empty_message = bytes::Bytes::from_static(&[0, 0, 0, 0, 0]);
+    let mut client = client.ready().await.expect("ready");
+    let answered = |response: http::Response<h2::RecvStream>| response.status() == 200;
+    let (response, mut body) = client.send_request(healthcheck(), false).expect("send");
+    body.send_data(empty_message.clone(), true).expect("body");
+    assert!(answered(response.await.expect("first call answered")));
+    // Opened and cancelled at once: this runtime has one thread, so every
+    // HEADERS and RST_STREAM frame goes out in one burst once it awaits,
+    // and the node reads them all before it takes any call.
+    let cancelled = 100;
+    for _ in 0..cancelled {
+        client = client.ready().await.expect("ready");
+        let (response, body) = client.send_request(healthcheck(), false).expect("send");
+        drop((response, body));
+    }
+    client = client.ready().await.expect("ready");
+    let (response, mut body) = client.send_request(healthcheck(), false).expect("send");
+    body.send_data(empty_message, true).expect("body");
+    let response = response.await;
+    assert!(
+        response.as_ref().is_ok_and(|r| r.status() == 200),
+        "after {cancelled} cancelled calls: {response:?}"
+    );
+    assert!(!connection.is_finished(), "the connection was closed");
+}
