@@ -1021,7 +1021,7 @@ node_profile_groups() {
         {
             pct = $1; sub(/%/, "", pct); pct += 0
             line = $0; sub(/^ *[0-9.]+% +/, "", line)
-            if (line ~ /p256::|primeorder::|elliptic_curve::|grpc::comb::|sha2::|[Ss]ha512/) g = "signature verification (ECDSA P-256, SHA-512)"
+            if (line ~ /p256::|primeorder::|elliptic_curve::|grpc::(comb|sign)::|sha2::|[Ss]ha512/) g = "signature verification (ECDSA P-256, SHA-512)"
             else if (line ~ /\[k\]/) g = "kernel: sockets, file writes, fsync, scheduling"
             else if (line ~ /h2::|hyper::|tonic::|prost::|tower::|http::|hpack|httparse/) g = "gRPC and HTTP/2 (tonic, hyper, h2, prost)"
             else if (line ~ /arbor::grpc::/) g = "the gRPC front (translation)"
