@@ -18,7 +18,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid sim-load)
+readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load)
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -87,6 +87,7 @@ if [ "$quick" = 1 ]; then
     load_duration=5s
     search_start=5000; search_duration=3s; search_probes=2
     grid_duration=3s
+    grpc_profile_duration=8s; grpc_profile_delay_ms=4000
     sim_load_duration=1m
 else
     sweep_seeds=200
@@ -101,6 +102,7 @@ else
     load_duration=30s
     search_start=30000; search_duration=30s; search_probes=6
     grid_duration=30s
+    grpc_profile_duration=30s; grpc_profile_delay_ms=10000
     sim_load_duration=15m
 fi
 
@@ -161,6 +163,12 @@ clean_rate_cmd() {
     echo "arbor-sim matrix --no-grid --replicas $1 --transport $(clean_rate_transport) --search-start $search_start --search-duration $search_duration --search-probes $search_probes"
 }
 grid_cmd() { echo "arbor-sim matrix --no-search --grid-duration $grid_duration"; }
+grpc_cmd() {
+    echo "arbor-sim matrix --no-search --replicas $1 --transport grpc,tcp --requests loader --grid-duration $grid_duration"
+}
+grpc_profile_cmd() {
+    echo "perf record -F 999 -D $grpc_profile_delay_ms -o perf.data -- arbor-sim load --replicas 3 --transport $1 --requests loader --rate 5000 --duration $grpc_profile_duration --no-progress; perf report -i perf.data --comms arbor-node --no-children --sort sym --stdio --percentage relative"
+}
 sim_load_cmd() {
     echo "arbor-sim load --mode sim --replicas 3 --rate 1000 --sync 5m --duration $sim_load_duration --seed 7 --verify"
 }
@@ -178,6 +186,7 @@ if [ "$list" = 1 ]; then
     echo "tls:        $(tls_cmd 5000); $(tls_cmd 1000)"
     echo "clean-rate: $(clean_rate_cmd 1); $(clean_rate_cmd 3)"
     echo "grid:       $(grid_cmd)"
+    echo "grpc:       $(grpc_cmd 1); $(grpc_cmd 3); $(grpc_profile_cmd grpc); the same with tcp (the profiles only when perf is installed)"
     echo "sim-load:   $(sim_load_cmd)"
     exit 0
 fi
@@ -239,7 +248,7 @@ timed() {
 }
 
 needs_sim=0
-for name in sweep campaign canaries shrink profile load tls clean-rate grid sim-load; do
+for name in sweep campaign canaries shrink profile load tls clean-rate grid grpc sim-load; do
     runs "$name" && needs_sim=1
 done
 binary_note=""
@@ -271,6 +280,7 @@ title() {
         tls) echo "Plaintext TCP and mutual TLS, 3 replicas, 5000 and 1000 requests/s" ;;
         clean-rate) echo "Highest clean rate, real mode over TCP and TLS, 1 and 3 replicas" ;;
         grid) echo "Reference grid, real mode over TCP" ;;
+        grpc) echo "The reference loader's requests over gRPC beside the native protocol, 1 and 3 replicas" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
     esac
 }
@@ -981,6 +991,198 @@ section_grid() {
         jq -r '.paths[] | .gateway as $g | .grid[] | "| \($g) | \(.rate) | \(.sync) | \(.avg_ms * 100 | round / 100) ms | \(.p90_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.max_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .reference_avg_ms then "\(.reference_avg_ms) ms" else "-" end) |"' \
             "$work/grid.json"
     } >"$work/grid.md"
+}
+
+# The grid of a matrix report over gRPC and TCP, one row per path and cell:
+# | replicas | gateway | rate | sync | achieved | avg | p99 | errors | dropped | nodes' CPU | generator's CPU |.
+grpc_grid_rows() {
+    jq -r '.replicas as $r | .paths[] | .gateway as $g | .grid[] |
+        "| \($r) | \($g) | \(.rate) | \(.sync) | \(.achieved_rate | round) | \(.avg_ms * 100 | round / 100) ms | \(.p99_ms * 100 | round / 100) ms | \(.errors) | \(.dropped) | \(if .nodes_cpu_us_per_request then "\(.nodes_cpu_us_per_request | round) µs" else "-" end) | \(if .generator_cpu_us_per_request then "\(.generator_cpu_us_per_request | round) µs" else "-" end) |"' "$1"
+}
+
+# Per cell, the nodes' CPU per request over gRPC and over TCP and their
+# ratio, as "replicas rate sync grpc_us tcp_us ratio avg_ms p99_ms errors
+# delivered" (avg, p99 and errors of the gRPC cell; delivered: "yes" when
+# both paths took the whole load, no error, no dropped iteration, 99 % of
+# the rate achieved, else which path did not), one line per cell.
+grpc_ratios() {
+    jq -r '.replicas as $r
+        | ([.paths[] | select(.gateway == "grpc") | .grid[]]) as $g
+        | ([.paths[] | select(.gateway == "tcp") | .grid[]]) as $t
+        | range(0; [$g, $t] | map(length) | min) as $i
+        | $g[$i] as $a | $t[$i] as $b
+        | select($a.nodes_cpu_us_per_request != null and $b.nodes_cpu_us_per_request != null and $b.nodes_cpu_us_per_request > 0)
+        | def whole: .errors == 0 and .dropped == 0 and .achieved_rate >= 0.99 * .rate;
+          ([if ($a | whole) then empty else "grpc" end, if ($b | whole) then empty else "tcp" end]) as $short
+        | "\($r) \($a.rate) \($a.sync) \($a.nodes_cpu_us_per_request) \($b.nodes_cpu_us_per_request) \($a.nodes_cpu_us_per_request / $b.nodes_cpu_us_per_request) \($a.avg_ms) \($a.p99_ms) \($a.errors) \(if ($short | length) == 0 then "yes" else "no-" + ($short | join("+")) end)"' "$1"
+}
+
+# Self time of the node threads' functions (a perf report filtered to
+# them, relative), grouped by whose work it is.
+node_profile_groups() {
+    awk '
+        /^#/ || !/%/ { next }
+        {
+            pct = $1; sub(/%/, "", pct); pct += 0
+            line = $0; sub(/^ *[0-9.]+% +/, "", line)
+            if (line ~ /p256::|primeorder::|elliptic_curve::|grpc::(comb|sign)::|sha2::|[Ss]ha512/) g = "signature verification (ECDSA P-256, SHA-512)"
+            else if (line ~ /\[k\]/) g = "kernel: sockets, file writes, fsync, scheduling"
+            else if (line ~ /h2::|hyper::|tonic::|prost::|tower::|http::|hpack|httparse/) g = "gRPC and HTTP/2 (tonic, hyper, h2, prost)"
+            else if (line ~ /arbor::grpc::/) g = "the gRPC front (translation)"
+            else if (line ~ /arbor::(proto|tcp)|serde|postcard/) g = "the native wire (framing, postcard)"
+            else if (line ~ /redb::/) g = "redb"
+            else if (line ~ /arbor::/) g = "Arbor: service, forest, replication"
+            else if (line ~ /tokio::|mio::/) g = "tokio"
+            else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|__rdl_|__rust_(alloc|dealloc|realloc))/) g = "allocator"
+            else if (line ~ /mem(cpy|move|set|cmp)|bcmp/) g = "libc memory copies and compares"
+            else if (line ~ /(core|alloc|std|hashbrown)::/) g = "Rust core, alloc and std"
+            else g = "other (libc, unresolved)"
+            total[g] += pct
+        }
+        END { for (g in total) printf "%s|%.1f\n", g, total[g] }
+    ' "$1" | sort -t'|' -k2 -rn
+}
+
+# perf of one 3-replica run at 5000/s over $1, node threads only: its
+# report in $work/grpc-profile-$1.out, the run's JSON beside it.
+grpc_profile_run() {
+    local path="$1"
+    capture "grpc-profile-run-$path" perf record -F 999 -D "$grpc_profile_delay_ms" -o "$work/perf-grpc-$path.data" -- \
+        "$sim_bin" load --replicas 3 --transport "$path" --requests loader --rate 5000 \
+        --duration "$grpc_profile_duration" --no-progress --json "$work/grpc-profile-$path.json" \
+        --html "$work/grpc-profile-$path.html" &&
+        capture "grpc-profile-$path" perf report -i "$work/perf-grpc-$path.data" --comms arbor-node \
+            --no-children --sort sym --stdio --percentage relative
+}
+
+grpc_profile_part() {
+    echo "### Where the nodes' CPU goes, gRPC and TCP, 3 replicas at 5000/s"
+    echo
+    if ! command -v perf >/dev/null; then
+        echo "**Not measured**: perf is not installed on the machine that ran this section."
+        return
+    fi
+    local path
+    for path in grpc tcp; do
+        log "grpc: profile over $path"
+        if ! grpc_profile_run "$path"; then
+            command_failed "grpc-profile-run-$path" "$(grpc_profile_cmd "$path")"
+            return
+        fi
+        node_profile_groups "$work/grpc-profile-$path.out" >"$work/grpc-groups-$path.txt"
+    done
+    echo "Commands: \`$(grpc_profile_cmd grpc)\`, then the same with \`--transport tcp\`, one after the"
+    echo "other. Samples of the node threads only (the nodes' runtime names its threads \`arbor-node\`;"
+    echo "the generator's, \`arbor-load\`, are left out), self time grouped by whose code it is. On"
+    echo "the node threads only the front verifies signatures (the generator signs on its own), so"
+    echo "the first group is what verification costs the nodes. perf starts sampling"
+    echo "$((grpc_profile_delay_ms / 1000)) s into each run (\`-D\`), after the nodes have started and built the load key's"
+    echo "verification table, so that only the load is sampled. The runs themselves (perf adds its"
+    echo "own cost; CPU per request is over the whole load):"
+    echo
+    echo "| gateway | user avg | user p99 | errors | nodes' CPU per request | verification's share | verification per request |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    for path in grpc tcp; do
+        local share
+        share="$(awk -F'|' '/^signature verification/ { print $2 }' "$work/grpc-groups-$path.txt")"
+        jq -r --arg path "$path" --arg share "${share:-0}" '
+            (.scenarios[] | select(.name == "user")) as $u
+            | "| \($path) | \($u.latency.avg_ms * 100 | round / 100) ms | \($u.latency.p99_ms * 100 | round / 100) ms | \([.scenarios[].errors] | add) | \(.cpu.nodes_us_per_request | round) µs | \($share) % | \(.cpu.nodes_us_per_request * ($share | tonumber) / 100 | round) µs |"' \
+            "$work/grpc-profile-$path.json"
+    done
+    echo
+    echo "| code (node threads) | gRPC | TCP |"
+    echo "|---|---:|---:|"
+    awk -F'|' '
+        FNR == NR { grpc[$1] = $2; order[++n] = $1; next }
+        { tcp[$1] = $2; if (!($1 in grpc)) order[++n] = $1 }
+        END { for (i = 1; i <= n; i++) printf "| %s | %s %% | %s %% |\n", order[i], (order[i] in grpc ? grpc[order[i]] : "0.0"), (order[i] in tcp ? tcp[order[i]] : "0.0") }
+    ' "$work/grpc-groups-grpc.txt" "$work/grpc-groups-tcp.txt"
+}
+
+section_grpc() {
+    local replicas json reports=()
+    for replicas in 1 3; do
+        log "gRPC beside TCP, $replicas replica(s), grid of $grid_duration cells"
+        json="$work/grpc-$replicas.json"
+        capture "grpc-$replicas" SIM matrix --no-search --replicas "$replicas" --transport grpc,tcp \
+            --requests loader --grid-duration "$grid_duration" --no-progress --json "$json" || true
+        [ -s "$json" ] && reports+=("$json")
+    done
+    {
+        echo "## $(title grpc)"
+        echo
+        provenance "$binary_note"
+        echo "Commands: \`$(grpc_cmd 1)\` and \`$(grpc_cmd 3)\`, one after the other. The reference"
+        echo "loader's requests (container all zeros; \`system\`: Add under the root with the same seven"
+        echo "meta pairs at 10/s; \`user\`: AddByPath of \`test/only/path/N\`, seven meta fields, at the"
+        echo "rate; 5 s deadline; constant arrival rate), sent by the generator over the gRPC front"
+        echo "(\`tree.TreeService\`, every call signed, 2 HTTP/2 channels per node) and over the native"
+        echo "protocol (TCP), each cell on fresh nodes, the two paths alternated cell by cell (gRPC first"
+        echo "on one cell, TCP first on the next). The replicas replicate over TCP on both paths."
+        echo "Latencies are the user scenario's, wall-clock; errors and dropped iterations are both"
+        echo "scenarios'. CPU per request: the CPU time of the nodes' threads (services, servers,"
+        echo "replication, commits) and of the generator's threads while the load ran, divided by the"
+        echo "requests answered (\`docs/load.md\`, \"CPU per request\")."
+        echo
+        if [ ${#reports[@]} -gt 0 ]; then
+            echo "| replicas | gateway | rate | sync | achieved | avg | p99 | errors | dropped | nodes' CPU per request | generator's CPU per request |"
+            echo "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+            for json in "${reports[@]}"; do
+                grpc_grid_rows "$json"
+            done
+            echo
+            echo "The nodes' CPU per request over gRPC against the native protocol, cell by cell. A cell"
+            echo "compares like with like only when both paths took the whole load (no error, no dropped"
+            echo "iteration, 99 % of the rate achieved): a path that falls behind fails requests at their"
+            echo "deadline and counts the work of the ones it dropped nowhere."
+            echo
+            echo "| replicas | rate | sync | gRPC | TCP | gRPC / TCP | both took the whole load |"
+            echo "|---:|---:|---|---:|---:|---:|---|"
+            for json in "${reports[@]}"; do
+                grpc_ratios "$json"
+            done | awk '{ d = $10; if (d != "yes") { sub(/^no-/, "", d); d = "no: " d " fell behind" }
+                printf "| %s | %s | %s | %.0f µs | %.0f µs | %.2fx | %s |\n", $1, $2, $3, $4, $5, $6, d }'
+            echo
+            echo "### Goals"
+            echo
+            for json in "${reports[@]}"; do
+                grpc_ratios "$json"
+            done | awk '
+                $2 == 5000 && $1 == 3 {
+                    n++
+                    cells = cells sprintf("%s%.2fx (sync %s%s)", n > 1 ? ", " : "", $6, $3,
+                        $10 == "yes" ? "" : "; " substr($10, 4) " fell behind")
+                    if ($10 == "yes") { judged++; sum += $6 }
+                }
+                $2 == 5000 {
+                    clean = ($7 <= 10 && $8 <= 25 && $9 == 0)
+                    c = c sprintf("- The 5000/s cell over gRPC, %s replica(s), sync %s: avg %.2f ms, p99 %.2f ms, %d errors: **%s**%s.\n",
+                        $1, $3, $7, $8, $9, clean ? "clean" : "not clean",
+                        clean ? "" : sprintf(" (the goal: avg <= 10 ms, p99 <= 25 ms, 0 errors; avg %.1fx and p99 %.1fx the bounds)", $7 / 10, $8 / 25))
+                }
+                END {
+                    if (judged > 0) {
+                        mean = sum / judged
+                        printf "- The nodes'\'' CPU per request over gRPC at 5000/s, 3 replicas: %s of the native protocol'\''s; mean of the cells where both took the load %.2fx against the goal of at most 1.3x: **%s**%s.\n",
+                            cells, mean, mean <= 1.3 ? "met" : "missed",
+                            mean <= 1.3 ? "" : sprintf(" by %.0f %%", 100 * (mean / 1.3 - 1))
+                    } else if (n > 0) {
+                        printf "- The nodes'\'' CPU per request over gRPC at 5000/s, 3 replicas: %s of the native protocol'\''s, but in no cell did both paths take the whole load: **not judged** (see the cells above).\n", cells
+                    } else {
+                        print "- No 5000/s cell with 3 replicas measured both paths: the CPU goal is not judged."
+                    }
+                    printf "%s", c
+                }'
+            echo
+        fi
+        for replicas in 1 3; do
+            if [ ! -s "$work/grpc-$replicas.json" ]; then
+                command_failed "grpc-$replicas" "$(grpc_cmd "$replicas")"
+            fi
+        done
+        grpc_profile_part
+    } >"$work/grpc.md"
 }
 
 section_sim_load() {

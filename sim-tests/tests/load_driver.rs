@@ -19,6 +19,10 @@ struct Scripted {
 }
 
 impl Target for Scripted {
+    fn call_at(&self, _key: u64, request: Request) -> BoxFuture<'static, Response> {
+        self.call(request)
+    }
+
     fn call(&self, _request: Request) -> BoxFuture<'static, Response> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst) + 1;
         let latency = self.latency;
@@ -38,6 +42,10 @@ impl Target for Scripted {
 struct Refusing;
 
 impl Target for Refusing {
+    fn call_at(&self, _key: u64, request: Request) -> BoxFuture<'static, Response> {
+        self.call(request)
+    }
+
     fn call(&self, _request: Request) -> BoxFuture<'static, Response> {
         Box::pin(async { Response::Error(Error::Overloaded("queue full".into())) })
     }

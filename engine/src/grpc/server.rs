@@ -1,7 +1,8 @@
 //! The gRPC listener: plaintext on loopback only (unless
 //! `node.insecure_plaintext`), TLS 1.3 otherwise, at most
 //! `grpc.max_connections` connections (a connection beyond waits in the
-//! listen backlog), `grpc.max_concurrent_streams` calls per connection,
+//! listen backlog), `grpc.max_concurrent_streams` calls per connection
+//! (and as many calls cancelled before the server took them),
 //! messages up to `limits.max_message_bytes`.
 
 use super::front::Front;
@@ -155,6 +156,12 @@ pub fn serve(
     };
     let server = tonic::transport::Server::builder()
         .max_concurrent_streams(config.grpc.max_concurrent_streams)
+        // A call its client cancels before the server has taken it off the
+        // connection (a deadline that passes under load) counts against
+        // h2's guard on rapid resets, 20 by default, past which h2 closes
+        // the connection and fails every call on it. The bound is the
+        // calls a connection may have in flight instead.
+        .http2_max_pending_accept_reset_streams(Some(config.grpc.max_concurrent_streams as usize))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(service)

@@ -6,7 +6,7 @@ use super::matrix::{self, CleanBar, MatrixResult, PathResult, Point, Runner, Sea
 use super::metrics::recovery_after_s;
 use super::real::{self, RealOptions};
 use super::report::{write_creating_dirs, PathSummary, RunReport};
-use super::scenario::{Scenario, Stage};
+use super::scenario::{Requests, Stage};
 use super::sim::{self, SimOptions};
 use super::target::GatewayTransport;
 use super::threshold::{check_scopes, evaluate_all, Threshold, EXIT_THRESHOLDS_FAILED};
@@ -36,7 +36,8 @@ pub enum LoadCommand {
     /// Run the reference grid (1000/2500/5000 RPS x sync 5m/off) and search
     /// upward for the highest clean rate: p99 <= 100 ms, no errors, no
     /// dropped iterations, or the --thresholds given. Over each --transport
-    /// path, wire first; with --replicas 1 or more.
+    /// path, wire first, the grid's points alternated between the paths;
+    /// with --replicas 1 or more.
     Matrix {
         #[command(flatten)]
         common: Box<Common>,
@@ -128,9 +129,25 @@ pub struct Common {
     /// User objects are spread over this many prefixes.
     #[arg(long, default_value_t = 1)]
     prefixes: u32,
-    /// Tokio worker threads in real mode.
+    /// Which requests: `default` (system Add beside user AddByPath of
+    /// bucket/prefix-P/object-N), `loader` (the reference tree loader's:
+    /// container all zeros, the same seven meta pairs on every system Add,
+    /// user AddByPath of test/only/path/N) or `gateway` (the S3 gateway's
+    /// call sequences, one scenario per S3 operation sharing --rate;
+    /// no system scenario).
+    #[arg(long, value_enum, default_value_t = Requests::Default)]
+    requests: Requests,
+    /// Real mode: tokio worker threads of the nodes' runtime.
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Real mode: tokio worker threads of the generator's runtime (the
+    /// scenarios and the gateway's client side).
+    #[arg(long, default_value_t = 1)]
+    generator_workers: usize,
+    /// gRPC gateway: HTTP/2 channels (connections) to each node; calls
+    /// spread over them round-robin.
+    #[arg(long, default_value_t = 2)]
+    grpc_channels: usize,
     /// Wire gateway: calls in flight to each node (default: the clients'
     /// half of a node's connections, `limits.max_connections / 2`).
     #[arg(long)]
@@ -165,13 +182,15 @@ pub struct Common {
     replicas: usize,
     /// How the generator (the gateway) reaches the nodes: `tcp`, the wire
     /// path users take, `tls`, the same over mutual TLS (the replicas too,
-    /// with certificates made for the run), or `in-process`, direct calls
-    /// without a wire.
+    /// with certificates made for the run), `grpc`, the tree.TreeService
+    /// front with signed calls (the replicas replicate over TCP), or
+    /// `in-process`, direct calls without a wire. `--target` is another
+    /// name for it.
     /// Comma-separated paths run the same load over each, one after the
     /// other, wire first; in-process numbers are only reported beside a
     /// wire path's (`--transport tcp,in-process`). Default: tcp; sim mode
     /// has only its simulated in-process gateway.
-    #[arg(long, value_enum, value_delimiter = ',')]
+    #[arg(long, visible_alias = "target", value_enum, value_delimiter = ',')]
     transport: Vec<GatewayTransport>,
     /// A pass/fail criterion, as k6's thresholds:
     /// `[SCENARIO:] AGGREGATE OP VALUE`, e.g. 'user: p(99)<25ms',
@@ -320,12 +339,9 @@ impl Common {
     }
 
     fn spec(&self, user_stages: Vec<Stage>, track_acks: bool) -> RunSpec {
-        let total: Duration = user_stages.iter().map(|s| s.duration).sum();
-        let mut scenarios = Vec::new();
-        if self.system_rate > 0 {
-            scenarios.push(Scenario::system(self.system_rate, total));
-        }
-        scenarios.push(Scenario::user(1, total, self.prefixes).with_stages(user_stages));
+        let scenarios = self
+            .requests
+            .scenarios(self.system_rate, user_stages, self.prefixes);
         RunSpec {
             scenarios,
             deadline: self.deadline,
@@ -412,12 +428,17 @@ impl Common {
         if self.gateway_calls == Some(0) {
             return Err("--gateway-calls must be at least 1".into());
         }
+        if self.grpc_channels == 0 {
+            return Err("--grpc-channels must be at least 1".into());
+        }
         Ok(RealOptions {
             replicas: self.replicas,
             gateway,
             config,
             data_dir: self.data_dir.clone(),
             worker_threads: self.workers,
+            generator_threads: self.generator_workers,
+            grpc_channels: self.grpc_channels,
             verify: self.verify,
             gateway_calls: self.gateway_calls,
             gateway_idle: self.gateway_idle,
@@ -479,6 +500,14 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, Stop> {
             no_search,
         } => {
             let gateways = common.gateways()?;
+            if common.requests == Requests::Gateway {
+                return Err(Stop::Usage(
+                    "matrix --requests gateway: the grid and the search judge the user \
+                     scenario, which the gateway's requests do not have; run `load \
+                     --requests gateway`"
+                        .into(),
+                ));
+            }
             let bar = if common.thresholds.is_empty() {
                 CleanBar::default()
             } else {
@@ -504,20 +533,39 @@ fn dispatch(command: LoadCommand) -> Result<ExitCode, Stop> {
             } else {
                 reference_grid(grid_duration)
             };
-            let mut paths = Vec::new();
-            for gateway in gateways.iter().copied() {
-                println!("\n{} replica(s), {}", common.replicas, gateway.describe());
-                let mut runner = RealRunner {
+            let separate_dir = gateways.len() > 1;
+            let mut runners: Vec<RealRunner> = gateways
+                .iter()
+                .map(|&gateway| RealRunner {
                     common: (*common).clone(),
                     base: base.clone(),
                     gateway,
-                    separate_dir: gateways.len() > 1,
-                };
-                let grid_rows = matrix::run_grid(&mut runner, &grid, &bar);
+                    separate_dir,
+                })
+                .collect();
+            println!(
+                "\n{} replica(s), {}",
+                common.replicas,
+                gateways
+                    .iter()
+                    .map(|g| g.describe())
+                    .collect::<Vec<_>>()
+                    .join("; beside it ")
+            );
+            let grids = {
+                let mut labelled: Vec<(String, &mut dyn Runner)> = runners
+                    .iter_mut()
+                    .map(|r| (r.gateway_label(), r as &mut dyn Runner))
+                    .collect();
+                matrix::run_grids(&mut labelled, &grid, &bar)
+            };
+            let mut paths = Vec::new();
+            for (runner, grid_rows) in runners.iter_mut().zip(grids) {
                 let (highest_clean_rate, search) = if no_search {
                     (None, Vec::new())
                 } else {
-                    matrix::search(&mut runner, &plan, &bar)
+                    println!("\nsearch, {}", runner.gateway.describe());
+                    matrix::search(runner, &plan, &bar)
                 };
                 paths.push(PathResult {
                     gateway: runner.gateway_label(),

@@ -5,8 +5,9 @@
 //! busy is dropped and one more VU is added (up to `vus_max`) for later ones.
 //! Every request has a deadline; missing it is an error.
 
+use super::gateway::{self, CallLog, Session};
 use super::metrics::{Outcome, ScenarioRecorder, ScenarioSummary, Snapshot};
-use super::scenario::{iteration_start, iterations_due, Scenario};
+use super::scenario::{iteration_start, iterations_due, Scenario, Workload};
 use super::target::Target;
 use arbor::runtime::{with_timeout, Env};
 use arbor::types::NodeId;
@@ -68,6 +69,26 @@ impl Shared {
         // numbers behind it are still the best we have.
         self.recorder.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+impl CallLog for Shared {
+    fn record_call(&self, call: &'static str, latency: Duration, ok: bool) {
+        self.recorder().record_call(call, latency, ok);
+    }
+}
+
+/// Makes what has to exist before `spec`'s load can run (the gateway
+/// scenarios' objects) through `target`; true when there was something
+/// to make (the caller then lets replication settle).
+pub async fn prepare(spec: &RunSpec, env: &Env, target: Arc<dyn Target>) -> Result<bool, String> {
+    let gateway = spec
+        .scenarios
+        .iter()
+        .any(|s| matches!(s.workload, Workload::Gateway(_)));
+    if gateway {
+        gateway::prepare(target, env.clock.clone()).await?;
+    }
+    Ok(gateway)
 }
 
 /// Runs every scenario of `spec` at once against `target`, on `env`.
@@ -202,11 +223,27 @@ async fn iteration(
     deadline: Duration,
     run_start: Duration,
 ) {
-    let request = shared.scenario.request(n);
     let started = env.clock.now();
-    let response = with_timeout(&*env.clock, deadline, target.call(request)).await;
+    let outcome = match shared.scenario.workload {
+        Workload::Gateway(op) => {
+            let session = Session {
+                target,
+                key: n,
+                clock: env.clock.clone(),
+                log: shared.clone(),
+            };
+            let sequence = gateway::iteration(op, n, &session);
+            with_timeout(&*env.clock, deadline, sequence)
+                .await
+                .unwrap_or(Outcome::from_response(None))
+        }
+        _ => {
+            let request = shared.scenario.request(n);
+            let response = with_timeout(&*env.clock, deadline, target.call(request)).await;
+            Outcome::from_response(response)
+        }
+    };
     let finished = env.clock.now();
-    let outcome = Outcome::from_response(response);
     shared.recorder().record_done(
         finished.saturating_sub(run_start),
         finished.saturating_sub(started),

@@ -148,6 +148,9 @@ fn params_table(report: &RunReport) -> String {
             c.writes_committed, c.batches_committed, c.batch_size_avg, c.writes_rejected_overload, c.ops_pushed, c.ops_pulled
         );
     }
+    if let Some(cpu) = &report.cpu {
+        let _ = writeln!(out, "<tr><td>cpu</td><td>{}</td></tr>", esc(&cpu.text()));
+    }
     out.push_str("</table>\n");
     out
 }

@@ -77,6 +77,10 @@ pub struct Row {
     pub dropped: u64,
     pub clean: bool,
     pub reference_avg_ms: Option<f64>,
+    /// The nodes' CPU per answered request, µs (real mode).
+    pub nodes_cpu_us_per_request: Option<f64>,
+    /// The generator's CPU per answered request, µs (real mode).
+    pub generator_cpu_us_per_request: Option<f64>,
 }
 
 impl Row {
@@ -97,6 +101,8 @@ impl Row {
                 .iter()
                 .find(|(r, _)| *r == point.rate)
                 .map(|(_, ms)| *ms),
+            nodes_cpu_us_per_request: report.cpu.as_ref().map(|c| c.nodes_us_per_request),
+            generator_cpu_us_per_request: report.cpu.as_ref().map(|c| c.generator_us_per_request),
         }
     }
 }
@@ -157,6 +163,36 @@ pub fn run_grid(runner: &mut dyn Runner, points: &[Point], bar: &CleanBar) -> Ve
         .collect()
 }
 
+/// Runs the grid over several paths, alternated: each point over every
+/// path before the next point, the paths' order reversed from one point
+/// to the next (A B, B A, A B, ...), so that a host that slows down
+/// during the grid weighs on every path alike. Each row prints with its
+/// path's label as it lands; the rows come back per path.
+pub fn run_grids(
+    runners: &mut [(String, &mut dyn Runner)],
+    points: &[Point],
+    bar: &CleanBar,
+) -> Vec<Vec<Row>> {
+    let mut rows: Vec<Vec<Row>> = runners.iter().map(|_| Vec::new()).collect();
+    if points.is_empty() || runners.is_empty() {
+        return rows;
+    }
+    println!("{:<12} {}", "gateway", header());
+    for (i, point) in points.iter().enumerate() {
+        let mut order: Vec<usize> = (0..runners.len()).collect();
+        if i % 2 == 1 {
+            order.reverse();
+        }
+        for path in order {
+            let (label, runner) = &mut runners[path];
+            let row = Row::of(point, &runner.run(point), bar);
+            println!("{label:<12} {}", row_text(&row));
+            rows[path].push(row);
+        }
+    }
+    rows
+}
+
 /// Doubles the rate while clean (halves it while not), then bisects the
 /// bracket between the best clean and the lowest unclean rate.
 pub fn search(
@@ -214,7 +250,7 @@ pub fn search(
 
 pub fn header() -> String {
     format!(
-        "{:>7} {:>5} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} | {:>13}",
+        "{:>7} {:>5} | {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} | {:>13} | {:>11}",
         "rate",
         "sync",
         "achieved",
@@ -225,13 +261,14 @@ pub fn header() -> String {
         "errors",
         "dropped",
         "clean",
-        "reference avg"
+        "reference avg",
+        "node µs/req"
     )
 }
 
 pub fn row_text(r: &Row) -> String {
     format!(
-        "{:>7} {:>5} | {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} | {:>13}",
+        "{:>7} {:>5} | {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>5} | {:>13} | {:>11}",
         r.rate,
         r.sync,
         r.achieved_rate,
@@ -244,7 +281,9 @@ pub fn row_text(r: &Row) -> String {
         if r.clean { "yes" } else { "no" },
         r.reference_avg_ms
             .map(fmt_ms)
-            .unwrap_or_else(|| "-".to_string())
+            .unwrap_or_else(|| "-".to_string()),
+        r.nodes_cpu_us_per_request
+            .map_or_else(|| "-".to_string(), |us| format!("{us:.1}"))
     )
 }
 

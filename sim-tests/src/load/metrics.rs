@@ -213,6 +213,26 @@ pub struct ScenarioSummary {
     /// iterations start in a burst, so their load lands after it was due.
     pub start_lag_max_ms: f64,
     pub windows: Vec<WindowStats>,
+    /// Per call of a sequence (gateway scenarios), by the call's name;
+    /// empty for scenarios of one request per iteration.
+    pub calls: Vec<CallSummary>,
+}
+
+/// The calls of one name that a scenario's sequences made.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CallSummary {
+    /// The gRPC method: "GetNodeByPath", "AddByPath", ...
+    pub call: String,
+    /// Answered calls, errors included (a call cut off by the iteration's
+    /// deadline is in neither).
+    pub count: u64,
+    pub errors: u64,
+    pub latency: LatencySummary,
+}
+
+struct CallAcc {
+    latency: Histogram<u64>,
+    errors: u64,
 }
 
 struct WindowAcc {
@@ -239,6 +259,7 @@ pub struct ScenarioRecorder {
     windows: Vec<WindowStats>,
     /// Ids of acknowledged nodes, kept only when verification is asked for.
     acked: Option<Vec<NodeId>>,
+    calls: BTreeMap<&'static str, CallAcc>,
 }
 
 impl ScenarioRecorder {
@@ -264,7 +285,18 @@ impl ScenarioRecorder {
             },
             windows: Vec::new(),
             acked: track_acks.then(Vec::new),
+            calls: BTreeMap::new(),
         }
+    }
+
+    /// One call of a sequence was answered after `latency`.
+    pub fn record_call(&mut self, call: &'static str, latency: Duration, ok: bool) {
+        let acc = self.calls.entry(call).or_insert_with(|| CallAcc {
+            latency: new_histogram(),
+            errors: 0,
+        });
+        acc.latency.saturating_record(micros(latency));
+        acc.errors += u64::from(!ok);
     }
 
     /// Moves the current window forward to the one holding `at`. Late
@@ -415,6 +447,16 @@ impl ScenarioRecorder {
             in_flight_max: self.in_flight_max,
             start_lag_max_ms: self.start_lag_max.as_secs_f64() * 1000.0,
             windows: self.windows,
+            calls: self
+                .calls
+                .iter()
+                .map(|(call, acc)| CallSummary {
+                    call: call.to_string(),
+                    count: acc.latency.len(),
+                    errors: acc.errors,
+                    latency: LatencySummary::of(&acc.latency),
+                })
+                .collect(),
         };
         (summary, self.acked.unwrap_or_default())
     }

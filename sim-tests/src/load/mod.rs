@@ -9,7 +9,10 @@
 
 pub mod calibrate;
 pub mod cli;
+pub mod cpu;
 pub mod driver;
+pub mod gateway;
+pub mod grpc;
 pub mod html;
 pub mod matrix;
 pub mod metrics;

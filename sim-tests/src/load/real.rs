@@ -3,19 +3,22 @@
 //! over loopback TCP), reached by the generator over loopback TCP or, for
 //! comparison, by direct calls.
 
+use super::cpu::{self, CpuUse, ThreadGroup};
 use super::driver::{self, RunSpec};
+use super::grpc::{self, GrpcTarget};
+use super::metrics::ScenarioSummary;
 use super::report::{RunReport, ServiceCounters, Verification};
-use super::scenario::{Scenario, Workload, LOAD_CID};
+use super::scenario::{Scenario, LOAD_CID};
 use super::target::{GatewayTransport, NoPeers, ServiceTarget, Target, TransportTarget};
 use super::timeline::{self, Watched};
 use arbor::certs::{self, Validity};
-use arbor::config::TlsFiles;
-use arbor::config::{Config, PeerConfig};
+use arbor::config::{Config, PeerConfig, Role, TlsFiles};
 use arbor::forest::Forest;
+use arbor::grpc::GrpcServer;
 use arbor::net::Transport;
 use arbor::runtime::Env;
 use arbor::service::Service;
-use arbor::system::{system_env, system_env_on};
+use arbor::system::system_env_on;
 use arbor::tcp::{Dialer, Server, ServerOptions, TcpTransport};
 use arbor::tls::{CertIdentity, TlsContext};
 use arbor::types::{NodeId, ReplicaId, TreeKey};
@@ -60,7 +63,12 @@ pub struct RealOptions {
     pub config: Config,
     /// Where the databases go; a fresh temporary directory when `None`.
     pub data_dir: Option<PathBuf>,
+    /// Tokio worker threads of the nodes' runtime.
     pub worker_threads: usize,
+    /// Tokio worker threads of the generator's runtime.
+    pub generator_threads: usize,
+    /// gRPC gateway: HTTP/2 channels (connections) per node.
+    pub grpc_channels: usize,
     pub verify: bool,
     /// The wire gateway's pool: calls in flight to each node and idle
     /// connections kept per node; `None`: as a client's transport has them
@@ -70,6 +78,12 @@ pub struct RealOptions {
 }
 
 /// Runs `spec` in real mode and reports.
+///
+/// The nodes (services, their TCP and gRPC servers, replication, commits
+/// on blocking threads) run on one tokio runtime, the generator (the
+/// scenarios and the gateway's client side) on another; the threads of
+/// each are counted apart (`load::cpu`), so the report tells the nodes'
+/// CPU from the generator's.
 pub fn run(spec: &RunSpec, options: &RealOptions) -> Result<RunReport, String> {
     let wall = Instant::now();
     let temp;
@@ -83,16 +97,46 @@ pub fn run(spec: &RunSpec, options: &RealOptions) -> Result<RunReport, String> {
             temp.path()
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(options.worker_threads.max(1))
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
-    let env = system_env_on(runtime.handle().clone());
-    let mut report = runtime.block_on(run_nodes(spec, options, dir, env))?;
+    let groups = Groups {
+        nodes: ThreadGroup::new(),
+        generator: ThreadGroup::new(),
+    };
+    let tokio = |e: std::io::Error| format!("tokio runtime: {e}");
+    let nodes_runtime =
+        cpu::counted_runtime(NODE_THREADS, options.worker_threads, groups.nodes.clone())
+            .map_err(tokio)?;
+    let load_runtime = cpu::counted_runtime(
+        GENERATOR_THREADS,
+        options.generator_threads,
+        groups.generator.clone(),
+    )
+    .map_err(tokio)?;
+    let runtimes = Runtimes {
+        nodes_env: system_env_on(nodes_runtime.handle().clone()),
+        load_env: system_env_on(load_runtime.handle().clone()),
+        nodes: nodes_runtime,
+        load: load_runtime,
+    };
+    let mut report = run_nodes(spec, options, dir, &runtimes, &groups)?;
     report.wall_time_s = wall.elapsed().as_secs_f64();
     report.host = crate::host::describe();
     Ok(report)
+}
+
+/// Thread names of the two runtimes (what `perf report --comms` selects).
+pub const NODE_THREADS: &str = "arbor-node";
+pub const GENERATOR_THREADS: &str = "arbor-load";
+
+struct Groups {
+    nodes: Arc<ThreadGroup>,
+    generator: Arc<ThreadGroup>,
+}
+
+struct Runtimes {
+    nodes: tokio::runtime::Runtime,
+    load: tokio::runtime::Runtime,
+    nodes_env: Env,
+    load_env: Env,
 }
 
 /// The nodes under test and how the gateway reaches them.
@@ -100,23 +144,44 @@ struct Nodes {
     services: Vec<Arc<Service>>,
     /// Each service's database file, in the same order.
     files: Vec<PathBuf>,
-    target: Arc<dyn Target>,
-    /// The wire gateway's transport, for its connection counters.
-    gateway: Option<Arc<TcpTransport>>,
+    /// Each node's gRPC front (gateway `grpc` only).
+    grpc: Vec<GrpcServer>,
 }
 
-async fn run_nodes(
+/// How the generator reaches the nodes.
+struct Gateway {
+    target: Arc<dyn Target>,
+    /// The wire gateway's transport, for its connection counters.
+    tcp: Option<Arc<TcpTransport>>,
+    grpc_channels: Option<usize>,
+}
+
+fn run_nodes(
     spec: &RunSpec,
     options: &RealOptions,
     dir: &Path,
-    env: Env,
+    rt: &Runtimes,
+    groups: &Groups,
 ) -> Result<RunReport, String> {
     assert!(options.replicas >= 1, "a run needs a node");
     let nodes = if options.replicas == 1 && !options.gateway.is_wire() {
-        start_single(&options.config, dir)?
+        rt.nodes
+            .block_on(async { start_single(&options.config, dir, &rt.nodes_env) })?
     } else {
-        start_served(options, dir).await?
+        rt.nodes
+            .block_on(start_served(options, dir, &rt.nodes_env))?
     };
+    let gateway = connect_gateway(spec, options, dir, &nodes, rt)?;
+    let target = gateway.target.clone();
+    let prepared = rt.load.block_on(rt.load.spawn({
+        let (spec, env, target) = (spec.clone(), rt.load_env.clone(), target.clone());
+        async move { driver::prepare(&spec, &env, target).await }
+    }));
+    let prepared = prepared.map_err(|e| format!("preparing the load: {e}"))??;
+    if prepared && nodes.services.len() > 1 {
+        rt.nodes
+            .block_on(drain_replication(&rt.nodes_env, &nodes.services));
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let watched = Watched {
         services: nodes.services.clone(),
@@ -127,25 +192,52 @@ async fn run_nodes(
         let interval = spec.window;
         std::thread::spawn(move || timeline::sample(watched, interval, stop))
     };
-    let out = driver::run(spec, &env, nodes.target.clone()).await;
+    let span = Instant::now();
+    let start = CpuMark::now(groups);
+    let out = rt.load.block_on(rt.load.spawn({
+        let (spec, env) = (spec.clone(), rt.load_env.clone());
+        async move { driver::run(&spec, &env, target).await }
+    }));
+    let out = out.map_err(|e| format!("the load generator failed: {e}"))?;
+    let generator_end = groups.generator.ticks();
     stop.store(true, Ordering::SeqCst);
     let timeline = sampler.join().expect("the timeline sampler does not panic");
+    // The nodes' CPU includes replicating the load's last writes.
+    let drained = nodes.services.len() == 1
+        || rt
+            .nodes
+            .block_on(drain_replication(&rt.nodes_env, &nodes.services));
+    let end = CpuMark {
+        generator: generator_end,
+        ..CpuMark::now(groups)
+    };
+    let span_s = span.elapsed().as_secs_f64();
+    let requests = answered_requests(&out.scenarios);
     let acked = out.acked.clone();
     let title = "Arbor tree service under gateway load".to_string();
     let mode = match options.replicas {
         1 => "real/single".to_string(),
-        n if options.gateway == GatewayTransport::Tls => format!("real/cluster{n}-tls"),
-        n => format!("real/cluster{n}-tcp"),
+        n => format!("real/cluster{n}-{}", options.gateway.name()),
     };
     let mut report = RunReport::new(title, mode, out);
     report.timeline = timeline;
     report.gateway = options.gateway.name().to_string();
     report.replicas = options.replicas;
     report.params = params(spec, &options.config);
-    report
-        .params
-        .insert("real.workers".into(), options.worker_threads.to_string());
-    if let Some(gateway) = &nodes.gateway {
+    report.params.insert(
+        "real.workers".into(),
+        format!(
+            "nodes {}, generator {} (tokio worker threads)",
+            options.worker_threads, options.generator_threads
+        ),
+    );
+    report.cpu = start.use_until(&end, requests, span_s);
+    if groups.nodes.uncounted() + groups.generator.uncounted() > 0 {
+        report.notes.push(
+            "cpu: some threads' ids were unreadable (no /proc): their time is missing".into(),
+        );
+    }
+    if let Some(tcp) = &gateway.tcp {
         let (calls, idle) = gateway_pool(options);
         report.params.insert(
             "gateway.pool".into(),
@@ -153,47 +245,103 @@ async fn run_nodes(
         );
         report.notes.push(format!(
             "gateway: {} calls, {} connections opened",
-            gateway.calls(),
-            gateway.connections_opened()
+            tcp.calls(),
+            tcp.connections_opened()
+        ));
+    }
+    if let Some(channels) = gateway.grpc_channels {
+        report.params.insert(
+            "gateway.grpc".into(),
+            format!("{channels} HTTP/2 channel(s) per node, signed with the load's key"),
+        );
+    }
+    if !drained {
+        report.notes.push(format!(
+            "replication still busy {REPLICATION_DRAIN_MAX:?} after the load; verified anyway"
         ));
     }
     if options.verify {
-        if nodes.services.len() > 1 && !drain_replication(&env, &nodes.services).await {
-            report.notes.push(format!(
-                "replication still busy {REPLICATION_DRAIN_MAX:?} after the load; verified anyway"
-            ));
-        }
         let forests: Vec<Arc<Forest>> = nodes.services.iter().map(|s| s.forest().clone()).collect();
         let scenarios = spec.scenarios.clone();
         let check = move || verify(&forests, &scenarios, &acked);
-        report.verification = Some(arbor::runtime::blocking(&*env.runtime, check).await);
+        let env = &rt.nodes_env;
+        report.verification = Some(
+            rt.nodes
+                .block_on(arbor::runtime::blocking(&*env.runtime, check)),
+        );
     }
     let stats: Vec<_> = nodes.services.iter().map(|s| s.stats()).collect();
     report.service = Some(ServiceCounters::sum(&stats));
+    for front in &nodes.grpc {
+        front.handle().stop();
+    }
     for s in &nodes.services {
         s.shutdown();
     }
     Ok(report)
 }
 
-fn open_service(config: &Config, transport: Arc<dyn Transport>) -> Result<Arc<Service>, String> {
+/// Requests answered in a run: each iteration's, or each call of a
+/// sequence.
+fn answered_requests(scenarios: &[ScenarioSummary]) -> u64 {
+    scenarios
+        .iter()
+        .map(|s| match s.calls.is_empty() {
+            true => s.ok + s.errors,
+            false => s.calls.iter().map(|c| c.count).sum(),
+        })
+        .sum()
+}
+
+/// CPU ticks of the nodes, the generator and the process at one moment.
+struct CpuMark {
+    nodes: u64,
+    generator: u64,
+    process: Option<u64>,
+}
+
+impl CpuMark {
+    fn now(groups: &Groups) -> Self {
+        Self {
+            nodes: groups.nodes.ticks(),
+            generator: groups.generator.ticks(),
+            process: cpu::process_ticks(),
+        }
+    }
+
+    fn use_until(&self, end: &CpuMark, requests: u64, span_s: f64) -> Option<CpuUse> {
+        let process = (self.process?, end.process?);
+        Some(CpuUse::of(
+            (self.nodes, end.nodes),
+            (self.generator, end.generator),
+            process,
+            requests,
+            span_s,
+        ))
+    }
+}
+
+fn open_service(
+    config: &Config,
+    transport: Arc<dyn Transport>,
+    env: &Env,
+) -> Result<Arc<Service>, String> {
     let path = &config.pilorama.path;
     let forest = Forest::open(path, config.forest_options())
         .map_err(|e| format!("open {}: {e}", path.display()))?;
-    Service::start(config.clone(), Arc::new(forest), system_env(), transport)
+    Service::start(config.clone(), Arc::new(forest), env.clone(), transport)
         .map_err(|e| format!("start replica {}: {e}", config.node.replica_id))
 }
 
-fn start_single(base: &Config, dir: &Path) -> Result<Nodes, String> {
+fn start_single(base: &Config, dir: &Path, env: &Env) -> Result<Nodes, String> {
     let mut config = base.clone();
     config.node.peers.clear();
     config.pilorama.path = dir.join(format!("node-{}.redb", config.node.replica_id));
-    let service = open_service(&config, Arc::new(NoPeers))?;
+    let service = open_service(&config, Arc::new(NoPeers), env)?;
     Ok(Nodes {
-        gateway: None,
-        services: vec![service.clone()],
+        services: vec![service],
         files: vec![config.pilorama.path.clone()],
-        target: Arc::new(ServiceTarget::new(vec![service])),
+        grpc: Vec::new(),
     })
 }
 
@@ -233,35 +381,39 @@ fn tls_files(dir: &Path, (cert, key): (PathBuf, PathBuf)) -> TlsFiles {
     }
 }
 
+async fn bind_loopback() -> Result<(tokio::net::TcpListener, String), String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("bind: {e}"))?;
+    let address = listener.local_addr().map_err(|e| format!("bind: {e}"))?;
+    Ok((listener, address.to_string()))
+}
+
 /// Binds every listener first (ephemeral ports), then starts each node
 /// with the others as peers and serves it over TCP (over mutual TLS with
-/// certificates made in `dir/certs` when the gateway is `tls`).
-async fn start_served(options: &RealOptions, dir: &Path) -> Result<Nodes, String> {
+/// certificates made in `dir/certs` when the gateway is `tls`), and, when
+/// the gateway is `grpc`, its gRPC front too, where the load's key is
+/// named a writer. Runs on the nodes' runtime: every task of a node is
+/// spawned there.
+async fn start_served(options: &RealOptions, dir: &Path, env: &Env) -> Result<Nodes, String> {
     let (base, replicas, gateway) = (&options.config, options.replicas, options.gateway);
     let mut listeners = Vec::new();
     for _ in 0..replicas {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| format!("bind: {e}"))?;
-        let address = listener.local_addr().map_err(|e| format!("bind: {e}"))?;
-        listeners.push((listener, address.to_string()));
+        listeners.push(bind_loopback().await?);
     }
     let ids: Vec<ReplicaId> = (1..=replicas as ReplicaId).collect();
     let addresses: Vec<String> = listeners.iter().map(|(_, a)| a.clone()).collect();
-    let peers_of = |me: ReplicaId| -> Vec<PeerConfig> {
-        ids.iter()
-            .zip(&addresses)
-            .filter(|(id, _)| **id != me)
-            .map(|(id, address)| PeerConfig::new(*id, address.clone()))
-            .collect()
-    };
+    let peers_of = |me: ReplicaId| -> Vec<PeerConfig> { peers_of(&ids, &addresses, me) };
     let cert_dir = dir.join("certs");
     let tls = gateway == GatewayTransport::Tls;
     if tls {
         make_certs(&cert_dir, &base.node.cluster_id, &ids)?;
     }
-    let mut services = Vec::new();
-    let mut files = Vec::new();
+    let mut nodes = Nodes {
+        services: Vec::new(),
+        files: Vec::new(),
+        grpc: Vec::new(),
+    };
     for ((id, address), (listener, _)) in ids.iter().zip(&addresses).zip(listeners) {
         let mut config = base.clone();
         config.node.replica_id = *id;
@@ -271,21 +423,67 @@ async fn start_served(options: &RealOptions, dir: &Path) -> Result<Nodes, String
         if tls {
             config.node.tls = Some(tls_files(&cert_dir, certs::node_files(&cert_dir, *id)));
         }
+        let grpc_listener = match gateway {
+            GatewayTransport::Grpc => {
+                let (listener, address) = bind_loopback().await?;
+                config.grpc.listen = Some(address);
+                // Named, so that its signatures are checked with a table.
+                let key = grpc::load_signer().public().hex();
+                config.access.default.grant(Role::Writer, &key);
+                config.validate().map_err(|e| e.to_string())?;
+                Some(listener)
+            }
+            _ => None,
+        };
         let context = TlsContext::for_node(&config).map_err(|e| e.to_string())?;
         let transport = Arc::new(TcpTransport::new(&config, context.clone()));
-        let service = open_service(&config, transport)?;
+        let service = open_service(&config, transport, env)?;
         let options = ServerOptions::from_config(&config);
         tokio::spawn(Server::new(listener, service.clone(), options, context).run());
-        services.push(service);
-        files.push(config.pilorama.path.clone());
+        if let Some(listener) = grpc_listener {
+            let front = arbor::grpc::Front::new(service.clone());
+            let server = arbor::grpc::serve(&config, listener, front, None)
+                .map_err(|e| format!("gRPC front of replica {id}: {e}"))?;
+            nodes.grpc.push(server);
+        }
+        nodes.services.push(service);
+        nodes.files.push(config.pilorama.path.clone());
     }
-    let mut gateway_transport = None;
-    let target: Arc<dyn Target> = match gateway {
+    Ok(nodes)
+}
+
+/// Each node's peers: every other replica at its address.
+fn peers_of(ids: &[ReplicaId], addresses: &[String], me: ReplicaId) -> Vec<PeerConfig> {
+    ids.iter()
+        .zip(addresses)
+        .filter(|(id, _)| **id != me)
+        .map(|(id, address)| PeerConfig::new(*id, address.clone()))
+        .collect()
+}
+
+/// The gateway's side: a client transport, a gRPC client or direct calls,
+/// made on the generator's runtime (their connections' tasks run there).
+fn connect_gateway(
+    spec: &RunSpec,
+    options: &RealOptions,
+    dir: &Path,
+    nodes: &Nodes,
+    rt: &Runtimes,
+) -> Result<Gateway, String> {
+    let ids: Vec<ReplicaId> = (1..=nodes.services.len() as ReplicaId).collect();
+    match options.gateway {
         GatewayTransport::Tcp | GatewayTransport::Tls => {
+            let base = &options.config;
+            let addresses: Vec<String> = nodes
+                .services
+                .iter()
+                .map(|s| s.config().node.listen.clone())
+                .collect();
             let mut config = base.clone();
-            config.node.peers = peers_of(0);
-            let context = match tls {
+            config.node.peers = peers_of(&ids, &addresses, 0);
+            let context = match options.gateway == GatewayTransport::Tls {
                 true => {
+                    let cert_dir = dir.join("certs");
                     let files = certs::client_files(&cert_dir, GATEWAY_CLIENT_NAME);
                     let context = TlsContext::load(&tls_files(&cert_dir, files));
                     Some(Arc::new(context.map_err(|e| e.to_string())?))
@@ -298,21 +496,49 @@ async fn start_served(options: &RealOptions, dir: &Path) -> Result<Nodes, String
                 .with_calls_per_peer(calls)
                 .with_idle_per_peer(idle);
             let transport = Arc::new(transport);
-            gateway_transport = Some(transport.clone());
-            Arc::new(TransportTarget::new(
-                transport,
-                ids.clone(),
-                GATEWAY_CALL_TIMEOUT,
-            ))
+            Ok(Gateway {
+                target: Arc::new(TransportTarget::new(
+                    transport.clone(),
+                    ids,
+                    GATEWAY_CALL_TIMEOUT,
+                )),
+                tcp: Some(transport),
+                grpc_channels: None,
+            })
         }
-        GatewayTransport::InProcess => Arc::new(ServiceTarget::new(services.clone())),
-    };
-    Ok(Nodes {
-        services,
-        files,
-        target,
-        gateway: gateway_transport,
-    })
+        GatewayTransport::Grpc => {
+            let addresses: Vec<String> = nodes
+                .grpc
+                .iter()
+                .map(|g| g.local_addr.to_string())
+                .collect();
+            let channels = options.grpc_channels.max(1);
+            let signer = grpc::load_signer();
+            let warm_tree = spec
+                .scenarios
+                .first()
+                .map_or_else(|| TreeKey::new(LOAD_CID, "system"), |s| s.workload.tree());
+            let target = rt.load.block_on(rt.load.spawn(async move {
+                let target = GrpcTarget::connect(&addresses, channels, &signer).await?;
+                target.warm_up(&warm_tree).await?;
+                Ok::<_, String>(target)
+            }));
+            let target = target.map_err(|e| format!("connecting over gRPC: {e}"))??;
+            Ok(Gateway {
+                target: Arc::new(target),
+                tcp: None,
+                grpc_channels: Some(channels),
+            })
+        }
+        GatewayTransport::InProcess => Ok(Gateway {
+            target: Arc::new(ServiceTarget::new(
+                nodes.services.clone(),
+                rt.nodes.handle().clone(),
+            )),
+            tcp: None,
+            grpc_channels: None,
+        }),
+    }
 }
 
 /// Calls in flight and idle connections per node of the wire gateway:
@@ -341,12 +567,9 @@ async fn drain_replication(env: &Env, services: &[Arc<Service>]) -> bool {
     false
 }
 
-/// The tree a scenario writes to.
+/// The tree a scenario's acknowledged ids are in.
 pub fn scenario_tree(scenario: &Scenario) -> TreeKey {
-    match scenario.workload {
-        Workload::SystemAdd => TreeKey::new(LOAD_CID, "system"),
-        Workload::UserAddByPath { .. } => TreeKey::new(LOAD_CID, "version"),
-    }
+    scenario.workload.tree()
 }
 
 /// Acknowledged ids looked up per read transaction while verifying: one

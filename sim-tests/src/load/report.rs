@@ -1,8 +1,9 @@
 //! The result of one run as data (JSON) and as a k6-style end-of-test
 //! summary.
 
+use super::cpu::CpuUse;
 use super::driver::{RunOutput, Sample};
-use super::metrics::{LatencySummary, ScenarioSummary};
+use super::metrics::{CallSummary, LatencySummary, ScenarioSummary};
 use super::threshold::{results_text, ThresholdResult};
 use super::timeline::NodeSecond;
 use arbor::service::ServiceStats;
@@ -80,6 +81,9 @@ pub struct RunReport {
     /// Per-second counters of each node (real mode; `timeline`).
     pub timeline: Vec<NodeSecond>,
     pub service: Option<ServiceCounters>,
+    /// CPU of the nodes and of the generator while the load ran (real
+    /// mode on Linux; `load::cpu`).
+    pub cpu: Option<CpuUse>,
     pub verification: Option<Verification>,
     /// Iterations that never finished (should be 0).
     pub stuck: u64,
@@ -167,6 +171,9 @@ impl RunReport {
                 c.sync_rounds
             );
         }
+        if let Some(cpu) = &self.cpu {
+            let _ = writeln!(out, "  cpu: {}", cpu.text());
+        }
         if let Some(v) = &self.verification {
             let _ = writeln!(
                 out,
@@ -246,7 +253,23 @@ fn scenario_text(s: &ScenarioSummary) -> String {
             fmt_ms(s.start_lag_max_ms)
         ),
     );
+    for c in &s.calls {
+        line(&mut out, &format!("call {}", c.call), call_text(c));
+    }
     out
+}
+
+/// One call kind of a sequence: how many, errors, latency.
+fn call_text(c: &CallSummary) -> String {
+    format!(
+        "{} calls, {} errors, avg={} med={} p(99)={} max={}",
+        c.count,
+        c.errors,
+        fmt_ms(c.latency.avg_ms),
+        fmt_ms(c.latency.med_ms),
+        fmt_ms(c.latency.p99_ms),
+        fmt_ms(c.latency.max_ms)
+    )
 }
 
 /// Achieved rate / target rate (1 when nothing was asked for).
@@ -280,6 +303,7 @@ pub struct PathSummary {
     pub scenarios: Vec<PathScenario>,
     pub stuck: u64,
     pub verification: Option<Verification>,
+    pub cpu: Option<CpuUse>,
 }
 
 impl PathSummary {
@@ -305,6 +329,7 @@ impl PathSummary {
             scenarios,
             stuck: report.stuck,
             verification: report.verification.clone(),
+            cpu: report.cpu.clone(),
         }
     }
 
@@ -341,6 +366,11 @@ fn paths_text(report: &RunReport) -> String {
                 p.errors,
                 p.dropped
             );
+        }
+    }
+    for path in std::iter::once(&own).chain(&report.beside) {
+        if let Some(cpu) = &path.cpu {
+            let _ = writeln!(out, "    cpu over {}: {}", path.gateway, cpu.text());
         }
     }
     for path in &report.beside {

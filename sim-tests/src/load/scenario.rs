@@ -1,15 +1,87 @@
 //! What the object gateway sends: two scenarios at once, as in the reference
 //! k6 script. `system` adds nodes to tree "system" at a low fixed rate;
 //! `user` adds object versions by path to tree "version" at the rate under
-//! test. Every new node carries seven meta fields.
+//! test. Every new node carries seven meta fields. [`Requests`] picks the
+//! shapes: this crate's own (`default`), the reference tree loader's
+//! (`loader`), or the S3 gateway's call sequences (`gateway`, see
+//! `load::gateway`).
 
+use super::gateway::GatewayOp;
 use arbor::proto::Request;
 use arbor::types::{ContainerId, KeyValue, TreeKey, ATTR_FILE_NAME, ROOT};
 use serde::Serialize;
 use std::time::Duration;
 
-/// The container every load request addresses.
+/// The container every load request of the default shapes addresses.
 pub const LOAD_CID: ContainerId = ContainerId([0x4c; 32]);
+
+/// The container of the reference tree loader's requests: all zeros.
+pub const LOADER_CID: ContainerId = ContainerId([0; 32]);
+
+/// Which requests the generator sends (`--requests`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Requests {
+    /// `system` (Add) beside `user` (AddByPath of
+    /// `bucket/prefix-P/object-N`), unique names, in container 0x4c...
+    #[default]
+    Default,
+    /// The reference tree loader's requests: container all zeros; `system`
+    /// Adds under the root with the same seven meta pairs every time,
+    /// `user` AddByPaths of `test/only/path/N` with seven meta fields.
+    Loader,
+    /// The S3 gateway's call sequences, one scenario per S3 operation
+    /// (`load::gateway`); `--rate` is split between them.
+    Gateway,
+}
+
+impl Requests {
+    pub fn name(self) -> &'static str {
+        match self {
+            Requests::Default => "default",
+            Requests::Loader => "loader",
+            Requests::Gateway => "gateway",
+        }
+    }
+
+    /// The scenarios of a run: `system` at `system_rate` (0: none) beside
+    /// `user` in `user_stages`, or the gateway's operations sharing the
+    /// stages' rates.
+    pub fn scenarios(
+        self,
+        system_rate: u64,
+        user_stages: Vec<Stage>,
+        prefixes: u32,
+    ) -> Vec<Scenario> {
+        let total: Duration = user_stages.iter().map(|s| s.duration).sum();
+        let (system, user) = match self {
+            Requests::Default => (Workload::SystemAdd, Workload::UserAddByPath { prefixes }),
+            Requests::Loader => (Workload::LoaderAdd, Workload::LoaderAddByPath),
+            Requests::Gateway => {
+                return GatewayOp::ALL
+                    .iter()
+                    .map(|&op| {
+                        let stages = user_stages
+                            .iter()
+                            .map(|s| Stage {
+                                duration: s.duration,
+                                rate: op.rate_of(s.rate),
+                            })
+                            .collect();
+                        Scenario::constant(op.name(), Workload::Gateway(op), 1, total)
+                            .with_stages(stages)
+                    })
+                    .collect();
+            }
+        };
+        let mut scenarios = Vec::new();
+        if system_rate > 0 {
+            scenarios.push(Scenario::constant("system", system, system_rate, total));
+        }
+        scenarios.push(Scenario::constant("user", user, 1, total).with_stages(user_stages));
+        scenarios
+    }
+}
 
 /// A stretch of time at one arrival rate (k6's ramping stages, without the
 /// ramp: the rate changes in steps).
@@ -30,6 +102,29 @@ pub enum Workload {
         /// Objects are spread over this many prefixes (directories).
         prefixes: u32,
     },
+    /// The reference loader's `Add` under ROOT of tree "system" in
+    /// [`LOADER_CID`], with the same seven meta pairs every time.
+    LoaderAdd,
+    /// The reference loader's `AddByPath` of `test/only/path/N` into tree
+    /// "version" of [`LOADER_CID`] (N the iteration: every call creates the
+    /// directory N and the leaf in it), seven meta fields.
+    LoaderAddByPath,
+    /// One of the S3 gateway's call sequences per iteration.
+    Gateway(GatewayOp),
+}
+
+impl Workload {
+    /// The tree whose nodes an acknowledged iteration names (`--verify`
+    /// looks them up there).
+    pub fn tree(self) -> TreeKey {
+        match self {
+            Workload::SystemAdd => TreeKey::new(LOAD_CID, "system"),
+            Workload::UserAddByPath { .. } => TreeKey::new(LOAD_CID, "version"),
+            Workload::LoaderAdd => TreeKey::new(LOADER_CID, "system"),
+            Workload::LoaderAddByPath => TreeKey::new(LOADER_CID, "version"),
+            Workload::Gateway(_) => super::gateway::version_tree(),
+        }
+    }
 }
 
 /// One k6 scenario: a constant-arrival-rate executor per stage.
@@ -58,7 +153,7 @@ impl Scenario {
     /// One stage at `rate`; VUs preallocated for one second of arrivals and
     /// allowed to grow to five seconds' worth (= rate x the 5 s deadline, so
     /// a pool this size never runs dry before deadlines expire).
-    fn constant(name: &str, workload: Workload, rate: u64, duration: Duration) -> Self {
+    pub fn constant(name: &str, workload: Workload, rate: u64, duration: Duration) -> Self {
         Self {
             name: name.to_string(),
             workload,
@@ -82,8 +177,34 @@ impl Scenario {
     }
 
     /// The request of iteration `n` (0-based, unique within the scenario).
+    /// A gateway scenario's iteration is a sequence of calls
+    /// (`gateway::iteration`), never one request.
     pub fn request(&self, n: u64) -> Request {
         match self.workload {
+            Workload::LoaderAdd => Request::Add {
+                tree: self.workload.tree(),
+                parent: ROOT,
+                items: LOADER_SYSTEM_META
+                    .iter()
+                    .map(|(key, value)| KeyValue::new(*key, *value))
+                    .collect(),
+            },
+            Workload::LoaderAddByPath => Request::AddByPath {
+                tree: self.workload.tree(),
+                attr: ATTR_FILE_NAME.to_string(),
+                path: ["test", "only", "path"]
+                    .into_iter()
+                    .map(String::from)
+                    .chain([n.to_string()])
+                    .collect(),
+                items: meta_items(&format!("object-{n}"), n),
+            },
+            Workload::Gateway(op) => {
+                panic!(
+                    "scenario {}: a {op:?} iteration is a call sequence, not one request",
+                    self.name
+                )
+            }
             Workload::SystemAdd => Request::Add {
                 tree: TreeKey::new(LOAD_CID, "system"),
                 parent: ROOT,
@@ -102,8 +223,23 @@ impl Scenario {
     }
 }
 
+/// The seven meta pairs of every loader `Add` on tree "system": the same
+/// keys and values each time, as the reference loader sends them.
+const LOADER_SYSTEM_META: [(&str, &str); 7] = [
+    (ATTR_FILE_NAME, "system-object"),
+    (
+        "OID",
+        "7b1e0c9a3f2d4e6b8a5c1d0f9e8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a",
+    ),
+    ("Created", "1700000000000"),
+    ("Owner", "NbUgTSFvPmsRxmGeWpuuGeJUoRoi6PErcM"),
+    ("IsUnversioned", "true"),
+    ("ETag", "d41d8cd98f00b204e9800998ecf8427e"),
+    ("Size", "4096"),
+];
+
 /// The seven fields an S3 gateway stores per object version.
-fn meta_items(file_name: &str, n: u64) -> Vec<KeyValue> {
+pub fn meta_items(file_name: &str, n: u64) -> Vec<KeyValue> {
     vec![
         KeyValue::new(ATTR_FILE_NAME, file_name.as_bytes()),
         KeyValue::new(
@@ -177,6 +313,85 @@ mod tests {
         assert_eq!(iteration_start(&stages, 6), Some(Duration::from_secs(2)));
         assert_eq!(iteration_start(&stages, 8), Some(Duration::from_secs(3)));
         assert_eq!(iteration_start(&stages, 9), None);
+    }
+
+    /// The reference loader's shapes: container all zeros, the system
+    /// scenario's Adds identical (seven pairs), the user scenario's paths
+    /// `test/only/path/N` with seven meta fields; the default shapes stay.
+    #[test]
+    fn loader_requests_have_the_reference_shapes() {
+        let stages = vec![Stage {
+            duration: Duration::from_secs(2),
+            rate: 100,
+        }];
+        let scenarios = Requests::Loader.scenarios(10, stages.clone(), 1);
+        let names: Vec<&str> = scenarios.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["system", "user"]);
+        assert_eq!(scenarios[0].stages[0].rate, 10);
+        assert_eq!(scenarios[1].stages, stages);
+        let (system, user) = (&scenarios[0], &scenarios[1]);
+        let first = system.request(0);
+        assert_eq!(first, system.request(41), "every system Add is the same");
+        match first {
+            Request::Add {
+                tree,
+                parent,
+                items,
+            } => {
+                assert_eq!(
+                    (tree.cid, tree.tree.as_str(), parent),
+                    (LOADER_CID, "system", ROOT)
+                );
+                assert_eq!(items.len(), 7);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        for n in [0u64, 7, 12345] {
+            match user.request(n) {
+                Request::AddByPath {
+                    tree,
+                    attr,
+                    path,
+                    items,
+                } => {
+                    assert_eq!((tree.cid, tree.tree.as_str()), (LOADER_CID, "version"));
+                    assert_eq!(attr, ATTR_FILE_NAME);
+                    assert_eq!(path, ["test", "only", "path", &n.to_string()]);
+                    assert_eq!(items.len(), 7);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let default = Requests::Default.scenarios(10, stages, 1);
+        assert_eq!(default[0].workload, Workload::SystemAdd);
+        assert_eq!(default[1].workload, Workload::UserAddByPath { prefixes: 1 });
+        assert_eq!(default[1].workload.tree().cid, LOAD_CID);
+    }
+
+    /// The gateway's operations share the rate by their weights, each at
+    /// least once a second, and add up to the whole.
+    #[test]
+    fn gateway_scenarios_share_the_rate() {
+        let stages = vec![Stage {
+            duration: Duration::from_secs(3),
+            rate: 1000,
+        }];
+        let scenarios = Requests::Gateway.scenarios(10, stages, 1);
+        assert_eq!(scenarios.len(), GatewayOp::ALL.len());
+        let total: u64 = scenarios.iter().map(|s| s.stages[0].rate).sum();
+        assert_eq!(total, 1000);
+        assert!(scenarios
+            .iter()
+            .all(|s| s.duration() == Duration::from_secs(3)));
+        let slow = Requests::Gateway.scenarios(
+            0,
+            vec![Stage {
+                duration: Duration::from_secs(1),
+                rate: 3,
+            }],
+            1,
+        );
+        assert!(slow.iter().all(|s| s.stages[0].rate == 1));
     }
 
     #[test]

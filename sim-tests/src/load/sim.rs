@@ -88,8 +88,12 @@ struct SimServiceTarget {
 
 impl Target for SimServiceTarget {
     fn call(&self, request: Request) -> BoxFuture<'static, Response> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
-        let (node, service) = self.nodes[i].clone();
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.call_at(i as u64, request)
+    }
+
+    fn call_at(&self, key: u64, request: Request) -> BoxFuture<'static, Response> {
+        let (node, service) = self.nodes[(key % self.nodes.len() as u64) as usize].clone();
         Box::pin(async move {
             match node
                 .spawn(async move { service.handle(&Caller::Anonymous, request).await })
@@ -188,10 +192,16 @@ async fn load_and_check(
     lifecycle::boot(world).await.map_err(|f| f.to_string())?;
     let nodes = serving_nodes(world)?;
     let services: Vec<Arc<Service>> = nodes.iter().map(|(_, s)| s.clone()).collect();
-    let target = Arc::new(SimServiceTarget {
+    let target: Arc<dyn Target> = Arc::new(SimServiceTarget {
         nodes,
         next: AtomicUsize::new(0),
     });
+    if driver::prepare(spec, &generator_env(), target.clone()).await? {
+        // What was prepared on one replica is on every one before the load.
+        liveness::replication_goes_idle(world)
+            .await
+            .map_err(|f| f.to_string())?;
+    }
     let out = driver::run(spec, &generator_env(), target).await;
     let acked = out.acked.clone();
     let mut report = new_report(spec, options, out);

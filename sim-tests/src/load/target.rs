@@ -25,6 +25,10 @@ pub enum GatewayTransport {
     /// The same over mutual TLS: the nodes replicate over TLS too, with
     /// certificates made for the run; the gateway is a client certificate.
     Tls,
+    /// The `tree.TreeService` gRPC front (plaintext HTTP/2 over loopback),
+    /// every call signed with the load's key, as gateways and the
+    /// reference loader call it; the nodes replicate over TCP.
+    Grpc,
     /// Direct calls to the service in this process: no wire, no encoding;
     /// the service's own cost only.
     InProcess,
@@ -35,6 +39,7 @@ impl GatewayTransport {
         match self {
             GatewayTransport::Tcp => "tcp",
             GatewayTransport::Tls => "tls",
+            GatewayTransport::Grpc => "grpc",
             GatewayTransport::InProcess => "in-process",
         }
     }
@@ -42,7 +47,7 @@ impl GatewayTransport {
     /// Whether requests cross the wire as users' requests do.
     pub fn is_wire(self) -> bool {
         match self {
-            GatewayTransport::Tcp | GatewayTransport::Tls => true,
+            GatewayTransport::Tcp | GatewayTransport::Tls | GatewayTransport::Grpc => true,
             GatewayTransport::InProcess => false,
         }
     }
@@ -52,6 +57,7 @@ impl GatewayTransport {
         match self {
             GatewayTransport::Tcp => "gateway over tcp",
             GatewayTransport::Tls => "gateway over mutual TLS",
+            GatewayTransport::Grpc => "gateway over gRPC (tree.TreeService, signed calls)",
             GatewayTransport::InProcess => "gateway in process (no wire)",
         }
     }
@@ -59,22 +65,31 @@ impl GatewayTransport {
 
 /// A service endpoint under load.
 pub trait Target: Send + Sync + 'static {
+    /// Sends `request` to the next node, round-robin.
     fn call(&self, request: Request) -> BoxFuture<'static, Response>;
+
+    /// Sends `request` to the node `key` picks (`key` modulo the nodes):
+    /// the calls of one sequence go to one node, which then reads what the
+    /// sequence wrote before replication brings it elsewhere.
+    fn call_at(&self, key: u64, request: Request) -> BoxFuture<'static, Response>;
 }
 
 /// In-process nodes, called directly (no network between the gateway and the
 /// node, as in the reference run where the gateway side was mocked).
-/// With several nodes, requests go round-robin.
+/// With several nodes, requests go round-robin. Each call runs on the
+/// nodes' runtime (`on`), so that its CPU counts as the nodes'.
 pub struct ServiceTarget {
     nodes: Vec<Arc<Service>>,
+    on: tokio::runtime::Handle,
     next: AtomicUsize,
 }
 
 impl ServiceTarget {
-    pub fn new(nodes: Vec<Arc<Service>>) -> Self {
+    pub fn new(nodes: Vec<Arc<Service>>, on: tokio::runtime::Handle) -> Self {
         assert!(!nodes.is_empty(), "a target needs at least one node");
         Self {
             nodes,
+            on,
             next: AtomicUsize::new(0),
         }
     }
@@ -82,9 +97,20 @@ impl ServiceTarget {
 
 impl Target for ServiceTarget {
     fn call(&self, request: Request) -> BoxFuture<'static, Response> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
-        let node = self.nodes[i].clone();
-        Box::pin(async move { node.handle(&Caller::Anonymous, request).await })
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.call_at(i as u64, request)
+    }
+
+    fn call_at(&self, key: u64, request: Request) -> BoxFuture<'static, Response> {
+        let node = self.nodes[(key % self.nodes.len() as u64) as usize].clone();
+        let call = self
+            .on
+            .spawn(async move { node.handle(&Caller::Anonymous, request).await });
+        Box::pin(async move {
+            call.await.unwrap_or_else(|e| {
+                Response::Error(arbor::Error::Network(format!("service call failed: {e}")))
+            })
+        })
     }
 }
 
@@ -111,8 +137,13 @@ impl TransportTarget {
 
 impl Target for TransportTarget {
     fn call(&self, request: Request) -> BoxFuture<'static, Response> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.replicas.len();
-        let call = self.transport.call(self.replicas[i], request, self.timeout);
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.call_at(i as u64, request)
+    }
+
+    fn call_at(&self, key: u64, request: Request) -> BoxFuture<'static, Response> {
+        let replica = self.replicas[(key % self.replicas.len() as u64) as usize];
+        let call = self.transport.call(replica, request, self.timeout);
         Box::pin(async move { call.await.unwrap_or_else(Response::Error) })
     }
 }
