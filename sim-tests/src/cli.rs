@@ -63,10 +63,14 @@ pub enum SimCommand {
     /// flags, an output file that cannot be written).
     Sweep(SweepArgs),
     /// Replay one seed, or one capsule, with a readable trace. Exit
-    /// status: 0 passed, 1 failed, 2 usage error.
+    /// status: 0 passed, 1 failed, 2 usage error; with `--check` or
+    /// `--record`, 0 the capsule reaches what it was kept for, 1 it does
+    /// not.
     Replay(repro::ReplayArgs),
-    /// Shrink a failing seed or capsule to a minimal capsule. Exit status:
-    /// 0 shrunk, 1 the run passed (nothing to shrink), 2 usage error.
+    /// Shrink a failing seed or capsule to a minimal capsule, replayed
+    /// before it is written. Exit status: 0 shrunk, 1 the run passed
+    /// (nothing to shrink) or the minimal capsule does not replay to the
+    /// same failure kind (nothing written), 2 usage error.
     Shrink(repro::ShrinkArgs),
 }
 

@@ -48,6 +48,30 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    pub const ALL: [FailureKind; 16] = [
+        FailureKind::Liveness,
+        FailureKind::TreeInvariant,
+        FailureKind::Divergence,
+        FailureKind::DivergentRead,
+        FailureKind::LostWrite,
+        FailureKind::HungCallers,
+        FailureKind::Storage,
+        FailureKind::Panic,
+        FailureKind::Leak,
+        FailureKind::WrongAnswer,
+        FailureKind::BrokenPromise,
+        FailureKind::SessionGuarantee,
+        FailureKind::SyncCursor,
+        FailureKind::Intrusion,
+        FailureKind::StampConflict,
+        FailureKind::ImpostorOp,
+    ];
+
+    /// The kind `name` (the words `name` gives) names.
+    pub fn parse(name: &str) -> Option<FailureKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// The words reports print for this kind.
     pub fn name(self) -> &'static str {
         match self {
@@ -68,6 +92,21 @@ impl FailureKind {
             FailureKind::StampConflict => "stamp conflict",
             FailureKind::ImpostorOp => "impostor op",
         }
+    }
+}
+
+/// Capsules and records spell a kind by its words.
+impl serde::Serialize for FailureKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for FailureKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        FailureKind::parse(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown failure kind {name:?}")))
     }
 }
 
@@ -148,6 +187,20 @@ mod tests {
         let failure = Failure::new(FailureKind::LostWrite, "op 7 is missing");
         assert_eq!(failure.to_string(), "lost write: op 7 is missing");
         assert_eq!(FailureKind::HungCallers.to_string(), "hung callers");
+    }
+
+    /// Every kind is in `ALL` once and reads back from its words.
+    #[test]
+    fn kinds_parse_from_their_words() {
+        for kind in FailureKind::ALL {
+            assert_eq!(FailureKind::parse(kind.name()), Some(kind));
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(serde_json::from_str::<FailureKind>(&json).unwrap(), kind);
+        }
+        let names: std::collections::BTreeSet<_> = FailureKind::ALL.iter().collect();
+        assert_eq!(names.len(), FailureKind::ALL.len());
+        assert_eq!(FailureKind::parse("lost writes"), None);
+        assert!(serde_json::from_str::<FailureKind>("\"lost writes\"").is_err());
     }
 
     /// The first failure wins, and only it reaches the trace.

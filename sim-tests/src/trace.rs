@@ -1,11 +1,32 @@
 //! The event trace of one simulated run: every significant event with its
-//! simulated time and node. Its hash proves determinism (same seed, same
-//! hash); the events themselves are the replay output and locate the first
-//! divergence when two runs of one seed differ.
+//! simulated time and node, and the run's fingerprint. The events are the
+//! replay output, in words, and locate the first divergence when two runs
+//! of one seed differ. The fingerprint proves determinism (same seed, same
+//! fingerprint) and says whether a capsule still replays the run it was
+//! kept for, so it takes in only what happened in the run, as data: every
+//! request a simulated node took and every answer it sent (their wire
+//! frames, with the caller's address), every client call's outcome, node
+//! crashes and restarts, each at its simulated time, and the failure kind.
+//! The events' words (a reworded message, a renamed type in a `Debug`
+//! rendering, a failure's detail) do not go in: an edit that changes only
+//! what the trace says, or code the run never reaches, leaves it as it was.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Test hook: every event's words get a suffix, as an edit of the
+/// messages would give (`set_reworded`).
+static REWORDED: AtomicBool = AtomicBool::new(false);
+
+/// Test hook, process-wide: with `on`, every event recorded from now on
+/// has " (reworded)" added to its words, which stands for an edit that
+/// changes only what the trace says. The fingerprint must not move.
+#[doc(hidden)]
+pub fn set_reworded(on: bool) {
+    REWORDED.store(on, Ordering::SeqCst);
+}
 
 /// One event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,9 +51,38 @@ impl fmt::Display for Event {
     }
 }
 
+/// What kind of run event goes into the fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunEvent {
+    /// A request a node took off the network (caller address, frame).
+    Request,
+    /// An answer a node sent (caller address, frame).
+    Answer,
+    /// A client call's outcome (replica, encoded `Result`).
+    Outcome,
+    /// A node lost power, had its disk destroyed, or started again.
+    Crash,
+    DiskDestroyed,
+    Restart,
+}
+
+impl RunEvent {
+    fn tag(self) -> u8 {
+        match self {
+            RunEvent::Request => 1,
+            RunEvent::Answer => 2,
+            RunEvent::Outcome => 3,
+            RunEvent::Crash => 4,
+            RunEvent::DiskDestroyed => 5,
+            RunEvent::Restart => 6,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     events: Vec<Event>,
+    /// The fingerprint of the run events so far.
     hash: u64,
     echo: bool,
 }
@@ -71,27 +121,54 @@ impl Trace {
         trace
     }
 
-    /// Records an event at the current simulated time.
+    /// Records an event, in words, at the current simulated time. It is
+    /// not part of the fingerprint.
     pub fn record(&self, node: &str, what: impl Into<String>) {
+        let mut what = what.into();
+        if REWORDED.load(Ordering::Relaxed) {
+            what.push_str(" (reworded)");
+        }
         let event = Event {
             at: crate::world::clock::global_now(),
             node: node.to_string(),
-            what: what.into(),
+            what,
         };
         let mut inner = self.inner.lock().unwrap();
         if inner.echo {
             tracing::info!(target: "arbor_sim::trace", "{event}");
         }
-        let mut hash = fnv(inner.hash, &event.at.as_nanos().to_le_bytes());
-        hash = fnv(hash, event.node.as_bytes());
-        hash = fnv(hash, &[0]);
-        hash = fnv(hash, event.what.as_bytes());
-        inner.hash = hash;
         inner.events.push(event);
     }
 
+    /// Takes one run event at `place` (a node's name or address) into the
+    /// fingerprint with the current simulated time; `parts` are its data.
+    pub fn fingerprint(&self, what: RunEvent, place: &str, parts: &[&[u8]]) {
+        let at = crate::world::clock::global_now();
+        let mut inner = self.inner.lock().unwrap();
+        let mut hash = fnv(inner.hash, &at.as_nanos().to_le_bytes());
+        hash = fnv(hash, &[what.tag()]);
+        hash = fnv(hash, &(place.len() as u64).to_le_bytes());
+        hash = fnv(hash, place.as_bytes());
+        for part in parts {
+            hash = fnv(hash, &(part.len() as u64).to_le_bytes());
+            hash = fnv(hash, part);
+        }
+        inner.hash = hash;
+    }
+
+    /// The fingerprint of the run events so far.
     pub fn hash(&self) -> u64 {
         self.inner.lock().unwrap().hash
+    }
+
+    /// The run's fingerprint: its run events and how it ended (`None`
+    /// passed, else the failure kind's name).
+    pub fn run_fingerprint(&self, failure_kind: Option<&str>) -> u64 {
+        let hash = self.hash();
+        match failure_kind {
+            None => fnv(hash, &[0]),
+            Some(kind) => fnv(fnv(hash, &[1]), kind.as_bytes()),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -125,4 +202,59 @@ pub fn first_difference(a: &[Event], b: &[Event]) -> Option<(usize, Option<Event
         return None;
     }
     Some((common, a.get(common).cloned(), b.get(common).cloned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RunEvent, Trace};
+
+    /// The fingerprint follows the run events and ignores the words:
+    /// traces with the same run events and other words agree, a run event
+    /// with one byte more, another place or another kind does not, and
+    /// neither does another outcome.
+    #[test]
+    fn the_fingerprint_takes_run_events_not_words() {
+        let runtime = madsim::runtime::Runtime::with_seed_and_config(1, Default::default());
+        runtime.block_on(async {
+            let run = |words: &str, frame: &[u8], place: &str, what: RunEvent| {
+                let trace = Trace::new(false);
+                trace.record("client-1", format!("op#1 {words}"));
+                trace.fingerprint(RunEvent::Request, "10.0.0.1:7000", &[b"10.1.0.1:1", frame]);
+                trace.fingerprint(what, place, &[b"10.1.0.1:1", b"answer"]);
+                trace
+            };
+            let a = run("Add under 0", b"frame", "10.0.0.1:7000", RunEvent::Answer);
+            let b = run(
+                "AddByPath renamed",
+                b"frame",
+                "10.0.0.1:7000",
+                RunEvent::Answer,
+            );
+            assert_ne!(a.events(), b.events());
+            assert_eq!(a.hash(), b.hash());
+            assert_eq!(a.run_fingerprint(None), b.run_fingerprint(None));
+            for other in [
+                run("Add under 0", b"frame!", "10.0.0.1:7000", RunEvent::Answer),
+                run("Add under 0", b"frame", "10.0.0.2:7000", RunEvent::Answer),
+                run("Add under 0", b"frame", "10.0.0.1:7000", RunEvent::Request),
+            ] {
+                assert_ne!(a.hash(), other.hash());
+            }
+            assert_ne!(
+                a.run_fingerprint(None),
+                a.run_fingerprint(Some("divergence"))
+            );
+            assert_ne!(
+                a.run_fingerprint(Some("liveness")),
+                a.run_fingerprint(Some("divergence"))
+            );
+            // The parts are delimited: moving a byte from one to the next
+            // is another event.
+            let c = Trace::new(false);
+            c.fingerprint(RunEvent::Request, "x", &[b"ab", b"c"]);
+            let d = Trace::new(false);
+            d.fingerprint(RunEvent::Request, "x", &[b"a", b"bc"]);
+            assert_ne!(c.hash(), d.hash());
+        });
+    }
 }

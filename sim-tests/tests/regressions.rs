@@ -8,7 +8,7 @@ use arbor_sim::scenario::capsule::Capsule;
 use arbor_sim::scenario::swarm::Profile;
 use arbor_sim::scenario::Options;
 use common::{arbor_sim, printed};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The full-size scenario of the `storage-errors` profile.
 fn storage_errors() -> Options {
@@ -136,27 +136,130 @@ fn committed_capsules() -> Vec<PathBuf> {
     paths
 }
 
-/// Every committed capsule replays through `arbor-sim replay --capsule`
-/// (its own process: a capsule's canary is switched process-wide). A
-/// capsule of a real bug must pass now that the bug is fixed; a capsule
-/// with a canary on must still fail with the kind it recorded, which
-/// proves the replay still reaches the planted bug.
+/// Every committed capsule replays through `arbor-sim replay --check`
+/// (its own process: a capsule's canary is switched process-wide) to what
+/// it was kept for (`kept_for`): a canary's capsule to the failure kind it
+/// recorded, a fixed bug's capsule to a clean run that reaches the
+/// coverage events of the situation in which it used to fail. A capsule
+/// that no longer does fails the test with the command that records it
+/// anew ("re-record").
 #[test]
-fn committed_capsules_replay() {
+fn committed_capsules_reach_what_they_were_kept_for() {
     let paths = committed_capsules();
     assert!(!paths.is_empty(), "no capsule under sim-tests/regressions");
+    let mut missed = Vec::new();
     for path in paths {
         let capsule = Capsule::read(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            capsule.kept_for.is_some(),
+            "{}: no kept_for; add it (regressions/README.md) or re-record: {}",
+            path.display(),
+            capsule.rerecord_command(&path)
+        );
         eprintln!("capsule {}: replaying", path.display());
-        let output = arbor_sim(&["replay", "--quiet", "--capsule", path.to_str().unwrap()]);
-        let text = printed(&output);
-        match (&capsule.canary, &capsule.outcome.failure_kind) {
-            (Some(_), Some(kind)) => {
-                assert_eq!(output.status.code(), Some(1), "{}: {text}", path.display());
-                let failed = format!("FAILED: {kind}:");
-                assert!(text.contains(&failed), "{}: {text}", path.display());
-            }
-            _ => assert_eq!(output.status.code(), Some(0), "{}: {text}", path.display()),
+        let (code, text) = check(&path);
+        if code != Some(0) {
+            missed.push(format!("exit {code:?}: {}", check_line(&text)));
         }
     }
+    assert!(missed.is_empty(), "{}", missed.join("\n"));
+}
+
+/// `arbor-sim replay --quiet --check` of a capsule: its exit status and
+/// what it printed.
+fn check(path: &Path) -> (Option<i32>, String) {
+    replay_with(path, "--check")
+}
+
+/// `arbor-sim replay --quiet FLAG --capsule PATH`: exit status, output.
+fn replay_with(path: &Path, flag: &str) -> (Option<i32>, String) {
+    let output = arbor_sim(&[
+        "replay",
+        "--quiet",
+        flag,
+        "--capsule",
+        path.to_str().unwrap(),
+    ]);
+    (output.status.code(), printed(&output))
+}
+
+/// The line of a check's output that gives its verdict (all of it when
+/// none does).
+fn check_line(text: &str) -> &str {
+    text.lines()
+        .find(|l| l.contains("kept for"))
+        .unwrap_or(text)
+}
+
+/// A copy of committed capsule `name` in `dir` with `edit` applied to its
+/// JSON.
+fn edited_capsule(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let from = committed_capsules()
+        .into_iter()
+        .find(|p| p.file_name().unwrap() == name)
+        .unwrap_or_else(|| panic!("no capsule {name}"));
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(from).unwrap()).unwrap();
+    edit(&mut json);
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    path
+}
+
+/// The check fails, saying "re-record" and how, when a capsule misses
+/// what it was kept for: a canary's run that fails with another kind than
+/// the one kept, a fixed bug's run that never reaches a coverage event it
+/// names. A fixed bug's run that fails says the bug is back. `--record`
+/// writes the replay's fingerprint into a capsule that reaches it.
+#[test]
+fn a_capsule_that_misses_what_it_was_kept_for_says_re_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let canary = "canary-SubtreeDepthOffByOne.json";
+    let other_kind = edited_capsule(dir.path(), canary, |json| {
+        json["kept_for"] = serde_json::json!({ "failure": "divergence" });
+    });
+    let (code, text) = check(&other_kind);
+    assert_eq!(code, Some(1), "{text}");
+    let line = check_line(&text);
+    assert!(
+        line.contains("failed with wrong answer instead of divergence"),
+        "{text}"
+    );
+    assert!(
+        line.contains("re-record: cargo run --release -p arbor-sim -- shrink --seed"),
+        "{text}"
+    );
+    let back = edited_capsule(dir.path(), canary, |json| {
+        json["kept_for"] =
+            serde_json::json!({ "fixed": { "failed_with": "wrong answer", "reaches": [] } });
+    });
+    let (code, text) = check(&back);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        check_line(&text).contains("fails again: wrong answer"),
+        "{text}"
+    );
+
+    let fixed = "sync-only-seed-341-late-drop.json";
+    let unreached = edited_capsule(dir.path(), fixed, |json| {
+        let reaches = json["kept_for"]["fixed"]["reaches"].as_array_mut().unwrap();
+        reaches.push(serde_json::json!("MisconfigWindow"));
+    });
+    let (code, text) = check(&unreached);
+    assert_eq!(code, Some(1), "{text}");
+    let line = check_line(&text);
+    assert!(line.contains("never reached MisconfigWindow"), "{text}");
+    assert!(line.contains("re-record: cargo run --release"), "{text}");
+
+    let stale = edited_capsule(dir.path(), fixed, |json| {
+        json["outcome"]["trace_fingerprint"] = serde_json::json!("0000000000000000");
+    });
+    let (code, text) = replay_with(&stale, "--record");
+    assert_eq!(code, Some(0), "{text}");
+    let recorded = Capsule::read(&stale).unwrap();
+    assert_ne!(recorded.outcome.trace_fingerprint, "0000000000000000");
+    assert!(text.contains(&format!("trace {} (", recorded.outcome.trace_fingerprint)));
+    let (code, text) = check(&stale);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("matches the capsule's"), "{text}");
 }

@@ -6,8 +6,9 @@
 
 use arbor::canary::Canary;
 use arbor_sim::cli::run_sweep;
-use arbor_sim::scenario::capsule::Capsule;
-use arbor_sim::scenario::shrink::{shrink, Counts};
+use arbor_sim::failure::FailureKind;
+use arbor_sim::scenario::capsule::{Capsule, KeptFor};
+use arbor_sim::scenario::shrink::{shrink_to_capsule, Accept, Counts, ShrinkError};
 use arbor_sim::scenario::swarm::{Profile, Size};
 use arbor_sim::scenario::{Options, Report};
 use std::sync::Mutex;
@@ -134,7 +135,15 @@ fn a_canary_failure_shrinks_to_a_capsule_that_still_fails() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let report = first_failure();
     let kind = report.failure.as_ref().unwrap().kind;
-    let shrunk = shrink(&report.plan, &options(), 2, 300).expect("the run fails");
+    let (shrunk, capsule) = shrink_to_capsule(
+        &report.plan,
+        &options(),
+        (true, "test"),
+        2,
+        300,
+        Accept::SameKind,
+    )
+    .expect("the run fails, and so does its minimal capsule");
     let (before, after) = (Counts::of(&shrunk.before), Counts::of(&shrunk.after));
     println!(
         "seed {}: {before:?} -> {after:?} in {} trials",
@@ -146,8 +155,93 @@ fn a_canary_failure_shrinks_to_a_capsule_that_still_fails() {
         after.client_ops < before.client_ops,
         "{before:?} -> {after:?}"
     );
-    let capsule = Capsule::of(&shrunk.report, true, "test");
+    assert_eq!(capsule.kept_for, Some(KeptFor::Failure(kind)));
     let again = Capsule::parse(&capsule.to_json()).unwrap().run(false);
     assert_eq!(again.failure.map(|f| f.kind), Some(kind));
     assert_eq!(again.trace_hash, shrunk.report.trace_hash);
+}
+
+/// The committed capsule of the canary these tests use.
+fn committed_canary_capsule() -> Capsule {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("regressions")
+        .join(format!("canary-{CANARY:?}.json"));
+    Capsule::read(&path).unwrap()
+}
+
+/// A shrinker that keeps every trial run, whatever it gave, is planted:
+/// it throws away the disk-error faults the canary's failure needs, and
+/// the replay of the capsule it made no longer fails with the kind it
+/// was shrunk for, so `shrink_to_capsule` refuses it instead of handing
+/// back a capsule that proves nothing.
+#[test]
+fn a_shrunk_capsule_that_misses_the_kind_is_refused() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let capsule = committed_canary_capsule();
+    let mut plan = capsule.plan.clone();
+    plan.swarm.seed = capsule.seed;
+    let kind = FailureKind::HungCallers;
+    assert_eq!(capsule.kept_for, Some(KeptFor::Failure(kind)));
+    let planted = shrink_to_capsule(
+        &plan,
+        &capsule.options(false),
+        (capsule.faults, "test"),
+        1,
+        6,
+        Accept::Anything,
+    );
+    match planted {
+        Err(ShrinkError::NotReproduced {
+            kind: shrunk_for,
+            replayed,
+        }) => {
+            assert_eq!(shrunk_for, kind);
+            assert_ne!(replayed, Some(kind));
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok((shrunk, _)) => panic!(
+            "the planted shrinker's capsule was accepted: {:?}",
+            Counts::of(&shrunk.after)
+        ),
+    }
+}
+
+/// The fingerprint hash of a run's events in words, as the fingerprint
+/// was computed before it took run events only.
+fn words_hash(events: &[arbor_sim::trace::Event]) -> u64 {
+    let mut bytes = Vec::new();
+    for event in events {
+        bytes.extend_from_slice(&event.at.as_nanos().to_le_bytes());
+        bytes.extend_from_slice(event.node.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(event.what.as_bytes());
+    }
+    arbor_sim::trace::fnv_hash(&bytes)
+}
+
+/// An edit that changes only the words of the trace (planted with
+/// `trace::set_reworded`, as a reworded message or a renamed type in a
+/// `Debug` rendering would) leaves the fingerprint of a capsule's run as
+/// it was, though a hash of the words moves; a real change of the run (a
+/// fault fewer) moves the fingerprint.
+#[test]
+fn the_fingerprint_moves_with_the_run_not_with_its_words() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let capsule = committed_canary_capsule();
+    let plain = capsule.run(false);
+    arbor_sim::trace::set_reworded(true);
+    let reworded = capsule.run(false);
+    arbor_sim::trace::set_reworded(false);
+    assert_ne!(plain.events, reworded.events);
+    assert_ne!(words_hash(&plain.events), words_hash(&reworded.events));
+    assert_eq!(plain.trace_hash, reworded.trace_hash);
+    assert_eq!(
+        capsule.outcome.trace_fingerprint,
+        format!("{:016x}", plain.trace_hash),
+        "the committed capsule's fingerprint is this build's"
+    );
+    let mut fewer = capsule.clone();
+    assert!(!fewer.plan.faults.is_empty());
+    fewer.plan.faults.pop();
+    assert_ne!(fewer.run(false).trace_hash, plain.trace_hash);
 }

@@ -3,9 +3,9 @@
 //! keeps with `--keep-failures`.
 
 use super::{announce_seed, init_replay_log, usage_error, ScenarioArgs, EXIT_SEED_FAILED};
-use crate::scenario::capsule::{replay_command, Capsule};
+use crate::scenario::capsule::{replay_command, Capsule, Missed};
 use crate::scenario::plan::Plan;
-use crate::scenario::shrink::{shrink as shrink_plan, Counts, Shrunk, SHRINK_TRIALS_MAX};
+use crate::scenario::shrink::{shrink_to_capsule, Accept, Counts, Shrunk, SHRINK_TRIALS_MAX};
 use crate::scenario::swarm::Swarm;
 use crate::scenario::{run_seed, Options, Report};
 use std::path::{Path, PathBuf};
@@ -25,6 +25,20 @@ pub struct ReplayArgs {
     /// Do not print each trace event.
     #[arg(long)]
     pub quiet: bool,
+    /// Also write this run's capsule here (a passing run's has no
+    /// `kept_for`: say by hand what it is kept for).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Check that the capsule's run still reaches what it was kept for
+    /// (its `kept_for`); the exit status says whether it does (0) or not
+    /// (1), and a miss names the command that records it anew.
+    #[arg(long, requires = "capsule")]
+    pub check: bool,
+    /// Check as `--check` does, and when the run reaches what the capsule
+    /// was kept for, write this run's outcome (trace fingerprint, counts,
+    /// commit) into the capsule file.
+    #[arg(long, requires = "capsule")]
+    pub record: bool,
     #[command(flatten)]
     pub scenario: ScenarioArgs,
 }
@@ -99,11 +113,69 @@ pub fn replay(args: &ReplayArgs) -> ExitCode {
         }
         println!("timeline: {}", path.display());
     }
+    if let Some(path) = &args.out {
+        let faults = capsule.as_ref().map_or(options.faults, |c| c.faults);
+        let mut kept = Capsule::of(&report, faults, &super::records::commit());
+        if let Some(capsule) = &capsule {
+            kept.kept_for.clone_from(&capsule.kept_for);
+        }
+        if let Err(e) = kept.write(path) {
+            return usage_error(&format!("--out {}: {e}", path.display()));
+        }
+        println!("capsule: {}", path.display());
+    }
+    if let (Some(capsule), Some(path)) = (&capsule, &args.capsule) {
+        if args.check || args.record {
+            return check_capsule(capsule, path, &report, args.record);
+        }
+    }
     if report.passed() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_SEED_FAILED)
     }
+}
+
+/// `replay --check` and `--record`: whether the replay reaches what the
+/// capsule was kept for, and with `record` the capsule written anew.
+fn check_capsule(capsule: &Capsule, path: &Path, report: &Report, record: bool) -> ExitCode {
+    let kept_for = capsule
+        .kept_for
+        .as_ref()
+        .map_or("nothing (no kept_for)".to_string(), |k| k.to_string());
+    let recorded = match capsule.recorded(report, &super::records::commit()) {
+        Ok(recorded) => recorded,
+        Err(missed @ Missed::FailsAgain { .. }) => {
+            println!(
+                "{}: kept for {kept_for}; {missed}: the fixed bug, or another, is back",
+                path.display()
+            );
+            return ExitCode::from(EXIT_SEED_FAILED);
+        }
+        Err(missed) => {
+            println!(
+                "{}: no longer reaches what it was kept for ({kept_for}): {missed}; re-record: {}",
+                path.display(),
+                capsule.rerecord_command(path)
+            );
+            return ExitCode::from(EXIT_SEED_FAILED);
+        }
+    };
+    println!(
+        "{}: reaches what it was kept for ({kept_for})",
+        path.display()
+    );
+    if record {
+        if let Err(e) = recorded.write(path) {
+            return usage_error(&format!("{}: {e}", path.display()));
+        }
+        println!(
+            "recorded {} (trace fingerprint {})",
+            path.display(),
+            recorded.outcome.trace_fingerprint
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn print_fingerprint_check(capsule: &Capsule, report: &Report) {
@@ -124,18 +196,25 @@ pub fn shrink(args: &ShrinkArgs) -> ExitCode {
             Ok(start) => start,
             Err(e) => return usage_error(&e),
         };
+    let faults = capsule.as_ref().map_or(options.faults, |c| c.faults);
+    let commit = super::records::commit();
     std::panic::set_hook(Box::new(|_| {}));
-    let shrunk = shrink_plan(&plan, &options, args.jobs, args.trials);
+    let shrunk = shrink_to_capsule(
+        &plan,
+        &options,
+        (faults, &commit),
+        args.jobs,
+        args.trials,
+        Accept::SameKind,
+    );
     let _ = std::panic::take_hook();
-    let shrunk = match shrunk {
+    let (shrunk, minimal) = match shrunk {
         Ok(shrunk) => shrunk,
         Err(e) => {
             println!("seed {}: {e}", plan.swarm.seed);
             return ExitCode::from(EXIT_SEED_FAILED);
         }
     };
-    let faults = capsule.as_ref().map_or(options.faults, |c| c.faults);
-    let minimal = Capsule::of(&shrunk.report, faults, &super::records::commit());
     let path = args
         .out
         .clone()
@@ -200,13 +279,22 @@ pub fn keep_shrunk(
     }
     for report in failures {
         std::panic::set_hook(Box::new(|_| {}));
-        let shrunk = shrink_plan(&report.plan, options, jobs, trials_max);
+        let shrunk = shrink_to_capsule(
+            &report.plan,
+            options,
+            (options.faults, commit),
+            jobs,
+            trials_max,
+            Accept::SameKind,
+        );
         let _ = std::panic::take_hook();
-        let Ok(shrunk) = shrunk else {
-            println!("seed {}: passed when rerun; not shrunk", report.seed);
-            continue;
+        let (shrunk, capsule) = match shrunk {
+            Ok(shrunk) => shrunk,
+            Err(e) => {
+                println!("seed {}: {e}; not shrunk", report.seed);
+                continue;
+            }
         };
-        let capsule = Capsule::of(&shrunk.report, options.faults, commit);
         let path = dir.join(capsule.file_name(".min"));
         capsule
             .write(&path)

@@ -1,16 +1,25 @@
 //! Failure capsules: one JSON file holding everything a run read (the
 //! plan: configuration, fault schedule, client streams and budgets), the
-//! seed madsim ran it on, the canary, the commit, and what the run gave
-//! (failure kind, trace fingerprint). `arbor-sim replay --capsule FILE`
-//! reruns it exactly; an edited capsule (a fault or a client deleted, a
-//! budget cut) still runs, because the run reads its faults and ops from
-//! the plan.
+//! seed madsim ran it on, the canary, the commit, what the run gave
+//! (failure kind, trace fingerprint) and what the capsule is kept for.
+//! `arbor-sim replay --capsule FILE` reruns it exactly; an edited capsule
+//! (a fault or a client deleted, a budget cut) still runs, because the run
+//! reads its faults and ops from the plan.
+//!
+//! What a capsule is kept for (`KeptFor`) is what its replay must still
+//! reach: a failure kind (under the capsule's canary, if it names one), or,
+//! for a bug since fixed, a clean run that reaches the coverage events of
+//! the situation that used to fail. `replay --check` replays and says
+//! whether it does; when it does not, it names the command that records
+//! the capsule anew.
 
+use super::coverage::Coverage;
 use super::plan::{Plan, PlanError};
 use super::{run_plan, Options, Report};
 use crate::failure::FailureKind;
 use arbor::canary::Canary;
 use serde::{Deserialize, Serialize};
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The capsule format this build reads and writes.
@@ -35,7 +44,121 @@ pub struct Capsule {
     pub canary: Option<String>,
     /// What the run gave when the capsule was written.
     pub outcome: Outcome,
+    /// What a replay must still reach. Every capsule written has it; a
+    /// capsule without it (written before it existed) replays, and
+    /// `replay --check` refuses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_for: Option<KeptFor>,
     pub plan: Plan,
+}
+
+/// What a capsule was kept for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum KeptFor {
+    /// The run fails with this kind (with the capsule's canary on, when
+    /// it names one): a planted bug, or a real one not yet fixed.
+    Failure(FailureKind),
+    /// A real bug since fixed: the run fails no more, and still reaches
+    /// every coverage event of `reaches`, which together name the
+    /// situation in which it failed with `failed_with`. A replay that
+    /// misses one of them no longer tests the fix.
+    Fixed {
+        failed_with: FailureKind,
+        reaches: Vec<Coverage>,
+    },
+}
+
+impl fmt::Display for KeptFor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeptFor::Failure(kind) => write!(f, "failing with {kind}"),
+            KeptFor::Fixed {
+                failed_with,
+                reaches,
+            } => {
+                let names: Vec<String> = reaches.iter().map(|c| format!("{c:?}")).collect();
+                write!(
+                    f,
+                    "the fixed {failed_with} failure: a clean run reaching {}",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// Why a replay does not reach what its capsule was kept for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Missed {
+    /// The capsule says nothing of what it was kept for.
+    NoKeptFor,
+    /// The run did not fail with the kind (`None`: it passed).
+    Kind {
+        wanted: FailureKind,
+        got: Option<FailureKind>,
+    },
+    /// The fixed bug's run failed (the bug, or another, is back).
+    FailsAgain { failure: String },
+    /// The fixed bug's run no longer reaches these coverage events.
+    Unreached(Vec<Coverage>),
+}
+
+impl fmt::Display for Missed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Missed::NoKeptFor => f.write_str("the capsule has no kept_for"),
+            Missed::Kind { wanted, got: None } => {
+                write!(f, "passed instead of failing with {wanted}")
+            }
+            Missed::Kind {
+                wanted,
+                got: Some(got),
+            } => write!(f, "failed with {got} instead of {wanted}"),
+            Missed::FailsAgain { failure } => write!(f, "fails again: {failure}"),
+            Missed::Unreached(missing) => {
+                let names: Vec<String> = missing.iter().map(|c| format!("{c:?}")).collect();
+                write!(f, "never reached {}", names.join(", "))
+            }
+        }
+    }
+}
+
+impl KeptFor {
+    /// What a failing or passing run of a capsule was kept for: the
+    /// failure's kind (a passing run is kept for nothing yet).
+    pub fn of(report: &Report) -> Option<KeptFor> {
+        report.failure.as_ref().map(|f| KeptFor::Failure(f.kind))
+    }
+
+    /// `Ok` when `report` reaches it.
+    pub fn reached_by(&self, report: &Report) -> Result<(), Missed> {
+        let got = report.failure.as_ref().map(|f| f.kind);
+        match self {
+            KeptFor::Failure(wanted) if got == Some(*wanted) => Ok(()),
+            KeptFor::Failure(wanted) => Err(Missed::Kind {
+                wanted: *wanted,
+                got,
+            }),
+            KeptFor::Fixed { reaches, .. } => {
+                if let Some(failure) = &report.failure {
+                    return Err(Missed::FailsAgain {
+                        failure: failure.to_string(),
+                    });
+                }
+                let missing: Vec<Coverage> = reaches
+                    .iter()
+                    .copied()
+                    .filter(|&c| report.coverage.get(c) == 0)
+                    .collect();
+                if missing.is_empty() {
+                    Ok(())
+                } else {
+                    Err(Missed::Unreached(missing))
+                }
+            }
+        }
+    }
 }
 
 /// What a run gave.
@@ -100,7 +223,48 @@ impl Capsule {
             faults,
             canary: report.canary.map(|c| format!("{c:?}")),
             outcome: Outcome::of(report),
+            kept_for: KeptFor::of(report),
             plan: report.plan.clone(),
+        }
+    }
+
+    /// `Ok` when `report`, a replay of this capsule, reaches what the
+    /// capsule was kept for.
+    pub fn check(&self, report: &Report) -> Result<(), Missed> {
+        match &self.kept_for {
+            None => Err(Missed::NoKeptFor),
+            Some(kept_for) => kept_for.reached_by(report),
+        }
+    }
+
+    /// The capsule with `report` (a replay of it that reaches what it was
+    /// kept for) as its outcome, recorded by `commit`.
+    pub fn recorded(&self, report: &Report, commit: &str) -> Result<Capsule, Missed> {
+        self.check(report)?;
+        Ok(Capsule {
+            commit: commit.to_string(),
+            outcome: Outcome::of(report),
+            ..self.clone()
+        })
+    }
+
+    /// The command that records the capsule at `path` anew. A canary's
+    /// capsule is its first failing seed shrunk again (`scripts/results.sh
+    /// --only shrink` does it for every canary, finding the seed anew);
+    /// any other is replayed and recorded if it still reaches what it was
+    /// kept for, else it has to be found again (regressions/README.md).
+    pub fn rerecord_command(&self, path: &Path) -> String {
+        match &self.canary {
+            Some(canary) => format!(
+                "cargo run --release -p arbor-sim -- shrink --seed {} --small --jobs 2 --profile {} --canary {canary} --out {} (or scripts/results.sh --only shrink)",
+                self.seed,
+                self.plan.swarm.profile.name(),
+                path.display()
+            ),
+            None => format!(
+                "cargo run --release -p arbor-sim -- replay --quiet --capsule {} --record",
+                path.display()
+            ),
         }
     }
 

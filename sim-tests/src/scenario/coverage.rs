@@ -8,8 +8,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-/// A situation worth reaching.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A situation worth reaching. Capsules name one by its variant name
+/// (`"LeaveCalledOff"`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Coverage {
     /// An op arrived at a replica older than some op it held: undo/redo.
     UndoRedo,
@@ -41,11 +44,20 @@ pub enum Coverage {
     TreeList,
     GetOpLog,
     GetOpLogStamps,
+    /// Reads whose answer agreed with a state the tree passed through
+    /// during the call, not with the tree at its end (commits landed
+    /// meanwhile).
+    ReadDuringCommits,
     /// Pull passes whose cursor was checked against the peer's log.
     PullPassChecked,
     /// Drops of one tree carried out, and of a whole container.
     DropTree,
     DropContainer,
+    /// Drops whose call timed out (the drop may still run later), and
+    /// drops answered with a storage error (its commit may have reached
+    /// the disk): the caller does not know whether they took place.
+    DropTimedOut,
+    DropStorageError,
     /// Writes acknowledged on a tree created again after a drop of it.
     WriteAfterDrop,
     /// Acknowledged writes a drop erased (at each checkpoint).
@@ -85,7 +97,7 @@ pub enum Coverage {
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 37] = [
+    pub const ALL: [Coverage; 40] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -104,9 +116,12 @@ impl Coverage {
         Coverage::TreeList,
         Coverage::GetOpLog,
         Coverage::GetOpLogStamps,
+        Coverage::ReadDuringCommits,
         Coverage::PullPassChecked,
         Coverage::DropTree,
         Coverage::DropContainer,
+        Coverage::DropTimedOut,
+        Coverage::DropStorageError,
         Coverage::WriteAfterDrop,
         Coverage::ErasedByDrop,
         Coverage::DiskReplaced,
@@ -145,9 +160,12 @@ impl Coverage {
             Coverage::TreeList => "TreeList answers",
             Coverage::GetOpLog => "GetOpLog answers",
             Coverage::GetOpLogStamps => "GetOpLogStamps answers",
+            Coverage::ReadDuringCommits => "reads answered from a state during commits",
             Coverage::PullPassChecked => "pull passes checked",
             Coverage::DropTree => "trees dropped",
             Coverage::DropContainer => "containers dropped",
+            Coverage::DropTimedOut => "drops timed out",
+            Coverage::DropStorageError => "drops answered with a storage error",
             Coverage::WriteAfterDrop => "writes after a drop",
             Coverage::ErasedByDrop => "writes erased by drops",
             Coverage::DiskReplaced => "disks replaced",

@@ -3,7 +3,10 @@
 //! scalars (duration, replicas, batch size). A step is kept only when the
 //! run still fails with the same `FailureKind`. Every trial is a whole
 //! deterministic run; the trials of one step run on `jobs` threads.
+//! `shrink_to_capsule` then replays the minimal capsule as a reader of its
+//! file would and refuses one that does not fail with that kind.
 
+use super::capsule::{Capsule, KeptFor};
 use super::plan::Plan;
 use super::{run_plan, Options, Report};
 use crate::disk::SplitMix64;
@@ -32,6 +35,24 @@ const SAMPLE_STREAM: u64 = 0x5348_5249_4e4b_0000;
 pub enum ShrinkError {
     #[error("the run passed: nothing to shrink")]
     Passed,
+    #[error(
+        "the shrunk capsule replays {} instead of failing with {kind}: not written",
+        replayed.map_or("clean".to_string(), |k| format!("as {k}"))
+    )]
+    NotReproduced {
+        kind: FailureKind,
+        replayed: Option<FailureKind>,
+    },
+}
+
+/// Which trial runs a shrink keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accept {
+    /// Runs that fail with the first run's kind: the shrinker.
+    SameKind,
+    /// Every run, failing or not: a broken shrinker, which the test of
+    /// `shrink_to_capsule`'s replay check plants.
+    Anything,
 }
 
 /// A shrink's result.
@@ -71,6 +92,7 @@ struct Shrinker<'a> {
     options: &'a Options,
     jobs: usize,
     kind: FailureKind,
+    accept: Accept,
     best: Plan,
     report: Report,
     trials: AtomicU64,
@@ -85,6 +107,42 @@ pub fn shrink(
     jobs: usize,
     trials_max: u64,
 ) -> Result<Shrunk, ShrinkError> {
+    shrink_with(plan, options, jobs, trials_max, Accept::SameKind)
+}
+
+/// Shrinks a failing `plan` into a capsule (`faults` and `commit` as
+/// `Capsule::of` takes them), kept for the first run's failure kind. The
+/// capsule is read back from its JSON and replayed; one that does not fail
+/// with that kind proves nothing and is `ShrinkError::NotReproduced`.
+pub fn shrink_to_capsule(
+    plan: &Plan,
+    options: &Options,
+    (faults, commit): (bool, &str),
+    jobs: usize,
+    trials_max: u64,
+    accept: Accept,
+) -> Result<(Shrunk, Capsule), ShrinkError> {
+    let shrunk = shrink_with(plan, options, jobs, trials_max, accept)?;
+    let mut capsule = Capsule::of(&shrunk.report, faults, commit);
+    capsule.kept_for = Some(KeptFor::Failure(shrunk.kind));
+    let read = Capsule::parse(&capsule.to_json()).expect("a written capsule reads back");
+    let replay = read.run(false);
+    if read.check(&replay).is_err() {
+        return Err(ShrinkError::NotReproduced {
+            kind: shrunk.kind,
+            replayed: replay.failure.map(|f| f.kind),
+        });
+    }
+    Ok((shrunk, capsule))
+}
+
+fn shrink_with(
+    plan: &Plan,
+    options: &Options,
+    jobs: usize,
+    trials_max: u64,
+    accept: Accept,
+) -> Result<Shrunk, ShrinkError> {
     let started = Instant::now();
     let report = run_plan(plan, options);
     let kind = report.failure.as_ref().ok_or(ShrinkError::Passed)?.kind;
@@ -92,6 +150,7 @@ pub fn shrink(
         options,
         jobs: jobs.max(1),
         kind,
+        accept,
         best: plan.clone(),
         report,
         trials: AtomicU64::new(0),
@@ -120,6 +179,13 @@ pub fn shrink(
 }
 
 impl Shrinker<'_> {
+    fn accepts(&self, report: &Report) -> bool {
+        match self.accept {
+            Accept::SameKind => report.failure.as_ref().map(|f| f.kind) == Some(self.kind),
+            Accept::Anything => true,
+        }
+    }
+
     fn budget_left(&self) -> bool {
         self.trials.load(Ordering::Relaxed) < self.trials_max
     }
@@ -142,7 +208,7 @@ impl Shrinker<'_> {
                         return;
                     }
                     let report = run_plan(&candidates[i], self.options);
-                    if report.failure.as_ref().map(|f| f.kind) == Some(self.kind) {
+                    if self.accepts(&report) {
                         found.fetch_min(i, Ordering::Relaxed);
                         reports.lock().unwrap().push((i, report));
                     }

@@ -615,6 +615,15 @@ async fn drop_on(
     if done {
         workload.world.hooks.coverage.hit(what);
     }
+    match &answer {
+        Err(arbor::Error::Timeout) => workload.world.hooks.coverage.hit(Coverage::DropTimedOut),
+        Ok(Response::Error(arbor::Error::Storage(_))) => workload
+            .world
+            .hooks
+            .coverage
+            .hit(Coverage::DropStorageError),
+        _ => {}
+    }
 }
 
 /// One read RPC of every kind in turn, picked at random: the answer

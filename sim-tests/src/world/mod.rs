@@ -16,7 +16,7 @@ pub mod supervisor;
 pub mod transport;
 
 use crate::disk::{DiskConfig, DiskFaults, SimDisk, WeakDisk};
-use crate::trace::Trace;
+use crate::trace::{RunEvent, Trace};
 use arbor::config::{Config, ContainerConfig};
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
@@ -293,6 +293,7 @@ impl World {
             transport: Arc::new(transport),
             rotation: self.rotation.clone(),
             misled,
+            trace: self.trace.clone(),
         }
     }
 
@@ -301,6 +302,7 @@ impl World {
     pub fn crash(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "crash (power failure)");
+        self.trace.fingerprint(RunEvent::Crash, &node.name, &[]);
         node.service.lock().unwrap().take();
         node.disk.power_fail();
         Handle::current().kill(node.node.id());
@@ -344,6 +346,8 @@ impl World {
         let node = self.node(replica);
         self.trace
             .record(&node.name, "disk destroyed (node replacement)");
+        self.trace
+            .fingerprint(RunEvent::DiskDestroyed, &node.name, &[]);
         node.service.lock().unwrap().take();
         Handle::current().kill(node.node.id());
         node.disk.destroy();
@@ -366,6 +370,7 @@ impl World {
     pub async fn restart_process(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "process restart");
+        self.trace.fingerprint(RunEvent::Restart, &node.name, &[]);
         stop_incarnation(node).await;
         Handle::current().restart(node.node.id());
     }
@@ -397,6 +402,7 @@ impl World {
             None => "its own process again".to_string(),
         };
         self.trace.record(&node.name, format!("boots {what}"));
+        self.trace.fingerprint(RunEvent::Restart, &node.name, &[]);
         stop_incarnation(node).await;
         *node.boot.stand_in.lock().unwrap() = stand_in;
         Handle::current().restart(node.node.id());
@@ -406,6 +412,7 @@ impl World {
     pub fn restart(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "restart");
+        self.trace.fingerprint(RunEvent::Restart, &node.name, &[]);
         // The kill is a no-op on a dead node; on a live one it frees its
         // sockets.
         kill_incarnation(node);
@@ -759,7 +766,16 @@ impl Boot {
             serving,
         });
         let limits = (limits.max_message_bytes, limits.max_connections);
-        transport::serve_as(config.node.replica_id, addr, handler, caller_at, limits).await;
+        let trace = self.trace.clone();
+        transport::serve_as(
+            config.node.replica_id,
+            addr,
+            handler,
+            caller_at,
+            limits,
+            trace,
+        )
+        .await;
     }
 
     async fn open_forest(&self, config: &Config, disk: &SimDisk) -> Option<arbor::forest::Forest> {
@@ -786,6 +802,8 @@ pub struct Client {
     rotation: Arc<rotation::Rotation>,
     /// Calls replicas out of rotation too.
     misled: bool,
+    /// Takes the outcome of every call into the run's fingerprint.
+    trace: Trace,
 }
 
 impl Client {
@@ -807,9 +825,16 @@ impl Client {
         }
         let _in_flight = self.rotation.enter(replica);
         let call = self.transport.call(replica, request, timeout);
-        match self.node.spawn(call).await {
+        let result = match self.node.spawn(call).await {
             Ok(result) => result,
             Err(e) => Err(Error::Network(format!("client task failed: {e}"))),
-        }
+        };
+        let outcome = postcard::to_allocvec(&result).expect("an outcome always encodes");
+        self.trace.fingerprint(
+            RunEvent::Outcome,
+            &self.name,
+            &[&replica.to_le_bytes(), &outcome],
+        );
+        result
     }
 }

@@ -9,6 +9,7 @@
 //! There is no connection to check once, so every answer is checked. The
 //! simulated clients do not check (the gateway's check is the engine's).
 
+use crate::trace::{RunEvent, Trace};
 use arbor::canary::{self, Canary};
 use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
@@ -358,19 +359,22 @@ pub async fn serve(
     max_inflight: usize,
 ) {
     let limits = (max_message_bytes, max_inflight);
-    serve_as(0, addr, handler, identify, limits).await
+    serve_as(0, addr, handler, identify, limits, Trace::default()).await
 }
 
 /// `serve` for a replica configured as `replica_id`, which every answer
 /// names; `limits` are the most bytes of a message and the requests in
-/// flight.
+/// flight. Every request it takes and every answer it sends, as their wire
+/// frames, go into `trace`'s fingerprint.
 pub async fn serve_as(
     replica_id: ReplicaId,
     addr: SocketAddr,
     handler: Arc<dyn Handler>,
     identify: fn(SocketAddr) -> Caller,
     (max_message_bytes, max_inflight): (usize, usize),
+    trace: Trace,
 ) {
+    let server = addr.to_string();
     let endpoint = match Endpoint::bind(addr).await {
         Ok(endpoint) => Arc::new(endpoint),
         Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
@@ -388,6 +392,9 @@ pub async fn serve_as(
             tracing::warn!(%from, "dropping a non-byte frame");
             continue;
         };
+        let caller = from.to_string();
+        let parts: [&[u8]; 2] = [caller.as_bytes(), &bytes];
+        trace.fingerprint(RunEvent::Request, &server, &parts);
         let envelope = match proto::decode::<Request>(&bytes, max_message_bytes) {
             Ok(envelope) => envelope,
             Err(e) => {
@@ -400,6 +407,8 @@ pub async fn serve_as(
         let Ok(permit) = inflight.clone().try_acquire_owned() else {
             let busy = Response::Error(Error::Overloaded("too many requests in flight".into()));
             let frame = proto::encode(envelope.id, &busy);
+            let parts: [&[u8]; 2] = [caller.as_bytes(), &frame];
+            trace.fingerprint(RunEvent::Answer, &server, &parts);
             let answer = Answer { replica_id, frame };
             let _ = endpoint
                 .send_to_raw(from, TAG_RESPONSE, Box::new(answer))
@@ -407,9 +416,12 @@ pub async fn serve_as(
             continue;
         };
         let handler = handler.clone();
+        let (trace, server) = (trace.clone(), server.clone());
         drop(madsim::task::spawn(async move {
             let response = handler.serve(identify(from), envelope.body).await;
             let frame = proto::encode(envelope.id, &response);
+            let parts: [&[u8]; 2] = [caller.as_bytes(), &frame];
+            trace.fingerprint(RunEvent::Answer, &server, &parts);
             let answer = Answer { replica_id, frame };
             let _ = endpoint
                 .send_to_raw(from, TAG_RESPONSE, Box::new(answer))

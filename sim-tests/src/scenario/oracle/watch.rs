@@ -237,9 +237,19 @@ impl AnswerWatch for AnswerOracle {
             // A poisoned database (disk errors): nothing to compare with.
             Some(Err(_)) => return,
         };
+        let now = view.clone();
         let (checked, view) = check_during_call(request, response, view, seen.before, forest);
         match checked {
-            Checked::Agreed(kind) => self.coverage.hit(kind),
+            Checked::Agreed(kind) => {
+                self.coverage.hit(kind);
+                let earlier = match (&now, &view) {
+                    (Some(now), Some(view)) => !Arc::ptr_eq(now, view),
+                    _ => false,
+                };
+                if earlier {
+                    self.coverage.hit(Coverage::ReadDuringCommits);
+                }
+            }
             Checked::Skipped => {}
             Checked::Wrong(wrong) => {
                 let detail = wrong_detail(replica, request, &wrong);
