@@ -102,7 +102,10 @@ async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
         .await
         .expect("answered once a silent connection timed out");
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
-    assert!(started.elapsed() >= timeout / 2, "answered beside {METRICS_CONNECTIONS_MAX} held connections");
+    assert!(
+        started.elapsed() >= timeout / 2,
+        "answered beside {METRICS_CONNECTIONS_MAX} held connections"
+    );
     let mut closed = 0;
     for mut stream in silent {
         let mut byte = [0u8; 1];
@@ -110,5 +113,8 @@ async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
             closed += 1;
         }
     }
-    assert_eq!(closed, METRICS_CONNECTIONS_MAX, "silent connections closed at the timeout");
+    assert_eq!(
+        closed, METRICS_CONNECTIONS_MAX,
+        "silent connections closed at the timeout"
+    );
 }

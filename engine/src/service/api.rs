@@ -36,13 +36,6 @@ impl Service {
         if self.core.stopped() {
             return Response::Error(Error::ShuttingDown);
         }
-        if let Request::Hello {
-            cluster_id,
-            replica_id,
-        } = &request
-        {
-            return self.hello(caller, cluster_id, *replica_id);
-        }
         let checked = self
             .core
             .access
@@ -64,9 +57,17 @@ impl Service {
         }
     }
 
+    /// One arm per request kind and no catch-all: a new kind does not
+    /// compile until it is routed. Reads run off the async workers.
     async fn dispatch(&self, caller: &Caller, request: Request) -> Result<Response> {
         let limits = self.core.config.limits.input();
         match request {
+            // Open to everyone (see `access`): a connection says who it is
+            // and the service checks the claim itself (service/hello.rs).
+            Request::Hello {
+                cluster_id,
+                replica_id,
+            } => Ok(self.hello(caller, &cluster_id, replica_id)),
             Request::Add {
                 tree,
                 parent,
@@ -112,12 +113,85 @@ impl Service {
             }
             Request::Apply { tree, ops } => self.apply(caller, tree, ops).await,
             Request::Drop { cid, tree } => self.drop_trees(cid, tree).await,
-            read => {
-                // A read may walk a large subtree: not on an async worker.
-                let core = self.core.clone();
-                blocking(&*self.core.env.runtime, move || core.read(read)).await
+            Request::GetNodeByPath {
+                tree,
+                attr,
+                path,
+                attributes,
+                latest_only,
+                all_attributes,
+            } => {
+                self.read(move |core| {
+                    let keep = |kv: &KeyValue| all_attributes || attributes.contains(&kv.key);
+                    core.get_node_by_path(&tree, &attr, &path, latest_only, &keep)
+                })
+                .await
             }
+            Request::GetMeta { tree, node } => {
+                self.read(move |core| core.get_meta(&tree, node)).await
+            }
+            Request::GetSubTree { tree, root, depth } => {
+                self.read(move |core| core.get_subtree(&tree, root, depth))
+                    .await
+            }
+            Request::ListChildren {
+                tree,
+                parent,
+                order,
+                after,
+                limit,
+            } => {
+                self.read(move |core| {
+                    core.list_page(&tree, limit, |forest, bounds| {
+                        forest.list_children_page(&tree, parent, order, after.as_ref(), bounds)
+                    })
+                })
+                .await
+            }
+            Request::GetSubTreePage {
+                tree,
+                root,
+                depth,
+                order,
+                after,
+                limit,
+            } => {
+                self.read(move |core| {
+                    core.list_page(&tree, limit, |forest, bounds| {
+                        forest.get_subtree_page(&tree, root, depth, order, after.as_ref(), bounds)
+                    })
+                })
+                .await
+            }
+            Request::TreeList { cid } => self.read(move |core| core.tree_list(&cid)).await,
+            Request::GetOpLog {
+                tree,
+                from_height,
+                limit,
+            } => {
+                self.read(move |core| core.op_log(&tree, from_height, limit))
+                    .await
+            }
+            Request::GetOpLogStamps {
+                tree,
+                from_height,
+                limit,
+            } => {
+                self.read(move |core| core.op_log_stamps(&tree, from_height, limit))
+                    .await
+            }
+            Request::Healthcheck => self.read(|core| core.health()).await,
         }
+    }
+
+    /// Runs a read on the blocking pool: a read may walk a large subtree
+    /// or a page of the log, and redb's reads block.
+    async fn read<F>(&self, read: F) -> Result<Response>
+    where
+        F: FnOnce(&Core) -> Result<Response> + Send + 'static,
+    {
+        let core = self.core.clone();
+        blocking(&*self.core.env.runtime, move || read(&core)).await
     }
 
     /// A local write, answered once committed here and, with
@@ -279,91 +353,55 @@ impl Service {
     }
 }
 
-/// The reads: they run off the async workers (`Service::dispatch`), and
-/// need nothing but what every part of the service shares.
+/// The reads: they run off the async workers (`Service::read`), and need
+/// nothing but what every part of the service shares.
 impl Core {
-    fn read(&self, request: Request) -> Result<Response> {
-        match request {
-            Request::GetNodeByPath {
-                tree,
-                attr,
-                path,
-                attributes,
-                latest_only,
-                all_attributes,
-            } => {
-                validate::path(&attr, &path, self.config.limits.input())?;
-                self.check_tree_key(&tree)?;
-                let answer = PathAnswer {
-                    keep: &|kv| all_attributes || attributes.contains(&kv.key),
-                    bounds: self.answer_bounds(),
-                };
-                let forest = &self.forest;
-                let nodes = forest.get_by_path_bounded(&tree, &attr, &path, latest_only, answer)?;
-                Ok(Response::Nodes(nodes))
-            }
-            Request::GetMeta { tree, node } => {
-                self.check_tree_key(&tree)?;
-                let found = self.forest.get_node(&tree, node)?;
-                Ok(Response::Nodes(vec![
-                    found.ok_or(Error::NodeNotFound(node))?
-                ]))
-            }
-            Request::GetSubTree { tree, root, depth } => {
-                self.check_tree_key(&tree)?;
-                let bounds = AnswerBounds {
-                    nodes_max: self.config.limits.max_subtree_nodes,
-                    ..self.answer_bounds()
-                };
-                let nodes = (self.forest).get_subtree_bounded(&tree, root, depth, bounds)?;
-                Ok(Response::Nodes(nodes))
-            }
-            Request::ListChildren {
-                tree,
-                parent,
-                order,
-                after,
-                limit,
-            } => self.list_page(&tree, limit, |forest, bounds| {
-                forest.list_children_page(&tree, parent, order, after.as_ref(), bounds)
-            }),
-            Request::GetSubTreePage {
-                tree,
-                root,
-                depth,
-                order,
-                after,
-                limit,
-            } => self.list_page(&tree, limit, |forest, bounds| {
-                forest.get_subtree_page(&tree, root, depth, order, after.as_ref(), bounds)
-            }),
-            sync => self.sync_read(sync),
-        }
+    fn get_node_by_path(
+        &self,
+        tree: &TreeKey,
+        attr: &str,
+        path: &[String],
+        latest_only: bool,
+        keep: &dyn Fn(&KeyValue) -> bool,
+    ) -> Result<Response> {
+        validate::path(attr, path, self.config.limits.input())?;
+        self.check_tree_key(tree)?;
+        let answer = PathAnswer {
+            keep,
+            bounds: self.answer_bounds(),
+        };
+        let nodes = (self.forest).get_by_path_bounded(tree, attr, path, latest_only, answer)?;
+        Ok(Response::Nodes(nodes))
     }
 
-    /// The reads of sync and the node-level ones.
-    fn sync_read(&self, request: Request) -> Result<Response> {
-        match request {
-            Request::TreeList { cid } => {
-                self.membership.check_replica(&cid)?;
-                Ok(Response::Trees(self.forest.tree_list(&cid)?))
-            }
-            Request::GetOpLog {
-                tree,
-                from_height,
-                limit,
-            } => self.op_log(&tree, from_height, limit),
-            Request::GetOpLogStamps {
-                tree,
-                from_height,
-                limit,
-            } => self.op_log_stamps(&tree, from_height, limit),
-            Request::Healthcheck => Ok(Response::Health {
-                replica_id: self.membership.own(),
-                log_epoch: self.log_epoch()?,
-            }),
-            write => unreachable!("write request {write:?} routed to read"),
-        }
+    fn get_meta(&self, tree: &TreeKey, node: NodeId) -> Result<Response> {
+        self.check_tree_key(tree)?;
+        let found = self.forest.get_node(tree, node)?;
+        Ok(Response::Nodes(vec![
+            found.ok_or(Error::NodeNotFound(node))?
+        ]))
+    }
+
+    fn get_subtree(&self, tree: &TreeKey, root: NodeId, depth: u32) -> Result<Response> {
+        self.check_tree_key(tree)?;
+        let bounds = AnswerBounds {
+            nodes_max: self.config.limits.max_subtree_nodes,
+            ..self.answer_bounds()
+        };
+        let nodes = (self.forest).get_subtree_bounded(tree, root, depth, bounds)?;
+        Ok(Response::Nodes(nodes))
+    }
+
+    fn tree_list(&self, cid: &ContainerId) -> Result<Response> {
+        self.membership.check_replica(cid)?;
+        Ok(Response::Trees(self.forest.tree_list(cid)?))
+    }
+
+    fn health(&self) -> Result<Response> {
+        Ok(Response::Health {
+            replica_id: self.membership.own(),
+            log_epoch: self.log_epoch()?,
+        })
     }
 
     fn op_log(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
