@@ -16,6 +16,7 @@ mod query;
 mod read;
 pub mod records;
 mod stamps;
+mod stats;
 #[cfg(test)]
 mod tests;
 mod tree_numbers;
@@ -40,6 +41,7 @@ pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
 pub use list::{ListCursor, ListOrder, ListPage, CURSOR_OVERHEAD_BYTES};
 pub use query::{AnswerBounds, PathAnswer};
 pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
+pub use stats::{KindUse, StorageStats, TableUse};
 
 /// Limits and identity of one forest.
 #[derive(Clone, Debug)]

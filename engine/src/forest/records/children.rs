@@ -94,6 +94,11 @@ impl redb::Key for ChildKey {
     }
 }
 
+/// Bytes of an encoded key.
+pub fn child_key_len(key: ChildKeyParts<'_>) -> usize {
+    CHILD_KEY_HEAD + key.2.len()
+}
+
 /// Key of the children-index row of `child`, named `name_key`, under
 /// `parent`.
 pub fn child_key(tree: u64, parent: NodeId, name_key: &[u8], child: NodeId) -> ChildKeyParts<'_> {

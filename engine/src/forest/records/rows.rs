@@ -47,7 +47,8 @@ pub type RowKeyParts = (u64, u64, u64, u64);
 #[derive(Debug)]
 pub struct RowKey;
 
-const ROW_KEY_BYTES: usize = 32;
+/// Bytes of an encoded [`RowKey`].
+pub const ROW_KEY_BYTES: usize = 32;
 
 /// Integer `i` of an encoded row key. redb hands a fixed-width key
 /// exactly `fixed_width()` bytes. Written to stay cheap in builds with
