@@ -72,8 +72,19 @@ impl Forest {
             counted
         };
         let txn = self.begin_read()?;
+        let mut rows = TableUse {
+            name: "tree rows",
+            ..TableUse::default()
+        };
+        for (_, number) in self.trees_from(&[])? {
+            let one = table_use("", super::tree_rows_named(&txn, number)?.stats()?);
+            rows.leaf_pages += one.leaf_pages;
+            rows.branch_pages += one.branch_pages;
+            rows.stored_bytes += one.stored_bytes;
+            rows.fragmented_bytes += one.fragmented_bytes;
+        }
         let tables = vec![
-            table_use("rows", txn.open_table(ROWS)?.stats()?),
+            rows,
             table_use("children", txn.open_table(CHILDREN)?.stats()?),
         ];
         Ok(StorageStats {
@@ -90,25 +101,33 @@ impl Forest {
     pub fn storage_stats(&self) -> Result<StorageStats> {
         let mut stats = self.storage_use()?;
         let txn = self.begin_read()?;
-        let rows = txn.open_table(ROWS)?;
-        let mut kinds: Vec<KindUse> = ["node", "log", "state", "height"]
-            .into_iter()
-            .map(|name| KindUse {
-                name,
-                ..KindUse::default()
-            })
-            .collect();
-        for row in rows.iter()? {
-            let (key, value) = row?;
-            let index = match key_kind(key.value()) {
-                Some(RowKind::Node) => 0,
-                Some(RowKind::Log) => 1,
-                Some(RowKind::State) => 2,
-                Some(RowKind::Height) => 3,
-                None => continue,
-            };
-            kinds[index].rows += 1;
-            kinds[index].stored_bytes += (ROW_KEY_BYTES + value.value().len()) as u64;
+        let mut kinds: Vec<KindUse> = [
+            "node",
+            "log (items held)",
+            "log (items at node)",
+            "state",
+            "height",
+        ]
+        .into_iter()
+        .map(|name| KindUse {
+            name,
+            ..KindUse::default()
+        })
+        .collect();
+        for (_, number) in self.trees_from(&[])? {
+            for row in super::tree_rows_named(&txn, number)?.iter()? {
+                let (key, value) = row?;
+                let index = match key_kind(key.value()) {
+                    Some(RowKind::Node) => 0,
+                    Some(RowKind::Log) if LogView::parse(value.value())?.at_node() => 2,
+                    Some(RowKind::Log) => 1,
+                    Some(RowKind::State) => 3,
+                    Some(RowKind::Height) => 4,
+                    None => continue,
+                };
+                kinds[index].rows += 1;
+                kinds[index].stored_bytes += (ROW_KEY_BYTES + value.value().len()) as u64;
+            }
         }
         let mut index = KindUse {
             name: "children index",
