@@ -468,7 +468,7 @@ fn listing(forest: &Forest, flat: NodeId, expected: u64, state: &str) {
             .expect("page");
         nodes += page.nodes.len() as u64;
         pages += 1;
-        if pages % 64 == 0 {
+        if pages.is_multiple_of(64) {
             rss_max = rss_max.max(rss_bytes());
         }
         match page.next {

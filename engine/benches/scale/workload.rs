@@ -1,6 +1,5 @@
-//! The bucket workload of the scale bench (and of `benches-cmp --scale`,
-//! which includes this file): S3-like object keys with seven meta fields,
-//! added by path in batches. Even objects go into one flat directory
+//! The bucket workload of the scale bench: S3-like object keys with
+//! seven meta fields, added by path in batches. Even objects go into one flat directory
 //! (`bucket/flat`) under scrambled names, as uploads with random keys
 //! land; odd ones spread over 10,000 prefixes (`bucket/p0000` ..
 //! `bucket/p9999`), each named after its number, so every prefix grows
@@ -25,7 +24,7 @@ fn scrambled(i: u64) -> u64 {
 
 /// The directories and the name of object `i`.
 pub fn key(i: u64) -> (Vec<String>, String) {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         (flat_dirs(), format!("upload-{:016x}.bin", scrambled(i)))
     } else {
         let half = i / 2;
