@@ -7,6 +7,8 @@
 #   scripts/results.sh                      # every section, full size
 #   scripts/results.sh --quick              # smaller counts and durations
 #   scripts/results.sh --only sweep,load    # re-measure some sections
+#   scripts/results.sh --only scale --objects 10000000
+#                                           # the scale bench at 10^7 objects
 #   scripts/results.sh --list               # the sections and their commands
 #   scripts/results.sh --only campaign --base-bin OLD/arbor-sim
 #                                           # every profile at 1,000 seeds, and
@@ -18,7 +20,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load)
+readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load scale)
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -39,6 +41,8 @@ Options:
   --beside-in-process
                    clean-rate: search again with direct in-process calls
                    beside the TCP and TLS searches
+  --objects N      scale: objects in the bucket (default 1000000, 100000
+                   with --quick)
   --list           print the sections and their commands, run nothing
 EOF
 }
@@ -50,6 +54,7 @@ sim_bin=""
 base_bin=""
 base_label="an earlier build"
 list=0
+scale_objects=""
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="$root/docs/results.md"
 readme="$root/README.md"
@@ -64,6 +69,7 @@ while [ $# -gt 0 ]; do
         --out) out="${2:?--out needs a file}"; shift ;;
         --readme) readme="${2:?--readme needs a file}"; shift ;;
         --beside-in-process) beside=1 ;;
+        --objects) scale_objects="${2:?--objects needs a count}"; shift ;;
         --list) list=1 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -89,6 +95,7 @@ if [ "$quick" = 1 ]; then
     grid_duration=3s
     grpc_profile_duration=8s; grpc_profile_delay_ms=4000
     sim_load_duration=1m
+    scale_default=100000
 else
     sweep_seeds=200
     campaign_seeds=1000
@@ -104,7 +111,13 @@ else
     grid_duration=30s
     grpc_profile_duration=30s; grpc_profile_delay_ms=10000
     sim_load_duration=15m
+    scale_default=1000000
 fi
+
+scale_objects="${scale_objects:-$scale_default}"
+case "$scale_objects" in
+    ''|*[!0-9]*) echo "--objects needs a whole number" >&2; exit 2 ;;
+esac
 
 # The planted bugs (engine/src/canary.rs), the profile that reaches each,
 # and what each does, in table order.
@@ -169,6 +182,7 @@ grpc_cmd() {
 grpc_profile_cmd() {
     echo "perf record -F 999 -D $grpc_profile_delay_ms -o perf.data -- arbor-sim load --replicas 3 --transport $1 --requests loader --rate 5000 --duration $grpc_profile_duration --no-progress; perf report -i perf.data --comms arbor-node --no-children --sort sym --stdio --percentage relative"
 }
+scale_cmd() { echo "cargo bench -p arbor-engine --bench scale -- --objects $scale_objects"; }
 sim_load_cmd() {
     echo "arbor-sim load --mode sim --replicas 3 --rate 1000 --sync 5m --duration $sim_load_duration --seed 7 --verify"
 }
@@ -188,6 +202,7 @@ if [ "$list" = 1 ]; then
     echo "grid:       $(grid_cmd)"
     echo "grpc:       $(grpc_cmd 1); $(grpc_cmd 3); $(grpc_profile_cmd grpc); the same with tcp (the profiles only when perf is installed)"
     echo "sim-load:   $(sim_load_cmd)"
+    echo "scale:      $(scale_cmd)"
     exit 0
 fi
 
@@ -282,6 +297,7 @@ title() {
         grid) echo "Reference grid, real mode over TCP" ;;
         grpc) echo "The reference loader's requests over gRPC beside the native protocol, 1 and 3 replicas" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
+        scale) echo "A bucket at scale: ingest, storage, listing and catch-up of one large tree" ;;
     esac
 }
 
@@ -1216,6 +1232,44 @@ section_sim_load() {
     } >"$work/sim-load.md"
 }
 
+section_scale() {
+    log "scale bench at $scale_objects objects"
+    local status="ran"
+    timed scale cargo bench -p arbor-engine --bench scale -- --objects "$scale_objects" ||
+        status="failed"
+    {
+        echo "## $(title scale)"
+        echo
+        provenance "built by \`cargo bench\` in this run"
+        echo "Command: \`$(scale_cmd)\` (wall time $(cat "$work/scale.wall") s). One durable forest on its"
+        echo "write-ahead log holds one bucket: S3-like keys with 7 meta fields, half of them under"
+        echo "scrambled names in one flat directory, half spread over 10,000 prefixes, added by path in"
+        echo "batches of 100 as the batcher commits them (a checkpoint every"
+        echo "\`pilorama.checkpoint_interval\`). Ingest: one row per 10 % of the objects, ops/s of that"
+        echo "segment and its ratio to the first segment's, commit latency, CPU, file bytes per object,"
+        echo "redb's reads and written bytes per op, checkpoints. Storage: the pages in use at full size per"
+        echo "table and per kind of row, against the ops' encoded size (ids, items, timestamp). Then"
+        echo "lookups by path, the flat directory listed whole by name in pages of 1,000 (after the"
+        echo "writes and after a reopen, with the growth of the resident memory), the reopen, and an"
+        echo "empty replica catching up the whole log over loopback TCP in one sync round."
+        echo "\`engine/benches/scale/main.rs\` explains each column."
+        echo
+        if [ "$status" = ran ]; then
+            awk '
+                /^\|/ { print; table = 1; next }
+                table { print ""; table = 0 }
+                /^(scale|ingest|storage|lookups|listing|reopen|catch-up)/ { print; print "" }
+            ' "$work/scale.out"
+        else
+            echo "**The bench failed**; the end of its output:"
+            echo
+            echo '```'
+            tail -n 20 "$work/scale.err"
+            echo '```'
+        fi
+    } >"$work/scale.md"
+}
+
 for name in "${wanted[@]}"; do
     section_load="$(cut -d ' ' -f 1 /proc/loadavg 2>/dev/null || echo '?')"
     "section_${name//-/_}"
@@ -1248,6 +1302,7 @@ run_args=""
 [ "$quick" = 1 ] && run_args+=" --quick"
 [ -n "$only" ] && run_args+=" --only $only"
 [ "$beside" = 1 ] && run_args+=" --beside-in-process"
+runs scale && [ "$scale_objects" != "$scale_default" ] && run_args+=" --objects $scale_objects"
 quick_sections=()
 for name in "${SECTIONS[@]}"; do
     grep -q '^<!-- results:mode=quick -->$' "$work/$name.md" && quick_sections+=("$name")

@@ -1,17 +1,19 @@
 //! A storage backend that counts the bytes redb hands to it: the write
 //! amplification of a workload, measured in pages and headers written
-//! rather than in time (deterministic, so tests can compare it).
+//! rather than in time (deterministic, so tests can compare it), and
+//! the reads it makes of pages its cache does not hold.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Wraps a redb backend and adds every write's length to a shared counter
-/// (and counts its syncs).
+/// (and counts its syncs and reads).
 #[derive(Debug)]
 pub struct CountingBackend<B> {
     inner: B,
     written_bytes: Arc<AtomicU64>,
     syncs: Arc<AtomicU64>,
+    reads: Arc<AtomicU64>,
 }
 
 impl<B> CountingBackend<B> {
@@ -22,6 +24,7 @@ impl<B> CountingBackend<B> {
             inner,
             written_bytes: written_bytes.clone(),
             syncs: Arc::default(),
+            reads: Arc::default(),
         };
         (backend, written_bytes)
     }
@@ -30,6 +33,12 @@ impl<B> CountingBackend<B> {
     pub fn sync_counter(&self) -> Arc<AtomicU64> {
         self.syncs.clone()
     }
+
+    /// The counter of reads through this backend (one per page or run of
+    /// pages redb's cache did not hold).
+    pub fn read_counter(&self) -> Arc<AtomicU64> {
+        self.reads.clone()
+    }
 }
 
 impl<B: redb::StorageBackend> redb::StorageBackend for CountingBackend<B> {
@@ -37,6 +46,7 @@ impl<B: redb::StorageBackend> redb::StorageBackend for CountingBackend<B> {
         self.inner.len()
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         self.inner.read(offset, out)
     }
     fn set_len(&self, len: u64) -> Result<(), std::io::Error> {

@@ -28,7 +28,8 @@
 //!
 //! Name order is the children index's own order, `(name key, id)`: each
 //! directory is read as a range from the cursor on, O(log n) to find the
-//! place and O(1) a node after that. Id order has no index: each directory
+//! place and O(1) a node after that, each node's meta read from the row
+//! the range gives (the children index holds it). Id order has no index: each directory
 //! level a page visits is scanned whole for the smallest ids after the
 //! place, keeping only as many as the page can still take (a heap of at
 //! most the page's node count). A page of a directory of n children then
@@ -185,7 +186,7 @@ impl Forest {
                         parent: root,
                         meta: Meta::default(),
                     },
-                    _ => read::node_info(&read.rows, read.rec.number, root)?
+                    _ => read::node_info(&read.rows, &read.children, read.rec.number, root)?
                         .expect("the root was just found"),
                 };
                 walk.name.clear();
@@ -490,7 +491,7 @@ impl<'r> Walk<'r> {
             if self.nodes.len() >= self.bounds.nodes_max {
                 return Ok(self.finish(scope, true));
             }
-            let Some((id, time)) = self.next_child(top)? else {
+            let Some((id, time, items)) = self.next_child(top)? else {
                 self.levels.pop();
                 continue;
             };
@@ -498,9 +499,10 @@ impl<'r> Walk<'r> {
                 let at = &self.levels[top];
                 (at.parent, at.level, at.path)
             };
-            let items = read::log_record(&self.read.rows, self.tree(), time)?
-                .body
-                .items;
+            let items = match items {
+                Some(items) => items,
+                None => self.items_of(id, time)?,
+            };
             let meta = Meta { time, items };
             if !self.fits(&meta)? {
                 return Ok(self.finish(scope, true));
@@ -531,9 +533,27 @@ impl<'r> Walk<'r> {
         }
     }
 
-    /// The next child at level `at` as `(id, meta time)`, its name key
-    /// in `self.name` (name order).
-    fn next_child(&mut self, at: usize) -> Result<Option<(NodeId, Timestamp)>> {
+    /// The meta items of child `id` whose meta time is `time`, by point
+    /// reads (id order, whose batches hold ids only).
+    fn items_of(&self, id: NodeId, time: Timestamp) -> Result<Vec<KeyValue>> {
+        let (rows, tree) = (&self.read.rows, self.tree());
+        let node = read::node_record(rows, tree, id)?.expect("the snapshot's index names it");
+        assert_eq!(
+            node.time, time,
+            "tree {tree}: node {id} and its index row disagree"
+        );
+        read::node_items(&self.read.children, tree, id, &node)
+    }
+
+    /// The next child at level `at` as `(id, meta time, meta items)`, its
+    /// name key in `self.name` (name order). The items come with the
+    /// child in name order, whose rows hold them; in id order they are
+    /// read once the child is given (`items_of`).
+    #[allow(clippy::type_complexity)]
+    fn next_child(
+        &mut self,
+        at: usize,
+    ) -> Result<Option<(NodeId, Timestamp, Option<Vec<KeyValue>>)>> {
         if let Siblings::Closed(_) = self.levels[at].siblings {
             self.open(at)?;
         }
@@ -548,12 +568,12 @@ impl<'r> Walk<'r> {
                 let entry = decode_child(key, value.value())?;
                 self.name.clear();
                 self.name.extend_from_slice(entry.name_key);
-                Ok(Some((key.3, entry.time)))
+                Ok(Some((key.3, entry.time, Some(child_items(&entry)?))))
             }
             Siblings::Id { batch, complete } => match batch.pop_front() {
                 Some((id, time)) => {
                     self.cached -= 1;
-                    Ok(Some((id, time)))
+                    Ok(Some((id, time, None)))
                 }
                 None => {
                     // See `fill`: the page is full before a batch that

@@ -16,6 +16,7 @@ mod query;
 mod read;
 pub mod records;
 mod stamps;
+mod stats;
 #[cfg(test)]
 mod tests;
 mod tree_numbers;
@@ -40,6 +41,7 @@ pub use dir_cache::{DIR_CACHE_ENTRIES_MAX, DIR_CACHE_NAME_BYTES_MAX};
 pub use list::{ListCursor, ListOrder, ListPage, CURSOR_OVERHEAD_BYTES};
 pub use query::{AnswerBounds, PathAnswer};
 pub use stamps::{StampPage, STAMP_WALK_GAP_MAX};
+pub use stats::{KindUse, StorageStats, TableUse};
 
 /// Limits and identity of one forest.
 #[derive(Clone, Debug)]
@@ -197,12 +199,35 @@ pub struct Forest {
 
 /// A read snapshot of one existing tree.
 pub(crate) struct TreeRead {
-    /// The forest's `ROWS` table in that snapshot (the table keeps the
+    /// The tree's table of rows in that snapshot (the table keeps the
     /// snapshot alive on its own).
     rows: redb::ReadOnlyTable<RowKey, &'static [u8]>,
     /// The children index in the same snapshot.
     children: redb::ReadOnlyTable<ChildKey, &'static [u8]>,
     rec: TreeRecord,
+}
+
+/// The table of rows of tree `number` in a read snapshot; `None` when
+/// there is none (a remembered number of a tree since dropped).
+fn open_tree_rows(
+    txn: &redb::ReadTransaction,
+    number: u64,
+) -> Result<Option<redb::ReadOnlyTable<RowKey, &'static [u8]>>> {
+    match txn.open_table(tree_table(&tree_table_name(number))) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The table of rows of tree `number`, which the trees table names: its
+/// absence is damage.
+fn tree_rows_named(
+    txn: &redb::ReadTransaction,
+    number: u64,
+) -> Result<redb::ReadOnlyTable<RowKey, &'static [u8]>> {
+    open_tree_rows(txn, number)?
+        .ok_or_else(|| Error::Malformed(format!("tree {number} has no table of rows")))
 }
 
 /// The number of an existing tree.
@@ -652,20 +677,22 @@ impl Forest {
     fn read_tree(&self, tree: &TreeKey) -> Result<TreeRead> {
         let (epoch, hint) = self.tree_numbers.hint(tree);
         let txn = self.begin_read()?;
-        let rows = txn.open_table(ROWS)?;
         let children = txn.open_table(CHILDREN)?;
         // A hint from an epoch that ended after it was taken may name
         // another tree in this snapshot (see `tree_numbers`).
         if let Some(number) = hint.filter(|_| self.tree_numbers.epoch() == epoch) {
-            if let Some(rec) = read::tree_state_if_present(&rows, number)? {
-                return Ok(TreeRead {
-                    rows,
-                    children,
-                    rec,
-                });
+            if let Some(rows) = open_tree_rows(&txn, number)? {
+                if let Some(rec) = read::tree_state_if_present(&rows, number)? {
+                    return Ok(TreeRead {
+                        rows,
+                        children,
+                        rec,
+                    });
+                }
             }
         }
         let number = tree_number(&txn.open_table(TREES)?, tree)?;
+        let rows = tree_rows_named(&txn, number)?;
         let rec = read::tree_state(&rows, number)?;
         self.tree_numbers.learn(epoch, tree, number);
         Ok(TreeRead {
@@ -706,7 +733,6 @@ fn open_all_tables(txn: &redb::WriteTransaction) -> Result<()> {
         }
     }
     txn.open_table(TREES)?;
-    txn.open_table(ROWS)?;
     txn.open_table(CHILDREN)?;
     txn.open_table(CURSORS)?;
     txn.open_table(DROPPED)?;

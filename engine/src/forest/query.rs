@@ -73,18 +73,26 @@ impl Forest {
     /// One node, or `None` if the tree has no such node. ROOT and TRASH are
     /// not stored nodes: they give `None`.
     pub fn get_node(&self, tree: &TreeKey, node: NodeId) -> Result<Option<NodeInfo>> {
-        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
-        read::node_info(&rows, rec.number, node)
+        let TreeRead {
+            rows,
+            children,
+            rec,
+        } = self.read_tree(tree)?;
+        read::node_info(&rows, &children, rec.number, node)
     }
 
     /// `get_node` for many nodes in one read transaction: a checker that
     /// looks up every acknowledged node would otherwise pay for a
     /// transaction per node.
     pub fn get_nodes(&self, tree: &TreeKey, nodes: &[NodeId]) -> Result<Vec<Option<NodeInfo>>> {
-        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let TreeRead {
+            rows,
+            children,
+            rec,
+        } = self.read_tree(tree)?;
         nodes
             .iter()
-            .map(|&node| read::node_info(&rows, rec.number, node))
+            .map(|&node| read::node_info(&rows, &children, rec.number, node))
             .collect()
     }
 
@@ -135,7 +143,7 @@ impl Forest {
             rec,
         } = self.read_tree(tree)?;
         let t = rec.number;
-        if !matches!(root, ROOT | TRASH) && read::node_info(&rows, t, root)?.is_none() {
+        if !matches!(root, ROOT | TRASH) && read::node_record(&rows, t, root)?.is_none() {
             return Err(Error::NodeNotFound(root));
         }
         let mut out = Vec::new();
@@ -150,9 +158,8 @@ impl Forest {
                     parent: id,
                     meta: Meta::default(),
                 },
-                _ => {
-                    read::node_info(&rows, t, id)?.expect("children index points at a stored node")
-                }
+                _ => read::node_info(&rows, &children, t, id)?
+                    .expect("children index points at a stored node"),
             };
             budget.count_meta(&info.meta)?;
             // Planted bug `SubtreeDepthOffByOne`: one level too deep.
@@ -207,7 +214,11 @@ impl Forest {
         scan_max: usize,
         origin: Option<ReplicaId>,
     ) -> Result<OpLogPage> {
-        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let TreeRead {
+            rows,
+            children,
+            rec,
+        } = self.read_tree(tree)?;
         let mut page = OpLogPage {
             entries: Vec::new(),
             next_height: from_height,
@@ -216,12 +227,9 @@ impl Forest {
             return Ok(page);
         }
         let t = rec.number;
-        let start = stamps::run_holding(&rows, t, from_height)?;
+        let start = stamps::run_holding(&rows, from_height)?;
         let mut scanned = 0usize;
-        for row in rows
-            .range(height_key(t, u64::MAX)..=height_key(t, start))?
-            .rev()
-        {
+        for row in rows.range(height_key(start)..=height_key(u64::MAX))? {
             let (key, stamps) = row?;
             let first = height_of_key(key.value());
             for (height, (ts, _)) in (first..).zip(decode_height_run(stamps.value())?) {
@@ -236,7 +244,7 @@ impl Forest {
                 if origin.is_some_and(|o| timestamp_replica(ts) != o) {
                     continue;
                 }
-                let record = read::log_record(&rows, rec.number, ts)?;
+                let record = read::log_op(&rows, &children, t, ts)?;
                 assert_eq!(record.tail.height, height, "height index out of sync");
                 page.entries.push(LogEntry {
                     height,
@@ -251,17 +259,28 @@ impl Forest {
     /// (same timestamp, parent, child and meta): a puller need not submit
     /// those. An absent tree holds none.
     pub fn stored_ops(&self, tree: &TreeKey, ops: &[&Move]) -> Result<Vec<bool>> {
-        let (txn, number) = match self.read_tree_number(tree) {
+        let TreeRead {
+            rows,
+            children,
+            rec,
+        } = match self.read_tree(tree) {
             Ok(found) => found,
             Err(Error::TreeNotFound) => return Ok(vec![false; ops.len()]),
             Err(e) => return Err(e),
         };
-        let log = txn.open_table(ROWS)?;
         let mut out = Vec::with_capacity(ops.len());
         for op in ops {
-            let same = match log.get(log_key(number, op.ts()))? {
+            let same = match rows.get(log_key(op.ts()))? {
                 Some(guard) => {
-                    LogView::parse(guard.value())?.same_op(op.parent, op.child, &op.meta.items)
+                    let view = LogView::parse(guard.value())?;
+                    if !view.at_node() {
+                        view.same_op(op.parent, op.child, &op.meta.items)
+                    } else {
+                        view.parent == op.parent
+                            && view.child == op.child
+                            && read::items_at_node(&rows, &children, rec.number, op.ts(), op.child)?
+                                == op.meta.items
+                    }
                 }
                 None => false,
             };
@@ -283,42 +302,68 @@ impl Forest {
     /// The height of the op stored under `ts`; `None` when the tree holds
     /// no op under it (or does not exist).
     pub fn op_height(&self, tree: &TreeKey, ts: Timestamp) -> Result<Option<u64>> {
-        let TreeRead { rows, rec, .. } = match self.read_tree(tree) {
+        let TreeRead { rows, .. } = match self.read_tree(tree) {
             Ok(read) => read,
             Err(Error::TreeNotFound) => return Ok(None),
             Err(e) => return Err(e),
         };
-        match rows.get(log_key(rec.number, ts))? {
-            Some(guard) => Ok(Some(decode_log(guard.value())?.tail.height)),
+        match rows.get(log_key(ts))? {
+            Some(guard) => Ok(Some(LogView::parse(guard.value())?.tail.height)),
             None => Ok(None),
         }
     }
 
     /// Full state of a tree, for checkers: nodes by id, log by timestamp.
-    /// The log is read once; each node's meta comes from the logged op at
-    /// its time (found in that read, not by a lookup per node).
+    /// Each node's meta comes from its children row; the log's ops whose
+    /// items their node holds (`LogView::at_node`) take them from there.
     pub fn dump(&self, tree: &TreeKey) -> Result<TreeDump> {
-        let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
+        let TreeRead {
+            rows,
+            children,
+            rec,
+        } = self.read_tree(tree)?;
         let t = rec.number;
         let mut dump = TreeDump {
             nodes: Vec::new(),
             log: Vec::new(),
         };
-        for row in read::rows_of_kind(&rows, t, RowKind::Log)? {
-            let (ts, value) = row?;
-            dump.log.push(decode_log(value.value())?.into_move(ts));
-        }
         for row in read::rows_of_kind(&rows, t, RowKind::Node)? {
             let (id, value) = row?;
             let node = decode_node(value.value())?;
-            let Ok(at) = dump.log.binary_search_by_key(&node.time, |op| op.meta.time) else {
-                panic!("tree {t}: log entry {} is missing", node.time);
-            };
             dump.nodes.push(NodeInfo {
                 id,
                 parent: node.parent,
-                meta: dump.log[at].meta.clone(),
+                meta: Meta {
+                    time: node.time,
+                    items: read::node_items(&children, t, id, &node)?,
+                },
             });
+        }
+        for row in read::rows_of_kind(&rows, t, RowKind::Log)? {
+            let (ts, value) = row?;
+            let view = LogView::parse(value.value())?;
+            let op = match view.at_node() {
+                false => view.to_record().into_move(ts),
+                true => {
+                    let at = dump.nodes.binary_search_by_key(&view.child, |n| n.id);
+                    let node = at
+                        .ok()
+                        .map(|at| &dump.nodes[at])
+                        .filter(|n| n.meta.time == ts);
+                    let Some(node) = node else {
+                        return Err(Error::Malformed(format!(
+                            "tree {t}: op {ts} leaves its items to node {}, whose meta is another op's",
+                            view.child
+                        )));
+                    };
+                    Move {
+                        parent: view.parent,
+                        child: view.child,
+                        meta: node.meta.clone(),
+                    }
+                }
+            };
+            dump.log.push(op);
         }
         Ok(dump)
     }
@@ -344,9 +389,9 @@ impl Forest {
     /// Number of logged ops over all trees (bench, tests).
     pub fn log_rows(&self) -> Result<u64> {
         let txn = self.begin_read()?;
-        let rows = txn.open_table(ROWS)?;
         let mut count = 0u64;
         for (_, number) in self.trees_from(&[])? {
+            let rows = super::tree_rows_named(&txn, number)?;
             for row in read::rows_of_kind(&rows, number, RowKind::Log)? {
                 row?;
                 count += 1;
@@ -378,9 +423,13 @@ fn path_lookup(
     }
     let mut budget = AnswerBudget::new("nodes", answer.bounds);
     let mut out = Vec::new();
+    let name = component_key(&last[0]);
     for (id, time, _) in matches {
         budget.count_node()?;
-        let mut items = read::log_record(rows, number, time)?.body.items;
+        let key = child_key(number, dir, &name, id);
+        let guard = read.children.get(key)?;
+        let guard = guard.expect("a match read from this snapshot");
+        let mut items = child_items(&decode_child(key, guard.value())?)?;
         items.retain(|kv| (answer.keep)(kv));
         let meta = Meta { time, items };
         budget.count_meta(&meta)?;

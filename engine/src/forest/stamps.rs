@@ -21,16 +21,13 @@ pub struct StampPage {
     pub first_height: u64,
 }
 
-/// The first height of the height run of tree `t` that holds `height`.
-/// Runs are keyed newest first: that run (the newest one starting at or
-/// before `height`) is the first key at or after `height`'s own, and the
-/// newer runs come before it.
+/// The first height of the height run that holds `height`: the last run
+/// starting at or before it (runs are keyed by their first height).
 pub(super) fn run_holding(
     rows: &impl ReadableTable<RowKey, &'static [u8]>,
-    t: u64,
     height: u64,
 ) -> Result<u64> {
-    match rows.range(height_key(t, height)..=height_key(t, 0))?.next() {
+    match rows.range(height_key(0)..=height_key(height))?.next_back() {
         Some(row) => Ok(height_of_key(row?.0.value())),
         None => Ok(height),
     }
@@ -49,12 +46,7 @@ impl Forest {
         limit: usize,
     ) -> Result<StampPage> {
         let TreeRead { rows, rec, .. } = self.read_tree(tree)?;
-        let t = rec.number;
-        // Runs are keyed newest first: the oldest run is the last key.
-        let first_height = match rows
-            .range(height_key(t, u64::MAX)..=height_key(t, 0))?
-            .next_back()
-        {
+        let first_height = match rows.range(region_range(RowKind::Height))?.next() {
             Some(row) => height_of_key(row?.0.value()),
             None => rec.next_height,
         };
@@ -74,11 +66,8 @@ impl Forest {
         if limit == 0 {
             return Ok(page);
         }
-        let start = run_holding(&rows, t, from_height)?;
-        for row in rows
-            .range(height_key(t, u64::MAX)..=height_key(t, start))?
-            .rev()
-        {
+        let start = run_holding(&rows, from_height)?;
+        for row in rows.range(height_key(start)..=height_key(u64::MAX))? {
             let (key, run) = row?;
             let first = height_of_key(key.value());
             let stamps = (first..).zip(decode_height_run(run.value())?);
@@ -96,76 +85,80 @@ impl Forest {
     /// For each timestamp, the digest of the op the tree's log holds under
     /// it, `None` where it holds none. An absent tree holds none.
     pub fn held_digests(&self, tree: &TreeKey, stamps: &[Timestamp]) -> Result<Vec<Option<u64>>> {
-        let (txn, number) = match self.read_tree_number(tree) {
+        let read = match self.read_tree(tree) {
             Ok(found) => found,
             Err(Error::TreeNotFound) => return Ok(vec![None; stamps.len()]),
             Err(e) => return Err(e),
         };
-        let rows = txn.open_table(ROWS)?;
-        held_stamps(&rows, number, stamps)
+        held_stamps(&read, stamps)
     }
 }
 
-/// How many rows a walk of the log region may step over without settling
-/// a stamp before it seeks again. Measured under callgrind, a step of
-/// redb's range costs about a fifth of a lookup, so a walk pays off only
-/// over short gaps; the bound keeps a page of scattered stamps from
-/// walking the log between them. Every create op holds two rows there
-/// (node and log), so a dense page settles a stamp every two rows or so.
+/// How many heights per stamp of a page the walk over the height runs
+/// between the heights of its first and last stamps may cover; a page
+/// spread wider is settled by lookups alone.
 pub const STAMP_WALK_GAP_MAX: usize = 4;
 
-/// [`Forest::held_digests`] for tree number `t`. A sync page's stamps are
-/// a stretch of a peer's log, which the local log mostly holds as one
-/// stretch of its own timestamp order: one ordered walk over the log
-/// region settles them, where a lookup per stamp would descend the b-tree
-/// once each. The walk seeks afresh (one descent, like a lookup) whenever
-/// it steps over [`STAMP_WALK_GAP_MAX`] rows without settling a stamp, so
-/// no page costs much more than its lookups would.
-pub(super) fn held_stamps(
-    rows: &impl ReadableTable<RowKey, &'static [u8]>,
-    t: u64,
-    stamps: &[Timestamp],
-) -> Result<Vec<Option<u64>>> {
+/// [`Forest::held_digests`] on a snapshot of the tree. A sync page's
+/// stamps are a stretch of a peer's log, which the local log mostly holds
+/// as one stretch of its own heights: the height runs that hold them give
+/// each stored timestamp's digest, a run's 248 entries at a time. The runs
+/// looked at are those around the heights of the page's first and last
+/// stamps, found by one lookup of each in the log; stamps not met there
+/// (ops stored in another order) cost a log lookup and a run lookup each.
+pub(super) fn held_stamps(read: &TreeRead, stamps: &[Timestamp]) -> Result<Vec<Option<u64>>> {
+    let rows = &read.rows;
     let mut held = vec![None; stamps.len()];
-    // Positions in timestamp order; equal stamps settle together.
-    let mut order: Vec<usize> = (0..stamps.len()).collect();
-    order.sort_unstable_by_key(|&i| stamps[i]);
-    let ts_at = |k: usize| stamps[order[k]];
-    let Some(last) = order.last().map(|&i| stamps[i]) else {
-        return Ok(held);
+    let height_of = |ts: Timestamp| -> Result<Option<u64>> {
+        match rows.get(log_key(ts))? {
+            Some(guard) => Ok(Some(LogView::parse(guard.value())?.tail.height)),
+            None => Ok(None),
+        }
     };
-    let mut next = 0;
-    'seek: while next < order.len() {
-        let mut gap = 0;
-        for row in rows.range(log_key(t, ts_at(next))..=log_key(t, last))? {
-            let (key, value) = row?;
-            let key = key.value();
-            let row_ts = key.1;
-            while next < order.len() && ts_at(next) < row_ts {
-                next += 1;
-                gap = 0;
-            }
-            if next == order.len() {
-                break 'seek;
-            }
-            if ts_at(next) == row_ts && key == log_key(t, row_ts) {
-                let digest = op_digest(log_body(value.value())?);
-                while next < order.len() && ts_at(next) == row_ts {
-                    held[order[next]] = Some(digest);
-                    next += 1;
+    // The heights of the page's stored ends bound a walk over the runs.
+    let ends: Vec<u64> = [stamps.first(), stamps.last()]
+        .into_iter()
+        .flatten()
+        .map(|&ts| height_of(ts))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut found = std::collections::HashMap::with_capacity(stamps.len());
+    if let (Some(&low), Some(&high)) = (ends.iter().min(), ends.iter().max()) {
+        // A page no longer than the walk bound walks the runs between.
+        if high - low <= (stamps.len() as u64).saturating_mul(STAMP_WALK_GAP_MAX as u64) {
+            let start = run_holding(rows, low)?;
+            for row in rows.range(height_key(start)..=height_key(high))? {
+                let (_, run) = row?;
+                for (ts, digest) in decode_height_run(run.value())? {
+                    found.insert(ts, digest);
                 }
-                gap = 0;
-                continue;
-            }
-            gap += 1;
-            // A seek lands past this row only for a later timestamp: one
-            // to the same timestamp could find this row again.
-            if gap > STAMP_WALK_GAP_MAX && ts_at(next) > row_ts {
-                continue 'seek;
             }
         }
-        // The range ran out: no log row is left for the stamps not settled.
-        break;
+    }
+    for (i, &ts) in stamps.iter().enumerate() {
+        if let Some(&digest) = found.get(&ts) {
+            held[i] = Some(digest);
+            continue;
+        }
+        let Some(height) = height_of(ts)? else {
+            continue;
+        };
+        let first = run_holding(rows, height)?;
+        let guard = rows.get(height_key(first))?;
+        let Some(run) = guard else {
+            return Err(Error::Malformed(format!("height {height} has no run")));
+        };
+        let entry = decode_height_run(run.value())?.nth((height - first) as usize);
+        match entry {
+            Some((stored, digest)) if stored == ts => held[i] = Some(digest),
+            _ => {
+                return Err(Error::Malformed(format!(
+                    "op {ts} at height {height}, which holds another op"
+                )))
+            }
+        }
     }
     Ok(held)
 }

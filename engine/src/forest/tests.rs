@@ -127,10 +127,27 @@ fn a_version_3_file_is_refused() {
 fn a_version_5_file_is_refused() {
     // Version 5 kept the children index in region 3 of `rows`, keyed by
     // name hash; this build has no reader for those rows.
+    const V5_ROWS: redb::TableDefinition<(u64, u64, u64, u64), &[u8]> =
+        redb::TableDefinition::new("rows");
     assert_old_format_refused(5, |txn| {
-        txn.open_table(ROWS)
+        txn.open_table(V5_ROWS)
             .unwrap()
             .insert((4 << 2 | 3, 0, 7, 9), &[0u8; 10][..])
+            .unwrap();
+    });
+}
+
+#[test]
+fn a_version_6_file_is_refused() {
+    // Version 6 kept every tree's rows in one table and each meta in the
+    // log row of its op; this build reads a table per tree and metas from
+    // the children index.
+    const V6_ROWS: redb::TableDefinition<(u64, u64, u64, u64), &[u8]> =
+        redb::TableDefinition::new("rows");
+    assert_old_format_refused(6, |txn| {
+        txn.open_table(V6_ROWS)
+            .unwrap()
+            .insert((4, 9, 1, 0), &[0u8; 45][..])
             .unwrap();
     });
 }
@@ -161,8 +178,7 @@ fn dropping_a_tree_removes_its_children_rows_only() {
     let (_, number_a) = forest.read_tree_number(&a).unwrap();
     forest.tree_drop(&a.cid, Some("a")).unwrap();
     let txn = forest.begin_read().unwrap();
-    let rows = txn.open_table(ROWS).unwrap();
-    assert!(rows.range(tree_rows(number_a)).unwrap().next().is_none());
+    assert!(super::open_tree_rows(&txn, number_a).unwrap().is_none());
     assert_eq!(forest.get_children(&b, ROOT).unwrap().len(), 1);
     assert_eq!(forest.get_children(&b, TRASH).unwrap().len(), 1);
     forest.check_invariants(&b).unwrap();
@@ -176,9 +192,12 @@ fn a_row_key_of_no_kind_is_a_typed_error() {
     let (_, t) = forest.read_tree_number(&tree).unwrap();
     let txn = forest.begin_write().unwrap();
     {
-        let (prefix, _, _, _) = node_key(t, 0);
-        let mut rows = txn.open_table(ROWS).unwrap();
-        rows.insert((prefix, 1, 7, 0), &[0u8; 4][..]).unwrap();
+        let mut rows = txn.open_table(tree_table(&tree_table_name(t))).unwrap();
+        let stray = RowKeyParts {
+            kind: 7,
+            ..node_key(1)
+        };
+        rows.insert(stray, &[0u8; 4][..]).unwrap();
     }
     txn.commit().unwrap();
     let error = forest.dump(&tree).unwrap_err();

@@ -264,9 +264,17 @@ impl Forest {
         dirs.clear();
         let mut txn = self.begin_write()?;
         txn.set_durable(durable)?;
+        let tree_tables: Vec<String> = txn
+            .list_tables()
+            .map_err(|e| Error::Storage(e.to_string()))?
+            .map(|handle| redb::TableHandle::name(&handle).to_string())
+            .filter(|name| name.starts_with(TREE_TABLE_PREFIX))
+            .collect();
+        for name in &tree_tables {
+            txn.delete_table(tree_table(name))?;
+        }
         txn.delete_table(TREES)?;
         txn.delete_table(META)?;
-        txn.delete_table(ROWS)?;
         txn.delete_table(CHILDREN)?;
         txn.delete_table(CURSORS)?;
         txn.delete_table(DROPPED)?;
@@ -283,7 +291,7 @@ impl Forest {
 /// Keeps the counter and height a dropped tree reached (see [`DROPPED`]),
 /// never lowering what an earlier incarnation left.
 fn remember_marks(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
-    let rec = super::read::tree_state(&txn.open_table(ROWS)?, t)?;
+    let rec = super::read::tree_state(&txn.open_table(tree_table(&tree_table_name(t)))?, t)?;
     let mut dropped = txn.open_table(DROPPED)?;
     let key = tree_key_bytes(key);
     let (counter, height) = dropped.get(key.as_slice())?.map_or((0, 0), |g| g.value());
@@ -296,8 +304,7 @@ fn remember_marks(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result
 }
 
 fn delete_tree_rows(txn: &redb::WriteTransaction, key: &TreeKey, t: u64) -> Result<()> {
-    txn.open_table(ROWS)?
-        .retain_in(tree_rows(t), |_, _| false)?;
+    txn.delete_table(tree_table(&tree_table_name(t)))?;
     txn.open_table(CHILDREN)?
         .retain_in(tree_children(t), |_, _| false)?;
     txn.open_table(CURSORS)?

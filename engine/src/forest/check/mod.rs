@@ -27,7 +27,7 @@ pub(super) fn check_tree(read: &TreeRead) -> Result<Result<(), String>> {
 /// `check_tree` on any view of the rows (a read snapshot, or a write
 /// transaction before it commits), for the tree whose record is `rec`.
 pub(super) fn check_tree_in(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    log: &impl read::TreeRows,
     children: &impl read::ChildRows,
     rec: &TreeRecord,
 ) -> Result<Result<(), String>> {
@@ -70,7 +70,7 @@ impl ReplicaContent {
 }
 
 fn check_tree_capturing(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    log: &impl read::TreeRows,
     children: &impl read::ChildRows,
     rec: &TreeRecord,
     mut capture: Option<&mut ReplicaContent>,
@@ -87,7 +87,7 @@ fn check_tree_capturing(
     }
     let mut heights_by_ts = Vec::new();
     let log_capture = capture.map(|c| &mut c.log);
-    if let Err(broken) = scan_log(log, t, &nodes, &mut heights_by_ts, log_capture)? {
+    if let Err(broken) = scan_log(log, children, t, &nodes, &mut heights_by_ts, log_capture)? {
         return Ok(Err(broken));
     }
     if let Err(broken) = check_children_index(children, t, &nodes)? {
@@ -100,11 +100,13 @@ fn check_tree_capturing(
 }
 
 /// One pass over the tree's log: every node's state was set by the op at
-/// its meta time (nodes visited in time order, alongside the log), and
-/// `heights_by_ts` gets each logged op's height and digest, ascending by
-/// timestamp.
+/// its meta time (nodes visited in time order, alongside the log), whose
+/// log row leaves its items to the node, while every other log row holds
+/// its own; `heights_by_ts` gets each logged op's height and digest,
+/// ascending by timestamp.
 fn scan_log(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    log: &impl read::TreeRows,
+    children: &impl read::ChildRows,
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
     heights_by_ts: &mut Vec<(Timestamp, u64, u64)>,
@@ -116,10 +118,10 @@ fn scan_log(
     let mut by_time: Vec<(Timestamp, NodeId)> = nodes.iter().map(|(&id, n)| (n.time, id)).collect();
     by_time.sort_unstable();
     let mut unmatched = by_time.into_iter().peekable();
-    let mut name = Vec::new();
     for row in read::rows_of_kind(log, t, RowKind::Log)? {
         let (ts, value) = row?;
         let op = LogView::parse(value.value())?;
+        let mut sets = None;
         while let Some(&(time, id)) = unmatched.peek() {
             if time < ts {
                 return Ok(Err(format!("node {id}: meta time {time} not in the log")));
@@ -128,21 +130,38 @@ fn scan_log(
                 break;
             }
             unmatched.next();
-            let node = &nodes[&id];
-            op.name_key_into(&mut name);
-            let consistent = op.child == id
-                && op.parent == node.parent
-                && name == node.name_key
-                && op.is_internal() == node.internal;
-            if !consistent {
-                return Ok(Err(format!(
-                    "node {id}: state differs from the op at {time}"
-                )));
-            }
+            sets = Some(id);
         }
-        heights_by_ts.push((ts, op.tail.height, op_digest(op.body())));
+        let op_body: std::borrow::Cow<'_, [u8]> = match sets {
+            None if op.at_node() => {
+                return Ok(Err(format!(
+                    "op {ts} leaves its items to node {}, whose meta is another op's",
+                    op.child
+                )))
+            }
+            None => op.body().into(),
+            Some(id) => {
+                let node = &nodes[&id];
+                if !op.at_node() {
+                    return Ok(Err(format!(
+                        "node {id}: the op at {ts} that set its meta keeps its items"
+                    )));
+                }
+                let items = node_meta(children, t, id, node)?;
+                let consistent = op.child == id
+                    && op.parent == node.parent
+                    && items.as_ref().is_some_and(|items| {
+                        name_key(items) == node.name_key && is_internal(items) == node.internal
+                    });
+                let Some(items) = items.filter(|_| consistent) else {
+                    return Ok(Err(format!("node {id}: state differs from the op at {ts}")));
+                };
+                encode_op_body(op.parent, op.child, &items).into()
+            }
+        };
+        heights_by_ts.push((ts, op.tail.height, op_digest(&op_body)));
         if let Some(out) = capture.as_deref_mut() {
-            ReplicaContent::push_entry(out, ts, op.body());
+            ReplicaContent::push_entry(out, ts, &op_body);
         }
     }
     if let Some((time, id)) = unmatched.next() {
@@ -151,8 +170,27 @@ fn scan_log(
     Ok(Ok(()))
 }
 
+/// The meta items of node `id` (state `node`) from the children row its
+/// state names, `None` when no such row holds a meta of its meta time.
+fn node_meta(
+    children: &impl read::ChildRows,
+    t: u64,
+    id: NodeId,
+    node: &NodeRecord,
+) -> Result<Option<Vec<KeyValue>>> {
+    let key = child_key(t, node.parent, &node.name_key, id);
+    let Some(guard) = children.get(key)? else {
+        return Ok(None);
+    };
+    let entry = decode_child(key, guard.value())?;
+    if entry.time != node.time {
+        return Ok(None);
+    }
+    Ok(Some(child_items(&entry)?))
+}
+
 fn load_nodes(
-    table: &impl ReadableTable<RowKey, &'static [u8]>,
+    table: &impl read::TreeRows,
     t: u64,
     mut capture: Option<&mut Vec<u8>>,
 ) -> Result<BTreeMap<NodeId, NodeRecord>> {
@@ -194,9 +232,11 @@ fn check_max_parent(rec: &TreeRecord, nodes: &BTreeMap<NodeId, NodeRecord>) -> R
     }
 }
 
-/// Every node's state was set by the op at its meta time.
+/// Every node's state was set by the op at its meta time, whose log row
+/// leaves its items to the node's children row.
 fn check_nodes_against_log(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    log: &impl read::TreeRows,
+    children: &impl read::ChildRows,
     t: u64,
     nodes: &BTreeMap<NodeId, NodeRecord>,
 ) -> Result<Result<(), String>> {
@@ -204,17 +244,25 @@ fn check_nodes_against_log(
         if id == ROOT || id == TRASH {
             return Ok(Err(format!("reserved id {id} stored as a node")));
         }
-        let Some(guard) = log.get(log_key(t, node.time))? else {
+        let Some(guard) = log.get(log_key(node.time))? else {
             return Ok(Err(format!(
                 "node {id}: meta time {} not in the log",
                 node.time
             )));
         };
-        let op = decode_log(guard.value())?.body;
+        let op = LogView::parse(guard.value())?;
+        if !op.at_node() {
+            return Ok(Err(format!(
+                "node {id}: the op at {} that set its meta keeps its items",
+                node.time
+            )));
+        }
+        let items = node_meta(children, t, id, node)?;
         let consistent = op.child == id
             && op.parent == node.parent
-            && name_key(&op.items) == node.name_key
-            && is_internal(&op.items) == node.internal;
+            && items.is_some_and(|items| {
+                name_key(&items) == node.name_key && is_internal(&items) == node.internal
+            });
         if !consistent {
             return Ok(Err(format!(
                 "node {id}: state differs from the op at {}",
@@ -240,10 +288,13 @@ fn check_children_index(
         let Some(node) = nodes.get(&id) else {
             return Ok(Err(format!("children index lists absent node {id}")));
         };
+        let items = child_items(&entry)?;
         let same = node.parent == parent
             && node.name_key == entry.name_key
             && node.time == entry.time
-            && node.internal == entry.internal;
+            && node.internal == entry.internal
+            && name_key(&items) == entry.name_key
+            && is_internal(&items) == entry.internal;
         if !same || !seen.insert(id) {
             return Ok(Err(format!(
                 "children index row of node {id} is wrong or repeated"
@@ -308,15 +359,13 @@ fn check_acyclic(nodes: &BTreeMap<NodeId, NodeRecord>) -> Result<(), String> {
 /// a dropped incarnation of the tree reached) and agree with the log records
 /// and their digests (`heights_by_ts`, from `scan_log`).
 fn check_heights(
-    heights: &impl ReadableTable<RowKey, &'static [u8]>,
+    heights: &impl read::TreeRows,
     rec: &TreeRecord,
     heights_by_ts: &[(Timestamp, u64, u64)],
 ) -> Result<Result<(), String>> {
-    let t = rec.number;
     let mut first = None;
     let mut expected = 0;
-    // Runs are keyed newest first: backwards is oldest first.
-    for row in heights.range(region_range(t, RowKind::Height))?.rev() {
+    for row in heights.range(region_range(RowKind::Height))? {
         let (key, stamps) = row?;
         // The oldest run starts the log: 0, or where a drop left it.
         let start = *first.get_or_insert(height_of_key(key.value()));
@@ -408,71 +457,82 @@ impl super::Forest {
     /// outside the op path (so the tree's record does not change).
     #[doc(hidden)]
     pub fn plant_broken_node(&self, tree: &TreeKey, node: NodeId) -> Result<()> {
-        self.rewrite_row(
-            tree,
-            |t| node_key(t, node),
-            node,
-            |bytes| {
-                let mut record = decode_node(bytes)?;
-                record.time += 1;
-                *bytes = encode_node(&record);
-                Ok(())
-            },
-        )
+        self.rewrite_row(tree, node_key(node), node, |bytes| {
+            let mut record = decode_node(bytes)?;
+            record.time += 1;
+            *bytes = encode_node(&record);
+            Ok(())
+        })
     }
 
     /// Changes a logged op on purpose for checker tests: the last byte of
     /// the op at `ts` (the end of its last item's value, which must be
-    /// neither empty nor the file name) flips, outside the op path, and
+    /// neither empty nor the file name) flips, outside the op path, in its
+    /// log row or in the children row of the node whose meta it set, and
     /// its digest follows. The tree invariant still holds; replicas of the
     /// tree now hold two different ops under one timestamp, as two
     /// replicas with one id would.
     #[doc(hidden)]
     pub fn plant_changed_op(&self, tree: &TreeKey, ts: Timestamp) -> Result<()> {
-        let mut changed = None;
-        self.rewrite_row(
-            tree,
-            |t| log_key(t, ts),
-            ts,
-            |bytes| {
-                let body_len = log_body_len(bytes)?;
-                bytes[body_len - 1] ^= 1;
-                let height = decode_log(bytes)?.tail.height;
-                changed = Some((height, op_digest(&bytes[..body_len])));
-                Ok(())
-            },
-        )?;
-        let (height, digest) = changed.expect("the op was rewritten");
-        let t = self.read_tree(tree)?.rec.number;
-        let first = {
-            let read = self.read_tree(tree)?;
-            super::stamps::run_holding(&read.rows, t, height)?
+        let read = self.read_tree(tree)?;
+        let t = read.rec.number;
+        let Some(guard) = read.rows.get(log_key(ts))? else {
+            return Err(crate::error::Error::NodeNotFound(ts));
         };
-        self.rewrite_row(
-            tree,
-            |t| height_key(t, first),
-            ts,
-            |bytes| {
-                let at = (height - first) as usize * HEIGHT_ENTRY_BYTES + 8;
-                bytes[at..at + 8].copy_from_slice(&digest.to_be_bytes());
-                Ok(())
-            },
-        )
+        let view = LogView::parse(guard.value())?;
+        let (height, child, at_node) = (view.tail.height, view.child, view.at_node());
+        drop(guard);
+        let node = read::node_record(&read.rows, t, child)?;
+        let first = super::stamps::run_holding(&read.rows, height)?;
+        drop(read);
+        let txn = self.begin_write()?;
+        let digest = {
+            let mut rows = txn.open_table(tree_table(&tree_table_name(t)))?;
+            let digest = if at_node {
+                let node = node.expect("an op whose node holds its items has its node");
+                let key = child_key(t, node.parent, &node.name_key, child);
+                let mut children = txn.open_table(CHILDREN)?;
+                let mut bytes = children.get(key)?.expect("its row").value().to_vec();
+                *bytes.last_mut().expect("a meta with a last value") ^= 1;
+                children.insert(key, bytes.as_slice())?;
+                let items = child_items(&decode_child(key, &bytes)?)?;
+                let view = read::log_row(&rows, t, ts)?.value().to_vec();
+                let view = LogView::parse(&view)?;
+                op_digest(&encode_op_body(view.parent, view.child, &items))
+            } else {
+                let mut bytes = read::log_row(&rows, t, ts)?.value().to_vec();
+                let body_len = log_body_len(&bytes)?;
+                bytes[body_len - 1] ^= 1;
+                rows.insert(log_key(ts), bytes.as_slice())?;
+                op_digest(&bytes[..body_len])
+            };
+            let mut run = rows
+                .get(height_key(first))?
+                .expect("its run")
+                .value()
+                .to_vec();
+            let at = (height - first) as usize * HEIGHT_ENTRY_BYTES + 8;
+            run[at..at + 8].copy_from_slice(&digest.to_be_bytes());
+            rows.insert(height_key(first), run.as_slice())?;
+            digest
+        };
+        let _ = digest;
+        txn.commit()
     }
 
-    /// Rewrites the row `key` of `tree` (whose number it is given) in one
-    /// commit, outside the op path; `NodeNotFound(id)` when it is absent.
+    /// Rewrites the row `key` of `tree` in one commit, outside the op
+    /// path; `NodeNotFound(id)` when it is absent.
     fn rewrite_row(
         &self,
         tree: &TreeKey,
-        key: impl FnOnce(u64) -> (u64, u64, u64, u64),
+        key: RowKeyParts,
         id: NodeId,
         change: impl FnOnce(&mut Vec<u8>) -> Result<()>,
     ) -> Result<()> {
-        let key = key(self.read_tree(tree)?.rec.number);
+        let t = self.read_tree(tree)?.rec.number;
         let txn = self.begin_write()?;
         {
-            let mut rows = txn.open_table(ROWS)?;
+            let mut rows = txn.open_table(tree_table(&tree_table_name(t)))?;
             let Some(mut bytes) = rows.get(key)?.map(|guard| guard.value().to_vec()) else {
                 return Err(crate::error::Error::NodeNotFound(id));
             };

@@ -18,7 +18,7 @@ pub(in crate::forest) fn check_touched(
 
 /// `check_touched` on any view of the rows (see `check_tree_in`).
 pub(in crate::forest) fn check_touched_in(
-    table: &impl ReadableTable<RowKey, &'static [u8]>,
+    table: &impl read::TreeRows,
     children: &impl read::ChildRows,
     rec: &TreeRecord,
     touched: &[NodeId],
@@ -28,12 +28,12 @@ pub(in crate::forest) fn check_touched_in(
     for &id in touched {
         // A move of a node not seen here yet under itself is a logged
         // no-op: the node may legitimately be absent.
-        let Some(guard) = table.get(node_key(t, id))? else {
+        let Some(guard) = table.get(node_key(id))? else {
             continue;
         };
         let node = decode_node(guard.value())?;
         let single = BTreeMap::from([(id, node.clone())]);
-        if let Err(broken) = check_nodes_against_log(log, t, &single)? {
+        if let Err(broken) = check_nodes_against_log(log, children, t, &single)? {
             return Ok(Err(broken));
         }
         let key = child_key(t, node.parent, &node.name_key, id);
@@ -59,18 +59,18 @@ pub(in crate::forest) fn check_touched_in(
             return Ok(Err(broken));
         }
     }
-    check_newest_height(log, rec)
+    check_newest_height(log, children, rec)
 }
 
 /// Walks up from `id`; more steps than stored nodes means a cycle.
 fn check_ancestors(
-    table: &impl ReadableTable<RowKey, &'static [u8]>,
+    table: &impl read::TreeRows,
     rec: &TreeRecord,
     id: NodeId,
 ) -> Result<Result<(), String>> {
     let mut current = id;
     for _ in 0..=rec.node_count {
-        let Some(guard) = table.get(node_key(rec.number, current))? else {
+        let Some(guard) = table.get(node_key(current))? else {
             return Ok(Ok(()));
         };
         current = node_parent(guard.value())?;
@@ -82,12 +82,12 @@ fn check_ancestors(
 }
 
 fn check_newest_height(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    log: &impl read::TreeRows,
+    children: &impl read::ChildRows,
     rec: &TreeRecord,
 ) -> Result<Result<(), String>> {
     let t = rec.number;
-    // Runs are keyed newest first.
-    let last_run = log.range(region_range(t, RowKind::Height))?.next();
+    let last_run = log.range(region_range(RowKind::Height))?.next_back();
     let Some(row) = last_run else {
         if rec.next_height == 0 {
             return Ok(Ok(()));
@@ -105,25 +105,27 @@ fn check_newest_height(
         )));
     }
     let (ts, digest) = *run.last().expect("a height run is never empty");
-    check_height_entry(log, t, newest, ts, digest)
+    check_height_entry(log, children, t, newest, ts, digest)
 }
 
 /// The op the height index names at `height` is logged and agrees.
 fn check_height_entry(
-    log: &impl ReadableTable<RowKey, &'static [u8]>,
+    log: &impl read::TreeRows,
+    children: &impl read::ChildRows,
     t: u64,
     height: u64,
     ts: Timestamp,
     digest: u64,
 ) -> Result<Result<(), String>> {
-    let Some(guard) = log.get(log_key(t, ts))? else {
+    if log.get(log_key(ts))?.is_none() {
         return Ok(Err(format!("height {height} points at absent op {ts}")));
-    };
-    let record = guard.value();
-    if decode_log(record)?.tail.height != height {
+    }
+    let record = read::log_op(log, children, t, ts)?;
+    if record.tail.height != height {
         return Ok(Err(format!("op {ts} disagrees about its height {height}")));
     }
-    if op_digest(log_body(record)?) != digest {
+    let body = encode_op_body(record.body.parent, record.body.child, &record.body.items);
+    if op_digest(&body) != digest {
         return Ok(Err(format!("op {ts} disagrees with its digest")));
     }
     Ok(Ok(()))

@@ -50,6 +50,13 @@ pub struct LogTail {
 /// The op bytes come first and the tail has a fixed size, so a duplicate is
 /// recognised by comparing the stored body with the incoming op without
 /// decoding, and a redo rewrites the tail in place.
+///
+/// The log row of the op that set a stored node's current meta leaves the
+/// items out: its item count is [`ITEMS_AT_NODE`] and no items follow,
+/// because the node's children row holds them (docs/design.md §5). When
+/// another op replaces that meta (or an undo takes the op back), the items
+/// return to the row. The op's bytes, as [`encode_op_body`] writes them,
+/// are the same either way once the items are put back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogRecord {
     pub body: OpBody,
@@ -106,6 +113,10 @@ pub fn log_body(record: &[u8]) -> Result<&[u8]> {
 /// Size of the fixed tail of an encoded log record.
 pub const LOG_TAIL_BYTES: usize = 25;
 
+/// The item count of a log record whose items its child's children row
+/// holds (see [`LogRecord`]).
+pub const ITEMS_AT_NODE: u32 = u32::MAX;
+
 const LOG_BODY_HEADER_BYTES: usize = 20;
 
 /// The encoded op part of a log record.
@@ -119,6 +130,16 @@ pub fn encode_log(parent: NodeId, child: NodeId, items: &[KeyValue], tail: LogTa
     let mut out = Vec::new();
     encode_log_into(&mut out, parent, child, items, tail);
     out
+}
+
+/// A log record whose items its child's children row holds.
+pub fn encode_log_at_node_into(out: &mut Vec<u8>, parent: NodeId, child: NodeId, tail: LogTail) {
+    out.clear();
+    out.reserve(LOG_BODY_HEADER_BYTES + LOG_TAIL_BYTES);
+    out.extend_from_slice(&parent.to_be_bytes());
+    out.extend_from_slice(&child.to_be_bytes());
+    out.extend_from_slice(&ITEMS_AT_NODE.to_be_bytes());
+    out.extend_from_slice(&encode_tail(tail));
 }
 
 /// [`encode_log`] into a buffer the caller reuses across ops.
@@ -198,6 +219,8 @@ pub struct LogView<'a> {
     items: &'a [u8],
     /// The op bytes (the record without its tail).
     body: &'a [u8],
+    /// The items are the child's children row's ([`ITEMS_AT_NODE`]).
+    at_node: bool,
 }
 
 impl<'a> LogView<'a> {
@@ -220,8 +243,14 @@ impl<'a> LogView<'a> {
         if body.len() < LOG_BODY_HEADER_BYTES {
             return Err(Error::Malformed("log record too short".into()));
         }
-        let item_count = be_u32(&body[16..20]);
         let items = &body[LOG_BODY_HEADER_BYTES..];
+        let at_node = be_u32(&body[16..20]) == ITEMS_AT_NODE as usize;
+        if at_node && !items.is_empty() {
+            return Err(Error::Malformed(
+                "log record: items after the mark that its node holds them".into(),
+            ));
+        }
+        let item_count = if at_node { 0 } else { be_u32(&body[16..20]) };
         let mut rest = items;
         for _ in 0..item_count {
             let (key, after_key) = take_field(rest)?;
@@ -242,7 +271,16 @@ impl<'a> LogView<'a> {
             item_count,
             items,
             body,
+            at_node,
         })
+    }
+
+    /// True when the op's items are its child's children row's: the op
+    /// set the child's current meta ([`ITEMS_AT_NODE`]). Then the items
+    /// are not in the record, and the methods that read them must not be
+    /// called.
+    pub fn at_node(&self) -> bool {
+        self.at_node
     }
 
     /// The op bytes (the record without its tail).
@@ -251,7 +289,13 @@ impl<'a> LogView<'a> {
     }
 
     /// `(key, value)` pairs in order; keys are UTF-8 (checked by `parse`).
+    /// Not for a record whose node holds its items ([`LogView::at_node`]).
     pub fn items(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
+        assert!(
+            !self.at_node,
+            "op of node {} read for items its node holds",
+            self.child
+        );
         let mut rest = self.items;
         (0..self.item_count).map(move |_| {
             let (key, after_key) = take_field(rest).expect("checked by parse");
@@ -314,8 +358,30 @@ fn take_field(bytes: &[u8]) -> Result<(&[u8], &[u8])> {
     Ok(rest.split_at(len))
 }
 
+/// A whole log record; `Malformed` for one whose items its node holds
+/// (read those through the node, `read::log_op`).
 pub fn decode_log(bytes: &[u8]) -> Result<LogRecord> {
-    Ok(LogView::parse(bytes)?.to_record())
+    let view = LogView::parse(bytes)?;
+    if view.at_node() {
+        return Err(Error::Malformed(
+            "log record: its items are its node's".into(),
+        ));
+    }
+    Ok(view.to_record())
+}
+
+/// The record `bytes` (either form) with its items left to its node.
+pub fn log_items_to_node(bytes: &[u8]) -> Result<Vec<u8>> {
+    let view = LogView::parse(bytes)?;
+    let mut out = Vec::new();
+    encode_log_at_node_into(&mut out, view.parent, view.child, view.tail);
+    Ok(out)
+}
+
+/// The record `bytes` (either form) holding `items` again.
+pub fn log_items_back(bytes: &[u8], items: &[KeyValue]) -> Result<Vec<u8>> {
+    let view = LogView::parse(bytes)?;
+    Ok(encode_log(view.parent, view.child, items, view.tail))
 }
 
 /// Length of the op part of an encoded log record.

@@ -1,12 +1,9 @@
 //! Stored record types, their tables and their byte encodings.
 //!
-//! Every table is declared here, once. Keys are tuples of integers
-//! (redb's, or [`RowKey`] for the rows), ordered element by element
-//! numerically, so range scans by
-//! prefix (`(tree, ..)`, `(tree, parent, ..)`) work without hand-made
-//! big-endian keys. Each tree is mapped to a small `u64` tree number (never
-//! reused) so that the per-tree tables do not repeat the 32-byte container
-//! id and the tree name in every key.
+//! Every table is declared here, once. Each tree is mapped to a small
+//! `u64` tree number (never reused), which names the tree's own table of
+//! rows ([`tree_table`]) and leads the keys of the shared tables, so that
+//! no key repeats the 32-byte container id and the tree name.
 //!
 //! Every decoder returns `Error::Malformed` on bad bytes: a damaged record is
 //! an operating error (disk, fuzzer), not a reason to panic.
@@ -28,8 +25,9 @@ use serde::{Deserialize, Serialize};
 
 /// `cid (32 bytes) ++ tree id (UTF-8)` -> the tree's number. Byte order
 /// of the key sorts trees by container, then by tree id. Written once, when
-/// the tree is created: the tree's changing bookkeeping lives in [`ROWS`]
-/// (a [`TreeRecord`] under [`state_key`]), next to the rows a batch writes.
+/// the tree is created: the tree's changing bookkeeping lives in its own
+/// table ([`tree_table`]: a [`TreeRecord`] under [`state_key`]), next to
+/// the rows a batch writes.
 pub const TREES: TableDefinition<&[u8], u64> = TableDefinition::new("trees");
 /// `cid ++ tree id` (as in [`TREES`]) -> the marks the dropped
 /// incarnations of that tree reached: `(largest counter, next height)`.
@@ -38,6 +36,9 @@ pub const TREES: TableDefinition<&[u8], u64> = TableDefinition::new("trees");
 /// it) and its heights never go below a peer's pull cursor of the old
 /// log (docs/design.md §6). One row per tree key ever dropped.
 pub const DROPPED: TableDefinition<&[u8], (u64, u64)> = TableDefinition::new("dropped");
+/// Largest tree number given out.
+pub const TREE_NUMBER_MAX: u64 = u64::MAX >> 2;
+
 /// Forest-wide counters, e.g. [`NEXT_TREE_NUMBER`].
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -70,15 +71,18 @@ pub fn peer_log_epoch_key(peer: ReplicaId) -> String {
 /// Key of [`META`] holding the layout version of the stored tables.
 pub const FORMAT_VERSION: &str = "format_version";
 
-/// Version 2: one [`ROWS`] table instead of separate log, node, height
+/// Version 2: one table of rows instead of separate log, node, height
 /// tables and tree records. Version 3: the children index moved into
-/// [`ROWS`] (four-integer keys), node and log rows share one region.
-/// Version 4: [`ROWS`] keyed by [`RowKey`] (same bytes and order as
+/// that table (four-integer keys), node and log rows share one region.
+/// Version 4: the rows keyed by a type of Arbor's (same bytes and order as
 /// version 3's tuple, another redb type name). Version 5: height runs
 /// carry each op's digest beside its timestamp. Version 6: the children
-/// index left [`ROWS`] for [`CHILDREN`], ordered by name instead of a
-/// hash of it.
-pub const FORMAT_VERSION_CURRENT: u64 = 6;
+/// index left the rows for [`CHILDREN`], ordered by name instead of a
+/// hash of it. Version 7: a table of rows per tree ([`tree_table`], keys
+/// of 10 bytes ordered so that appends go at its end), height runs that
+/// grow until they fill a leaf, and each node's meta in its children row,
+/// left out of the log row of the op that set it.
+pub const FORMAT_VERSION_CURRENT: u64 = 7;
 
 /// The key of a tree in [`TREES`].
 pub fn tree_key_bytes(tree: &TreeKey) -> Vec<u8> {
@@ -102,7 +106,7 @@ pub fn decode_tree_key(bytes: &[u8]) -> Result<TreeKey> {
     Ok(TreeKey::new(ContainerId(cid), name))
 }
 
-/// Per-tree bookkeeping (the [`RowKind::State`] row).
+/// Per-tree bookkeeping (the [`RowKind::State`] row of its table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeRecord {
     /// The tree's number in the per-tree tables.

@@ -1,80 +1,59 @@
-//! The one table of per-tree rows ([`ROWS`]): its key type, the kinds of
-//! row it holds and the key of each kind.
+//! The rows of one tree, in a table of its own ([`tree_table`]): its
+//! state, its height runs, its node rows and its log rows, under one key
+//! type ordered so that what a batch appends lands at the table's end.
 
 use super::be_u64;
 use crate::error::{Error, Result};
 use crate::types::*;
 use redb::TableDefinition;
 
-/// Every per-tree row, in one b-tree, keyed by `(tree number << 2 |
-/// region, a, b, c)` (see [`RowKind`] for each kind's region and `a, b,
-/// c`).
-///
-/// Why one table: a commit pays per b-tree page it dirties (a fresh page,
-/// its checksum, the write to storage, the old page's release) and per
-/// table whose root changes (a table-tree update, a table open per
-/// transaction). The batches of a replicated service are small (often one
-/// op), and one op used to dirty a root-to-leaf path in each of six
-/// tables. In one key space the paths share their branch pages, and the
-/// rows an appending batch writes sit side by side: node and log rows
-/// share one region ordered by id/timestamp, so the node a create op makes
-/// (its id is the op's timestamp) lands next to the op's log row at the
-/// region's end; the tree's state row follows, then the newest height run
-/// (heights are keyed in descending order for this). An in-order batch of
-/// creations usually dirties one leaf for all four. The children index is
-/// keyed by name, which no fixed-width key holds: it has a table of its
-/// own, [`super::CHILDREN`].
-///
-/// The key is four integers wide (region 3 is unused: it held the
-/// children index before format version 6); kinds that need fewer pad
-/// with zeros.
-pub const ROWS: TableDefinition<RowKey, &[u8]> = TableDefinition::new("rows");
+/// Names of the per-tree tables start with this; the rest is the tree's
+/// number in decimal.
+pub const TREE_TABLE_PREFIX: &str = "tree/";
 
-/// The four integers of a [`ROWS`] key, as code handles them.
-pub type RowKeyParts = (u64, u64, u64, u64);
+/// The name of tree `number`'s table.
+pub fn tree_table_name(number: u64) -> String {
+    format!("{TREE_TABLE_PREFIX}{number}")
+}
 
-/// Key type of [`ROWS`]: [`RowKeyParts`] stored as 32 bytes, each integer
-/// little-endian (the bytes redb gives the tuple `(u64, u64, u64, u64)`),
-/// ordered element by element.
+/// The definition of the table named `name` (a [`tree_table_name`]).
 ///
-/// Its own type rather than redb's tuple, for the cost of every row
-/// access: redb formats a tuple's type name anew on each table open (a
-/// `String` per element and one for the whole), serialises each tuple key
-/// into a fresh `Vec`, and compares tuples through per-element slices.
-/// This one encodes into an array, compares four loaded integers, and
-/// names itself with a constant. The stored type name differs from the
-/// tuple's, hence format version 4.
+/// Why a table per tree: a b-tree splits a full leaf in two halves unless
+/// the key goes after every key it holds, in which case redb starts a new
+/// leaf and leaves the full one packed. Node and log rows are appended at
+/// the end of their tree's op region (a created node's id is its op's
+/// timestamp, and local ops take the newest timestamps), so in a table of
+/// their own they are appended at the table's end and every leaf they
+/// leave behind is full. In a table shared by several trees every tree but
+/// the last appends in the middle, and each of its leaves ended half full
+/// (format version 6 kept 0.54 bytes of rows per byte of leaf). A batch
+/// touching one tree still opens two tables, its own and the children
+/// index ([`super::CHILDREN`]); dropping a tree deletes its table.
+pub fn tree_table(name: &str) -> TableDefinition<'_, RowKey, &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+/// Where a row sits in its tree's table: `region`, then `a`, then
+/// `kind`, compared in that order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RowKeyParts {
+    pub region: u8,
+    pub a: u64,
+    pub kind: u8,
+}
+
+/// Key type of a tree's table: [`RowKeyParts`] stored as 10 bytes,
+/// `region (1) ++ a (8, big-endian) ++ kind (1)`, compared bytewise, which
+/// is the parts' order.
 #[derive(Debug)]
 pub struct RowKey;
 
-const ROW_KEY_BYTES: usize = 32;
-
-/// Integer `i` of an encoded row key. redb hands a fixed-width key
-/// exactly `fixed_width()` bytes. Written to stay cheap in builds with
-/// debug assertions too (the fuzz targets'): one bounds check, no
-/// `copy_from_slice` precondition checks. Millions of calls per second:
-/// every key comparison inside a b-tree page comes here (the children
-/// index's keys use it too).
-pub(super) fn row_key_word(bytes: &[u8], i: usize) -> u64 {
-    let word: &[u8; 8] = bytes[8 * i..8 * i + 8]
-        .try_into()
-        .expect("8 bytes make a word");
-    u64::from_le_bytes(*word)
-}
-
-/// The four integers laid out as stored (each little-endian).
-#[derive(Debug)]
-pub struct RowKeyBytes([[u8; 8]; 4]);
-
-impl AsRef<[u8]> for RowKeyBytes {
-    fn as_ref(&self) -> &[u8] {
-        self.0.as_flattened()
-    }
-}
+/// Bytes of an encoded [`RowKey`].
+pub const ROW_KEY_BYTES: usize = 10;
 
 impl redb::Value for RowKey {
     type SelfType<'a> = RowKeyParts;
-    type AsBytes<'a> = RowKeyBytes;
+    type AsBytes<'a> = [u8; ROW_KEY_BYTES];
 
     fn fixed_width() -> Option<usize> {
         Some(ROW_KEY_BYTES)
@@ -84,142 +63,134 @@ impl redb::Value for RowKey {
     where
         Self: 'a,
     {
-        let word = |i| row_key_word(data, i);
-        (word(0), word(1), word(2), word(3))
+        // redb hands a fixed-width key exactly `fixed_width()` bytes.
+        RowKeyParts {
+            region: data[0],
+            a: be_u64(&data[1..9]),
+            kind: data[9],
+        }
     }
 
-    fn as_bytes<'a, 'b: 'a>(value: &'a RowKeyParts) -> RowKeyBytes
+    fn as_bytes<'a, 'b: 'a>(value: &'a RowKeyParts) -> [u8; ROW_KEY_BYTES]
     where
         Self: 'b,
     {
-        let (a, b, c, d) = *value;
-        RowKeyBytes([a, b, c, d].map(u64::to_le_bytes))
+        let mut out = [0; ROW_KEY_BYTES];
+        out[0] = value.region;
+        out[1..9].copy_from_slice(&value.a.to_be_bytes());
+        out[9] = value.kind;
+        out
     }
 
     fn type_name() -> redb::TypeName {
-        redb::TypeName::new("arbor::RowKey")
+        redb::TypeName::new("arbor::TreeRowKey")
     }
 }
 
 impl redb::Key for RowKey {
     fn compare(left: &[u8], right: &[u8]) -> std::cmp::Ordering {
-        // Rows of one tree share the first integer: decode only as far
-        // as the keys agree.
-        for i in 0..4 {
-            let order = row_key_word(left, i).cmp(&row_key_word(right, i));
-            if order.is_ne() {
-                return order;
-            }
-        }
-        std::cmp::Ordering::Equal
+        left.cmp(right)
     }
 }
 
-/// What a [`ROWS`] row holds.
+/// What a row of a tree's table holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowKind {
-    /// Ops region, `(a, b) = (node, 0)`: encoded [`NodeRecord`], the
-    /// node's current state.
-    Node,
-    /// Ops region, `(a, b) = (timestamp, 1)`: encoded log record (see
-    /// [`LogRecord`]), the op log in timestamp order.
-    Log,
-    /// State region, a = 0: encoded [`TreeRecord`].
+    /// State region, a = 0: encoded [`super::TreeRecord`].
     State,
-    /// Height region, a = `u64::MAX - first height`: the timestamps and
-    /// digests ([`super::op_digest`], 8 + 8 bytes each, BE) of the ops stored at
+    /// Height region, a = the first height: the timestamps and digests
+    /// ([`super::op_digest`], 8 + 8 bytes each, BE) of the ops stored at
     /// heights `first, first + 1, ..`, the log in this replica's storage
-    /// order. One row per run of
-    /// consecutive heights written by one batch (at most
-    /// [`HEIGHT_RUN_MAX`]) rather than one per op.
+    /// order. Runs follow each other without gaps; the newest one grows
+    /// with later batches until it holds [`HEIGHT_RUN_MAX`], so that each
+    /// fills a leaf.
     Height,
+    /// Ops region, `(a, kind) = (node, 0)`: encoded [`super::NodeRecord`],
+    /// the node's current state.
+    Node,
+    /// Ops region, `(a, kind) = (timestamp, 1)`: encoded log record (see
+    /// [`super::LogRecord`]), the op log in timestamp order. A created
+    /// node's row sits right before its op's.
+    Log,
 }
 
-/// The low bits of a key's first element.
-#[derive(Clone, Copy)]
-enum Region {
-    Ops = 0,
-    State = 1,
-    Height = 2,
-}
-
-const REGION_BITS: u32 = 2;
-
-/// The key's third element in the ops region.
-const OPS_NODE: u64 = 0;
-
-const OPS_LOG: u64 = 1;
-
-/// Largest tree number that fits beside a region in a key.
-pub const TREE_NUMBER_MAX: u64 = u64::MAX >> REGION_BITS;
-
-fn row_prefix(tree: u64, region: Region) -> u64 {
-    assert!(tree <= TREE_NUMBER_MAX, "tree number {tree} out of range");
-    (tree << REGION_BITS) | region as u64
-}
-
-fn region_of(kind: RowKind) -> Region {
-    match kind {
-        RowKind::Node | RowKind::Log => Region::Ops,
-        RowKind::State => Region::State,
-        RowKind::Height => Region::Height,
-    }
-}
+const REGION_STATE: u8 = 0;
+const REGION_HEIGHT: u8 = 1;
+const REGION_OPS: u8 = 2;
+const OPS_NODE: u8 = 0;
+const OPS_LOG: u8 = 1;
 
 /// What the row under `key` holds; `None` for a key no kind uses (damage).
 pub fn key_kind(key: RowKeyParts) -> Option<RowKind> {
-    match (key.0 & ((1 << REGION_BITS) - 1), key.2) {
-        (0, OPS_NODE) => Some(RowKind::Node),
-        (0, OPS_LOG) => Some(RowKind::Log),
-        (0, _) => None,
-        (1, _) => Some(RowKind::State),
-        (2, _) => Some(RowKind::Height),
+    match (key.region, key.a, key.kind) {
+        (REGION_STATE, 0, 0) => Some(RowKind::State),
+        (REGION_HEIGHT, _, 0) => Some(RowKind::Height),
+        (REGION_OPS, _, OPS_NODE) => Some(RowKind::Node),
+        (REGION_OPS, _, OPS_LOG) => Some(RowKind::Log),
         _ => None,
     }
 }
 
-pub fn node_key(tree: u64, node: NodeId) -> RowKeyParts {
-    (row_prefix(tree, Region::Ops), node, OPS_NODE, 0)
+pub fn node_key(node: NodeId) -> RowKeyParts {
+    RowKeyParts {
+        region: REGION_OPS,
+        a: node,
+        kind: OPS_NODE,
+    }
 }
 
-pub fn log_key(tree: u64, ts: Timestamp) -> RowKeyParts {
-    (row_prefix(tree, Region::Ops), ts, OPS_LOG, 0)
+pub fn log_key(ts: Timestamp) -> RowKeyParts {
+    RowKeyParts {
+        region: REGION_OPS,
+        a: ts,
+        kind: OPS_LOG,
+    }
 }
 
-pub fn state_key(tree: u64) -> RowKeyParts {
-    (row_prefix(tree, Region::State), 0, 0, 0)
+pub fn state_key() -> RowKeyParts {
+    RowKeyParts {
+        region: REGION_STATE,
+        a: 0,
+        kind: 0,
+    }
 }
 
-/// Key of the height run starting at `first`: descending, so that the
-/// newest run is the first row after the state row.
-pub fn height_key(tree: u64, first: u64) -> RowKeyParts {
-    (row_prefix(tree, Region::Height), u64::MAX - first, 0, 0)
+/// Key of the height run starting at `first`.
+pub fn height_key(first: u64) -> RowKeyParts {
+    RowKeyParts {
+        region: REGION_HEIGHT,
+        a: first,
+        kind: 0,
+    }
 }
 
 /// The first height of the run stored under `key` (a [`height_key`]).
 pub fn height_of_key(key: RowKeyParts) -> u64 {
-    u64::MAX - key.1
+    key.a
 }
 
-/// Every row of the region that holds `kind` in one tree. Node and log
-/// rows share a region: a scan for either meets both and tells them
-/// apart with [`key_kind`].
-pub fn region_range(tree: u64, kind: RowKind) -> std::ops::RangeInclusive<RowKeyParts> {
-    let prefix = row_prefix(tree, region_of(kind));
-    (prefix, 0, 0, 0)..=(prefix, u64::MAX, u64::MAX, u64::MAX)
+/// Every row of the region that holds `kind`. Node and log rows share a
+/// region: a scan for either meets both and tells them apart with
+/// [`key_kind`].
+pub fn region_range(kind: RowKind) -> std::ops::RangeInclusive<RowKeyParts> {
+    let region = match kind {
+        RowKind::State => REGION_STATE,
+        RowKind::Height => REGION_HEIGHT,
+        RowKind::Node | RowKind::Log => REGION_OPS,
+    };
+    let at = |a, kind| RowKeyParts { region, a, kind };
+    at(0, 0)..=at(u64::MAX, u8::MAX)
 }
 
-/// Every [`ROWS`] row of one tree.
-pub fn tree_rows(tree: u64) -> std::ops::RangeInclusive<RowKeyParts> {
-    // Through region 3, which no kind uses, so that a stray row left there
-    // by an older format goes with its tree.
-    let first = row_prefix(tree, Region::Ops);
-    let last = row_prefix(tree, Region::Height) + 1;
-    (first, 0, 0, 0)..=(last, u64::MAX, u64::MAX, u64::MAX)
+/// Log rows from `ts` on (node rows in between are passed over by
+/// [`key_kind`]).
+pub fn log_range_from(ts: Timestamp) -> std::ops::RangeInclusive<RowKeyParts> {
+    log_key(ts)..=log_key(u64::MAX)
 }
 
-/// Most timestamps in one height run (8 KiB of value).
-pub const HEIGHT_RUN_MAX: usize = 512;
+/// Most entries in one height run: one run fills a 4 KiB leaf
+/// (3,968 bytes of value).
+pub const HEIGHT_RUN_MAX: usize = 248;
 
 /// Bytes of one height run entry: timestamp and digest.
 pub const HEIGHT_ENTRY_BYTES: usize = 16;
@@ -254,70 +225,59 @@ mod tests {
     use super::*;
     use redb::{Key, Value};
 
-    type Tuple = (u64, u64, u64, u64);
-
-    /// `RowKey` stores the bytes redb gives the four-integer tuple and
-    /// orders them as the tuple orders its integers (so version 3's rows
-    /// sort the same, and the key functions' order is the stored one).
+    /// The stored bytes order keys as their parts order.
     #[test]
-    fn row_keys_encode_and_order_as_the_tuple_did() {
-        let edges = [0, 1, 2, 255, 256, 1 << 32, u64::MAX - 1, u64::MAX];
+    fn row_keys_encode_and_order_as_their_parts() {
+        let edges = [0, 1, 255, 256, 1 << 32, u64::MAX - 1, u64::MAX];
         let mut parts = Vec::new();
-        for &a in &edges {
-            for &b in &edges[..4] {
-                parts.push((a, b, edges[(a % 8) as usize], edges[(b % 8) as usize]));
-                parts.push((b, a, u64::MAX - a, a ^ b));
+        for region in [0u8, 1, 2, 255] {
+            for &a in &edges {
+                for kind in [0u8, 1, 255] {
+                    parts.push(RowKeyParts { region, a, kind });
+                }
             }
         }
         for x in &parts {
-            let encoded = RowKey::as_bytes(x);
-            let bytes = encoded.as_ref();
-            assert_eq!(bytes, Tuple::as_bytes(x).as_slice());
-            assert_eq!(RowKey::from_bytes(bytes), *x);
+            let bytes = RowKey::as_bytes(x);
+            assert_eq!(RowKey::from_bytes(&bytes), *x);
             for y in &parts {
-                let other = RowKey::as_bytes(y);
-                let order = RowKey::compare(bytes, other.as_ref());
+                let order = RowKey::compare(&bytes, &RowKey::as_bytes(y));
                 assert_eq!(order, x.cmp(y), "{x:?} {y:?}");
-                assert_eq!(order, Tuple::compare(bytes, other.as_ref()));
             }
         }
-        assert_eq!(RowKey::fixed_width(), Tuple::fixed_width());
     }
 
     #[test]
-    fn keys_keep_each_trees_rows_together_and_in_order() {
-        let t = 5;
-        // A created node sits right before its creating op's log row.
-        assert!(node_key(t, 9) < log_key(t, 9));
-        assert!(log_key(t, 9) < node_key(t, 10));
-        // State after every op row, then heights newest first.
-        assert!(log_key(t, u64::MAX) < state_key(t));
-        assert!(state_key(t) < height_key(t, 7));
-        assert!(height_key(t, 7) < height_key(t, 3));
-        // Every kind of tree t is in its range, nothing of its neighbours.
-        let rows = tree_rows(t);
-        for key in [
-            node_key(t, 0),
-            log_key(t, u64::MAX),
-            state_key(t),
-            height_key(t, 0),
+    fn appends_go_last_and_kinds_round_trip() {
+        // A created node sits right before its creating op's log row, and
+        // both after every older op: an appending batch writes at the end.
+        assert!(node_key(9) < log_key(9));
+        assert!(log_key(9) < node_key(10));
+        assert!(state_key() < height_key(0));
+        assert!(height_key(u64::MAX) < node_key(0));
+        assert!(height_key(3) < height_key(7));
+        for (key, kind) in [
+            (node_key(8), RowKind::Node),
+            (log_key(8), RowKind::Log),
+            (state_key(), RowKind::State),
+            (height_key(8), RowKind::Height),
         ] {
-            assert!(rows.contains(&key), "{key:?}");
+            assert_eq!(key_kind(key), Some(kind));
+            assert!(region_range(kind).contains(&key));
         }
-        assert!(!rows.contains(&(row_prefix(t - 1, Region::Height) + 1, 0, 0, 0)));
-        assert!(!rows.contains(&node_key(t + 1, 0)));
-        let last = tree_rows(TREE_NUMBER_MAX);
-        assert!(last.contains(&height_key(TREE_NUMBER_MAX, 0)));
-    }
-
-    #[test]
-    fn key_kinds_round_trip_and_unknown_ones_are_named() {
-        assert_eq!(key_kind(node_key(3, 8)), Some(RowKind::Node));
-        assert_eq!(key_kind(log_key(3, 8)), Some(RowKind::Log));
-        assert_eq!(key_kind(state_key(3)), Some(RowKind::State));
-        assert_eq!(key_kind(height_key(3, 8)), Some(RowKind::Height));
-        assert_eq!(key_kind((row_prefix(3, Region::Height) + 1, 1, 2, 8)), None);
-        let (prefix, id, _, _) = node_key(3, 8);
-        assert_eq!(key_kind((prefix, id, 2, 0)), None);
+        let stray = RowKeyParts {
+            region: 3,
+            a: 0,
+            kind: 0,
+        };
+        assert_eq!(key_kind(stray), None);
+        assert_eq!(
+            key_kind(RowKeyParts {
+                kind: 2,
+                ..node_key(8)
+            }),
+            None
+        );
+        assert_eq!(tree_table_name(42), "tree/42");
     }
 }

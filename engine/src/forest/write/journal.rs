@@ -206,8 +206,8 @@ impl Writer<'_, '_> {
         }
         for (op, height) in moves.iter().zip(heights) {
             let stored = self
-                .rows
-                .get(log_key(rec.number, op.ts()))?
+                .rows(rec.number)
+                .get(log_key(op.ts()))?
                 .map(|g| LogView::parse(g.value()).map(|v| v.tail.height))
                 .transpose()?;
             if stored != Some(height) {

@@ -18,7 +18,8 @@ impl Writer<'_, '_> {
             let found = match self.dirs.get(tree, current, &name) {
                 Some(found) => found,
                 None => {
-                    let found = read::find_dir(&self.rows, &self.children, tree, current, &name)?;
+                    let found =
+                        read::find_dir(self.rows(tree), &self.children, tree, current, &name)?;
                     self.dirs.put(tree, current, &name, found);
                     found
                 }
@@ -124,12 +125,10 @@ impl Writer<'_, '_> {
             node != ROOT && node != TRASH,
             "reserved node {node} removed"
         );
-        let Some(current) = read::node_record(&self.rows, rec.number, node)? else {
+        let Some(current) = read::node_record(self.rows(rec.number), rec.number, node)? else {
             return Ok(Err(Error::NodeNotFound(node)));
         };
-        let items = read::log_record(&self.rows, rec.number, current.time)?
-            .body
-            .items;
+        let items = read::node_items(&self.children, rec.number, node, &current)?;
         self.local_move(rec, TRASH, Some(node), &items)
     }
 

@@ -22,6 +22,23 @@ use crate::types::*;
 use redb::{ReadableTable, Table, WriteTransaction};
 use std::collections::BTreeMap;
 
+/// A tree's table of rows, open in the batch's transaction.
+type Rows<'txn> = Table<'txn, RowKey, &'static [u8]>;
+
+/// The open table of rows of tree `$tree` (opened by `load_tree`): a
+/// macro so that the borrow is of the `tables` field alone and the
+/// writer's other fields (its scratch buffers) stay usable beside it.
+macro_rules! rows_mut {
+    ($writer:expr, $tree:expr) => {{
+        let tree: u64 = $tree;
+        $writer
+            .tables
+            .get_mut(&tree)
+            .unwrap_or_else(|| panic!("tree {tree}'s table is not open"))
+    }};
+}
+pub(super) use rows_mut;
+
 /// A tree as loaded in this batch: its stored record (None if new) and the
 /// record as the batch changed it.
 struct TreeState {
@@ -41,8 +58,8 @@ pub(super) struct Writer<'txn, 'c> {
     /// in `numbers`.
     trees: Option<Table<'txn, &'static [u8], u64>>,
     numbers: &'c TreeNumbers,
-    /// Every per-tree row (see `ROWS`).
-    rows: Table<'txn, RowKey, &'static [u8]>,
+    /// The tables of rows of the trees the batch loaded, by number.
+    tables: BTreeMap<u64, Rows<'txn>>,
     /// The children index (see `CHILDREN`).
     children: Table<'txn, ChildKey, &'static [u8]>,
     states: BTreeMap<TreeKey, TreeState>,
@@ -76,8 +93,12 @@ struct HeightRun {
 #[derive(Default)]
 struct Scratch {
     log: Vec<u8>,
+    /// A log row whose node holds its items.
+    log_at_node: Vec<u8>,
     node: Vec<u8>,
     name: Vec<u8>,
+    /// A children row's value.
+    child: Vec<u8>,
 }
 
 /// Consistency assertions on undo hold unless a planted bug that breaks
@@ -98,7 +119,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             txn,
             trees: None,
             numbers,
-            rows: txn.open_table(ROWS)?,
+            tables: BTreeMap::new(),
             children: txn.open_table(CHILDREN)?,
             states: BTreeMap::new(),
             replica_id: options.replica_id,
@@ -118,26 +139,30 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         self.journal.take()
     }
 
+    /// The table of rows of tree `tree`, open in this transaction.
+    fn rows(&self, tree: u64) -> &Rows<'txn> {
+        self.tables
+            .get(&tree)
+            .unwrap_or_else(|| panic!("tree {tree}'s table is not open"))
+    }
+
+    /// Opens the table of rows of tree `tree` (creating it when the tree
+    /// has none yet).
+    fn open_rows(&mut self, tree: u64) -> Result<()> {
+        if !self.tables.contains_key(&tree) {
+            let table = self.txn.open_table(tree_table(&tree_table_name(tree)))?;
+            self.tables.insert(tree, table);
+        }
+        Ok(())
+    }
+
     /// Writes back the height runs and the changed tree records; true
     /// when the batch changed anything (otherwise the transaction need not
     /// be committed). The tables stay open: `check` can look at the batch's result
     /// before it commits.
     pub fn flush(&mut self) -> Result<bool> {
         for run in std::mem::take(&mut self.height_runs) {
-            assert!(
-                height_run_len_valid(run.stamps.len()),
-                "height run of {} bytes",
-                run.stamps.len()
-            );
-            let previous = self
-                .rows
-                .insert(height_key(run.tree, run.first), run.stamps.as_slice())?;
-            assert!(
-                previous.is_none(),
-                "tree {}: height {} given twice",
-                run.tree,
-                run.first
-            );
+            self.store_height_run(run)?;
         }
         let states = std::mem::take(&mut self.states);
         for (key, state) in states {
@@ -149,11 +174,56 @@ impl<'txn, 'c> Writer<'txn, 'c> {
                 self.trees()?
                     .insert(tree_key_bytes(&key).as_slice(), number)?;
             }
-            self.rows
-                .insert(state_key(number), encode_tree(&state.current).as_slice())?;
+            rows_mut!(self, number).insert(state_key(), encode_tree(&state.current).as_slice())?;
             self.changed = true;
         }
         Ok(self.changed)
+    }
+
+    /// Stores the heights of one run of the batch. The newest stored run
+    /// of its tree grows by them while it has room, so that runs fill
+    /// their leaves whatever the size of the batches; what does not fit
+    /// starts new runs.
+    fn store_height_run(&mut self, run: HeightRun) -> Result<()> {
+        assert!(
+            height_run_len_valid(run.stamps.len()),
+            "height run of {} bytes",
+            run.stamps.len()
+        );
+        let rows = rows_mut!(self, run.tree);
+        let newest = match rows.range(region_range(RowKind::Height))?.next_back() {
+            Some(row) => {
+                let (key, stamps) = row?;
+                Some((height_of_key(key.value()), stamps.value().to_vec()))
+            }
+            None => None,
+        };
+        let (mut first, mut stamps, mut grows) = (run.first, run.stamps, false);
+        if let Some((newest_first, newest_stamps)) = newest {
+            let len = newest_stamps.len() / HEIGHT_ENTRY_BYTES;
+            assert!(
+                newest_first + len as u64 <= run.first,
+                "tree {}: height {} given twice",
+                run.tree,
+                run.first
+            );
+            if newest_first + len as u64 == run.first && len < HEIGHT_RUN_MAX {
+                let mut joined = newest_stamps;
+                joined.extend_from_slice(&stamps);
+                (first, stamps, grows) = (newest_first, joined, true);
+            }
+        }
+        for chunk in stamps.chunks(HEIGHT_ENTRY_BYTES * HEIGHT_RUN_MAX) {
+            let previous = rows.insert(height_key(first), chunk)?;
+            assert!(
+                previous.is_some() == grows,
+                "tree {}: height {first} given twice",
+                run.tree
+            );
+            grows = false;
+            first += (chunk.len() / HEIGHT_ENTRY_BYTES) as u64;
+        }
+        Ok(())
     }
 
     /// Runs an invariant check on a tree as this batch leaves it (call
@@ -163,10 +233,12 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         let Some(rec) = self.flushed_tree(key)? else {
             return Ok(Err(Error::TreeNotFound.to_string()));
         };
+        self.open_rows(rec.number)?;
+        let rows = self.rows(rec.number);
         match check {
-            InvariantCheck::Whole => check::check_tree_in(&self.rows, &self.children, &rec),
+            InvariantCheck::Whole => check::check_tree_in(rows, &self.children, &rec),
             InvariantCheck::Touched(nodes) => {
-                check::check_touched_in(&self.rows, &self.children, &rec, nodes)
+                check::check_touched_in(rows, &self.children, &rec, nodes)
             }
         }
     }
@@ -182,8 +254,19 @@ impl<'txn, 'c> Writer<'txn, 'c> {
     /// from the trees table (true) rather than a remembered hint.
     fn find_tree(&mut self, key: &TreeKey) -> Result<Option<(TreeRecord, bool)>> {
         if let (_, Some(number)) = self.numbers.hint(key) {
-            if let Some(record) = read::tree_state_if_present(&self.rows, number)? {
+            let opened = !self.tables.contains_key(&number);
+            self.open_rows(number)?;
+            if let Some(record) = read::tree_state_if_present(self.rows(number), number)? {
                 return Ok(Some((record, false)));
+            }
+            if opened {
+                // The table was made by the opening: the tree it named is
+                // gone (every stored tree's table holds its state row, and
+                // a tree this batch creates is found in `states`).
+                self.tables.remove(&number);
+                self.txn
+                    .delete_table(tree_table(&tree_table_name(number)))
+                    .map_err(|e| Error::Storage(e.to_string()))?;
             }
         }
         let number = self
@@ -193,7 +276,8 @@ impl<'txn, 'c> Writer<'txn, 'c> {
         let Some(number) = number else {
             return Ok(None);
         };
-        Ok(Some((read::tree_state(&self.rows, number)?, true)))
+        self.open_rows(number)?;
+        Ok(Some((read::tree_state(self.rows(number), number)?, true)))
     }
 
     /// The tree's record, created (with a fresh tree number) when `create`.
@@ -213,6 +297,7 @@ impl<'txn, 'c> Writer<'txn, 'c> {
             None if create => self.new_tree_record(key)?,
             None => return Ok(None),
         };
+        self.open_rows(current.number)?;
         if let Some(journal) = &mut self.journal {
             journal.touch(key, current.number, stored.is_none());
         }

@@ -1,9 +1,16 @@
 //! One op's do and undo on the rows: node state, the children index and
 //! the log, through the overlay while an undo/redo pass runs.
+//!
+//! Where an op's items live: in its log row, except for the op that set a
+//! stored node's current meta, whose items its node's children row holds
+//! (docs/design.md §5). Outside a pass every change of a node's meta moves
+//! them on the spot (`do_op`); a pass writes fresh ops whole and leaves the
+//! rows of nodes alone, and its end moves the items of the nodes whose
+//! meta changed (`flush_overlay`).
 
 use super::super::read;
 use super::super::records::*;
-use super::{strict, HeightRun, Writer};
+use super::{rows_mut, strict, HeightRun, Writer};
 use crate::canary::{self, Canary};
 use crate::error::Result;
 use crate::types::*;
@@ -26,16 +33,26 @@ impl Writer<'_, '_> {
         );
         let mut name = std::mem::take(&mut self.scratch.name);
         name_key_from_items(items, &mut name);
-        let undo = self.do_op(rec, ts, parent, child, is_internal(items), &name);
+        let undo = self.do_op(rec, ts, parent, child, is_internal(items), &name, items);
         self.scratch.name = name;
+        let undo = undo?;
         let tail = LogTail {
             height: rec.next_height,
-            undo: undo?,
+            undo,
         };
         encode_log_into(&mut self.scratch.log, parent, child, items, tail);
-        let stored_before = self
-            .rows
-            .insert(log_key(rec.number, ts), self.scratch.log.as_slice())?
+        // Outside a pass an op that set its child's meta leaves its items
+        // to the child's children row, which `do_op` wrote.
+        let at_node = self.overlay.is_none() && undo != Undo::NoEffect;
+        if at_node {
+            encode_log_at_node_into(&mut self.scratch.log_at_node, parent, child, tail);
+        }
+        let row = match at_node {
+            true => self.scratch.log_at_node.as_slice(),
+            false => self.scratch.log.as_slice(),
+        };
+        let stored_before = rows_mut!(self, rec.number)
+            .insert(log_key(ts), row)?
             .is_some();
         assert!(!stored_before, "timestamp {ts} stored twice");
         if let Some(journal) = &mut self.journal {
@@ -76,8 +93,10 @@ impl Writer<'_, '_> {
     }
 
     /// The "do" step: moves `child` under `parent` with the op's meta
-    /// (`internal`, `name_key`) unless that would make a cycle. Returns how
-    /// to undo it.
+    /// (`internal`, `name_key`, `items`) unless that would make a cycle.
+    /// Returns how to undo it. Inside a pass `items` are not used (the
+    /// children rows are written at its end) and may be empty.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn do_op(
         &mut self,
         rec: &mut TreeRecord,
@@ -86,6 +105,7 @@ impl Writer<'_, '_> {
         child: NodeId,
         internal: bool,
         name_key: &[u8],
+        items: &[KeyValue],
     ) -> Result<Undo> {
         if child == parent {
             return Ok(Undo::NoEffect);
@@ -118,7 +138,11 @@ impl Writer<'_, '_> {
         }
         let undo = match old {
             Some(old) => {
-                self.remove_child_entry(tree, child, &old)?;
+                // The op that set the old meta no longer does: its items
+                // go back to its log row.
+                if let Some(old_items) = self.remove_child_entry(tree, child, &old)? {
+                    self.items_back_to_log(tree, old.time, &old_items)?;
+                }
                 Undo::Moved {
                     old_parent: old.parent,
                     old_ts: old.time,
@@ -133,8 +157,9 @@ impl Writer<'_, '_> {
             time: ts,
             internal,
             name_key,
+            items: &[],
         };
-        self.insert_child_entry(tree, parent, child, entry)?;
+        self.insert_child_entry(tree, parent, child, entry, items)?;
         Ok(undo)
     }
 
@@ -156,26 +181,26 @@ impl Writer<'_, '_> {
         }
         match old {
             Some(old) => {
-                self.rows
-                    .insert(node_key(tree, id), encode_node(old).as_slice())?;
+                rows_mut!(self, tree).insert(node_key(id), encode_node(old).as_slice())?;
             }
             None => {
-                self.rows.remove(node_key(tree, id))?;
+                rows_mut!(self, tree).remove(node_key(id))?;
             }
         }
         Ok(())
     }
 
-    /// Reverts one op, given that every newer op is already undone.
+    /// Reverts one op, given that every newer op is already undone. Runs
+    /// inside an undo/redo pass only.
     pub(super) fn undo_op(
         &mut self,
         rec: &mut TreeRecord,
         ts: Timestamp,
         op: &LogView<'_>,
     ) -> Result<()> {
+        assert!(self.overlay.is_some(), "an undo outside an undo/redo pass");
         let tree = rec.number;
         let child = op.child;
-        let mut restored_internal = false;
         let current = match op.tail.undo {
             Undo::NoEffect => return Ok(()),
             Undo::Created => {
@@ -186,8 +211,7 @@ impl Writer<'_, '_> {
                 current
             }
             Undo::Moved { old_parent, old_ts } => {
-                let (current, internal) = self.restore_moved(tree, child, old_parent, old_ts)?;
-                restored_internal = internal;
+                let current = self.restore_moved(tree, child, old_parent, old_ts)?;
                 if current.is_none() {
                     rec.node_count += 1;
                 }
@@ -203,46 +227,50 @@ impl Writer<'_, '_> {
                 "tree {tree}: undo of {ts} finds node {child} in another state"
             );
         }
-        if let Some(current) = &current {
-            self.remove_child_entry(tree, child, current)?;
-        }
-        if let Undo::Moved { old_parent, old_ts } = op.tail.undo {
-            let name = std::mem::take(&mut self.scratch.name);
-            let entry = ChildEntry {
-                time: old_ts,
-                internal: restored_internal,
-                name_key: &name,
-            };
-            let inserted = self.insert_child_entry(tree, old_parent, child, entry);
-            self.scratch.name = name;
-            inserted?;
-        }
         Ok(())
     }
 
     /// Writes back the node state an op replaced (its meta is that of the
-    /// op at `old_ts`); returns the state it overwrote and whether the
-    /// restored node is internal, and leaves its name key in
-    /// `scratch.name` for the children index.
+    /// op at `old_ts`); returns the state it overwrote.
     pub(super) fn restore_moved(
         &mut self,
         tree: u64,
         child: NodeId,
         old_parent: NodeId,
         old_ts: Timestamp,
-    ) -> Result<(Option<NodeRecord>, bool)> {
-        let internal = {
-            let guard = self.rows.get(log_key(tree, old_ts))?;
-            let guard =
-                guard.unwrap_or_else(|| panic!("tree {tree}: log entry {old_ts} is missing"));
-            let old_op = LogView::parse(guard.value())?;
-            old_op.name_key_into(&mut self.scratch.name);
-            old_op.is_internal()
+    ) -> Result<Option<NodeRecord>> {
+        let mut name = std::mem::take(&mut self.scratch.name);
+        let internal = self.op_name_key(tree, old_ts, &mut name);
+        let current = match internal {
+            Ok(internal) => self.put_node(tree, child, old_parent, old_ts, internal, &name),
+            Err(e) => Err(e),
         };
-        let name = std::mem::take(&mut self.scratch.name);
-        let current = self.put_node(tree, child, old_parent, old_ts, internal, &name);
         self.scratch.name = name;
-        Ok((current?, internal))
+        current
+    }
+
+    /// The name key (into `out`) and the directory flag of the meta the op
+    /// at `ts` sets. From its log row, or, for an op that set its child's
+    /// meta as the tables hold it (inside a pass: as the pass found them),
+    /// from the child's node row.
+    pub(super) fn op_name_key(&self, tree: u64, ts: Timestamp, out: &mut Vec<u8>) -> Result<bool> {
+        let guard = read::log_row(self.rows(tree), tree, ts)?;
+        let op = LogView::parse(guard.value())?;
+        if !op.at_node() {
+            op.name_key_into(out);
+            return Ok(op.is_internal());
+        }
+        match read::node_record(self.rows(tree), tree, op.child)? {
+            Some(node) if node.time == ts => {
+                out.clear();
+                out.extend_from_slice(&node.name_key);
+                Ok(node.internal)
+            }
+            _ => Err(crate::error::Error::Malformed(format!(
+                "tree {tree}: op {ts} leaves its items to node {}, whose meta is another op's",
+                op.child
+            ))),
+        }
     }
 
     pub(super) fn has_children(&self, tree: u64, node: NodeId) -> Result<bool> {
@@ -267,8 +295,8 @@ impl Writer<'_, '_> {
     }
 
     /// Stores the state of a node; returns the state it replaces. Into
-    /// the overlay during an undo/redo pass, else into `ROWS` (one descent
-    /// reads the old row and writes the new one).
+    /// the overlay during an undo/redo pass, else into the tree's table
+    /// (one descent reads the old row and writes the new one).
     pub(super) fn put_node(
         &mut self,
         tree: u64,
@@ -292,10 +320,7 @@ impl Writer<'_, '_> {
             return self.overlay_set(tree, id, Some(record));
         }
         encode_node_into(&mut self.scratch.node, parent, time, internal, name_key);
-        match self
-            .rows
-            .insert(node_key(tree, id), self.scratch.node.as_slice())?
-        {
+        match rows_mut!(self, tree).insert(node_key(id), self.scratch.node.as_slice())? {
             Some(guard) => Ok(Some(decode_node(guard.value())?)),
             None => Ok(None),
         }
@@ -307,7 +332,7 @@ impl Writer<'_, '_> {
         if self.overlay.is_some() {
             return self.overlay_set(tree, id, None);
         }
-        match self.rows.remove(node_key(tree, id))? {
+        match rows_mut!(self, tree).remove(node_key(id))? {
             Some(guard) => Ok(Some(decode_node(guard.value())?)),
             None => Ok(None),
         }
@@ -324,7 +349,7 @@ impl Writer<'_, '_> {
         let overlay = self.overlay.as_ref().expect("an undo/redo pass is running");
         assert_eq!(overlay.tree, tree, "overlay of another tree");
         if !overlay.contains(id) {
-            let stored = read::node_record(&self.rows, tree, id)?;
+            let stored = read::node_record(self.rows(tree), tree, id)?;
             self.overlay
                 .as_mut()
                 .expect("checked above")
@@ -338,7 +363,7 @@ impl Writer<'_, '_> {
         if let Some(current) = self.overlay.as_ref().and_then(|o| o.current(id)) {
             return Ok(current.map(|record| record.parent));
         }
-        match self.rows.get(node_key(tree, id))? {
+        match self.rows(tree).get(node_key(id))? {
             Some(guard) => Ok(Some(node_parent(guard.value())?)),
             None => Ok(None),
         }
@@ -346,7 +371,9 @@ impl Writer<'_, '_> {
 
     /// Ends an undo/redo pass: writes the node and children rows of every
     /// node whose state differs from the stored one, and nothing for the
-    /// nodes that ended where they started.
+    /// nodes that ended where they started. A node whose meta now comes
+    /// from another op gets that op's items in its children row, and the
+    /// op that set its old meta gets its items back in its log row.
     pub(super) fn flush_overlay(&mut self) -> Result<()> {
         let overlay = self.overlay.take().expect("an undo/redo pass is running");
         let tree = overlay.tree;
@@ -354,27 +381,59 @@ impl Writer<'_, '_> {
             if change.stored == change.current {
                 continue;
             }
+            // A node's state is its meta's op's (parent and meta): an
+            // unchanged op would be an unchanged state.
+            assert!(
+                change.stored.as_ref().map(|n| n.time) != change.current.as_ref().map(|n| n.time),
+                "tree {tree}: node {id} changed state under one op"
+            );
             if let Some(stored) = &change.stored {
-                self.remove_child_entry(tree, id, stored)?;
+                let items = self.remove_child_entry(tree, id, stored)?;
+                let items = items.expect("outside a pass the row is read");
+                self.items_back_to_log(tree, stored.time, &items)?;
             }
             match &change.current {
                 Some(now) => {
-                    self.rows
-                        .insert(node_key(tree, id), encode_node(now).as_slice())?;
+                    rows_mut!(self, tree).insert(node_key(id), encode_node(now).as_slice())?;
+                    let items = self.items_from_log(tree, now.time)?;
                     let entry = ChildEntry {
                         time: now.time,
                         internal: now.internal,
                         name_key: &now.name_key,
+                        items: &[],
                     };
-                    self.insert_child_entry(tree, now.parent, id, entry)?;
+                    self.insert_child_entry(tree, now.parent, id, entry, &items)?;
                 }
                 None => {
-                    let removed = self.rows.remove(node_key(tree, id))?.is_some();
+                    let removed = rows_mut!(self, tree).remove(node_key(id))?.is_some();
                     assert!(removed, "tree {tree}: node {id} vanished during a pass");
                 }
             }
         }
         Ok(())
+    }
+
+    /// The op at `ts` no longer sets its child's meta: its log row, which
+    /// left its items to the child, holds `items` again.
+    fn items_back_to_log(&mut self, tree: u64, ts: Timestamp, items: &[KeyValue]) -> Result<()> {
+        let rows = rows_mut!(self, tree);
+        let bytes = read::log_row(&*rows, tree, ts)?.value().to_vec();
+        assert!(
+            LogView::parse(&bytes)?.at_node(),
+            "tree {tree}: op {ts} held its items while it set its node's meta"
+        );
+        rows.insert(log_key(ts), log_items_back(&bytes, items)?.as_slice())?;
+        Ok(())
+    }
+
+    /// The op at `ts` now sets its child's meta: its items leave its log
+    /// row for the child's children row; returns them.
+    fn items_from_log(&mut self, tree: u64, ts: Timestamp) -> Result<Vec<KeyValue>> {
+        let rows = rows_mut!(self, tree);
+        let bytes = read::log_row(&*rows, tree, ts)?.value().to_vec();
+        let items = decode_log(&bytes)?.body.items;
+        rows.insert(log_key(ts), log_items_to_node(&bytes)?.as_slice())?;
+        Ok(items)
     }
 
     /// True when `ancestor` is `node` or one of its ancestors. The walk is
@@ -404,24 +463,27 @@ impl Writer<'_, '_> {
         }
     }
 
-    /// Adds the children-index row of `id` under `parent`.
+    /// Adds the children-index row of `id` under `parent`, holding the
+    /// node's meta `items`. Nothing inside a pass (its end writes it).
     pub(super) fn insert_child_entry(
         &mut self,
         tree: u64,
         parent: NodeId,
         id: NodeId,
         entry: ChildEntry<'_>,
+        items: &[KeyValue],
     ) -> Result<()> {
         if self.overlay.is_some() {
             // Written by `flush_overlay` from the node's final state.
             return Ok(());
         }
-        let value = encode_child_value(entry);
+        assert!(name_key_valid(entry.name_key), "writing a broken name key");
+        encode_child_value(&mut self.scratch.child, entry.time, entry.internal, items);
         let fresh = self
             .children
             .insert(
                 child_key(tree, parent, entry.name_key, id),
-                value.as_slice(),
+                self.scratch.child.as_slice(),
             )?
             .is_none();
         assert!(fresh, "tree {tree}: node {id} indexed twice");
@@ -431,28 +493,33 @@ impl Writer<'_, '_> {
         Ok(())
     }
 
-    /// Drops the children-index row of `node` (its current state).
+    /// Drops the children-index row of `node` (its current state) and
+    /// returns the meta items it held; nothing inside a pass (`None`).
     pub(super) fn remove_child_entry(
         &mut self,
         tree: u64,
         id: NodeId,
         node: &NodeRecord,
-    ) -> Result<()> {
+    ) -> Result<Option<Vec<KeyValue>>> {
         if self.overlay.is_some() {
-            return Ok(());
+            return Ok(None);
         }
-        let removed = self
-            .children
-            .remove(child_key(tree, node.parent, &node.name_key, id))?
-            .is_some();
-        assert!(
-            removed,
-            "tree {tree}: node {id} missing from the children index"
+        let key = child_key(tree, node.parent, &node.name_key, id);
+        let removed = self.children.remove(key)?;
+        let Some(removed) = removed else {
+            panic!("tree {tree}: node {id} missing from the children index");
+        };
+        let entry = decode_child(key, removed.value())?;
+        assert_eq!(
+            entry.time, node.time,
+            "tree {tree}: node {id}'s children row holds another meta"
         );
+        let items = child_items(&entry)?;
+        drop(removed);
         if node.internal {
             self.dirs
                 .forget(tree, node.parent, name_hash(&node.name_key));
         }
-        Ok(())
+        Ok(Some(items))
     }
 }

@@ -6,7 +6,7 @@ use super::super::overlay::Overlay;
 use super::super::read;
 use super::super::records::*;
 use super::super::WriteOutcome;
-use super::{strict, Incoming, Writer};
+use super::{rows_mut, strict, Incoming, Writer};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::types::*;
@@ -119,14 +119,7 @@ impl Writer<'_, '_> {
             let known = if timestamp_counter(op.ts()) > rec.max_counter {
                 None
             } else {
-                match self.rows.get(log_key(rec.number, op.ts()))? {
-                    Some(guard) => Some(LogView::parse(guard.value())?.same_op(
-                        op.parent,
-                        op.child,
-                        &op.meta.items,
-                    )),
-                    None => None,
-                }
+                self.stored_same_op(rec.number, op)?
             };
             match known {
                 Some(same) => results[incoming.index] = Some(known_outcome(same, op.ts())),
@@ -152,6 +145,24 @@ impl Writer<'_, '_> {
         Ok(unique)
     }
 
+    /// Whether the tree's log holds `op` under its timestamp: `None` when
+    /// it holds nothing there, else whether the stored op is the same.
+    fn stored_same_op(&self, tree: u64, op: &Move) -> Result<Option<bool>> {
+        let Some(guard) = self.rows(tree).get(log_key(op.ts()))? else {
+            return Ok(None);
+        };
+        let view = LogView::parse(guard.value())?;
+        if !view.at_node() {
+            return Ok(Some(view.same_op(op.parent, op.child, &op.meta.items)));
+        }
+        if view.parent != op.parent || view.child != op.child {
+            return Ok(Some(false));
+        }
+        let items =
+            read::items_at_node(self.rows(tree), &self.children, tree, op.ts(), view.child)?;
+        Ok(Some(items == op.meta.items))
+    }
+
     /// Every logged op from `ts` on (encoded), oldest first.
     pub(super) fn logged_from(
         &self,
@@ -165,13 +176,10 @@ impl Writer<'_, '_> {
         let tree = rec.number;
         let mut newer = Vec::new();
         // Node rows share the range; they are passed over.
-        for row in self
-            .rows
-            .range(log_key(tree, ts)..=log_key(tree, u64::MAX))?
-        {
+        for row in self.rows(tree).range(log_range_from(ts))? {
             let (key, value) = row?;
             match key_kind(key.value()) {
-                Some(RowKind::Log) => newer.push((key.value().1, value.value().to_vec())),
+                Some(RowKind::Log) => newer.push((key.value().a, value.value().to_vec())),
                 Some(_) => {}
                 None => return Err(Error::Malformed(format!("tree {tree}: row key of no kind"))),
             }
@@ -199,7 +207,7 @@ impl Writer<'_, '_> {
         let first = fresh.first().expect("nothing to commute").op.ts();
         let moved: BTreeSet<NodeId> = fresh.iter().map(|i| i.op.child).collect();
         for &node in &moved {
-            if self.rows.get(node_key(rec.number, node))?.is_some() {
+            if self.rows(rec.number).get(node_key(node))?.is_some() {
                 return Ok(false);
             }
             if node <= rec.max_parent && self.has_children(rec.number, node)? {
@@ -208,10 +216,7 @@ impl Writer<'_, '_> {
         }
         let tree = rec.number;
         // Node rows share the range; they are passed over.
-        for row in self
-            .rows
-            .range(log_key(tree, first)..=log_key(tree, u64::MAX))?
-        {
+        for row in self.rows(tree).range(log_range_from(first))? {
             let (key, value) = row?;
             match key_kind(key.value()) {
                 Some(RowKind::Log) => {}
@@ -278,8 +283,11 @@ impl Writer<'_, '_> {
             )));
         }
         let mut name = std::mem::take(&mut self.scratch.name);
-        view.name_key_into(&mut name);
-        let undo = self.do_op(rec, ts, parent, child, view.is_internal(), &name);
+        let undo = match self.op_name_key(rec.number, ts, &mut name) {
+            // Inside the pass the children rows wait for its end: no items.
+            Ok(internal) => self.do_op(rec, ts, parent, child, internal, &name, &[]),
+            Err(e) => Err(e),
+        };
         self.scratch.name = name;
         let mut undo = undo?;
         if canary::active(Canary::StaleUndoOnRedo) {
@@ -291,8 +299,7 @@ impl Writer<'_, '_> {
                 undo,
             };
             set_log_tail(&mut bytes, tail);
-            self.rows
-                .insert(log_key(rec.number, ts), bytes.as_slice())?;
+            rows_mut!(self, rec.number).insert(log_key(ts), bytes.as_slice())?;
         }
         Ok(())
     }
@@ -306,7 +313,7 @@ impl Writer<'_, '_> {
         results: &mut [Option<Result<WriteOutcome>>],
     ) -> Result<Vec<Incoming<'a>>> {
         let tree = rec.number;
-        let oldest = match read::rows_of_kind(&self.rows, tree, RowKind::Log)?.next() {
+        let oldest = match read::rows_of_kind(self.rows(tree), tree, RowKind::Log)?.next() {
             Some(row) => row?.0,
             None => return Ok(fresh),
         };

@@ -234,8 +234,14 @@ mod tests {
     /// The names of the trees one sweep finds broken.
     fn sweep(sweeps: &InvariantSweep, world: &World, how: Sweep) -> Vec<String> {
         let found = sweeps.broken_trees(world, how);
+        // The planted meta time names no op: the check meets either the
+        // time missing from the log or the op that set the node's meta
+        // holding it no longer, whichever its scan reaches first.
         for (_, _, what) in &found {
-            assert!(what.contains("not in the log"), "{what}");
+            assert!(
+                what.contains("not in the log") || what.contains("whose meta is another op's"),
+                "{what}"
+            );
         }
         found.into_iter().map(|(_, tree, _)| tree.tree).collect()
     }
