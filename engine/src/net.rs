@@ -27,3 +27,25 @@ pub trait Transport: Send + Sync + 'static {
         0
     }
 }
+
+/// A byte stream a connection runs over: plain TCP, TLS over TCP, or a
+/// simulated stream.
+pub trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for S {}
+
+/// Opens stream connections: tokio sockets in production
+/// (`system::TokioNet`), simulated ones in the simulator. `tcp` dials only
+/// through this, so the same framing, pool and checks run in both.
+pub trait Net: Send + Sync + 'static {
+    /// Connects to `address` (host:port); no timeout of its own.
+    fn connect(&self, address: String) -> BoxFuture<'static, std::io::Result<Box<dyn Stream>>>;
+}
+
+/// Accepts stream connections for a `tcp::Server`.
+pub trait Listener: Send + Sync + 'static {
+    /// The next connection and where it came from.
+    fn accept(&self) -> BoxFuture<'_, std::io::Result<(Box<dyn Stream>, std::net::SocketAddr)>>;
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr>;
+}

@@ -77,3 +77,13 @@ pub struct Env {
     pub clock: Arc<dyn Clock>,
     pub runtime: Arc<dyn Runtime>,
 }
+
+/// Waits for `fut` until `deadline` (a reading of `clock`); `None` when it
+/// passed first. The future is polled once even at a passed deadline.
+pub async fn until<T>(
+    clock: &dyn Clock,
+    deadline: Duration,
+    fut: impl Future<Output = T>,
+) -> Option<T> {
+    with_timeout(clock, deadline.saturating_sub(clock.now()), fut).await
+}

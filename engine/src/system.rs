@@ -102,3 +102,37 @@ pub fn system_env_on(handle: tokio::runtime::Handle) -> Env {
         runtime: Arc::new(TokioRuntime::on(handle)),
     }
 }
+
+/// Tokio's TCP sockets, with Nagle's algorithm off (frames are small and
+/// answered one at a time).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokioNet;
+
+impl crate::net::Net for TokioNet {
+    fn connect(
+        &self,
+        address: String,
+    ) -> BoxFuture<'static, std::io::Result<Box<dyn crate::net::Stream>>> {
+        Box::pin(async move {
+            let stream = tokio::net::TcpStream::connect(address).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(stream) as Box<dyn crate::net::Stream>)
+        })
+    }
+}
+
+impl crate::net::Listener for tokio::net::TcpListener {
+    fn accept(
+        &self,
+    ) -> BoxFuture<'_, std::io::Result<(Box<dyn crate::net::Stream>, std::net::SocketAddr)>> {
+        Box::pin(async move {
+            let (stream, remote) = tokio::net::TcpListener::accept(self).await?;
+            let _ = stream.set_nodelay(true);
+            Ok((Box::new(stream) as Box<dyn crate::net::Stream>, remote))
+        })
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        tokio::net::TcpListener::local_addr(self)
+    }
+}

@@ -13,11 +13,12 @@
 
 use super::io_error;
 use crate::error::{Error, Result};
+use crate::runtime::{until, Clock};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 
 /// Bytes reserved (and read) at a time. A body grows by whole chunks, so
 /// a frame of `n` chunks is copied `n - 1` times as it grows: most push
@@ -71,12 +72,17 @@ impl FrameBudget {
         self.max_bytes
     }
 
-    async fn reserve(&self, bytes: usize, deadline: Instant) -> Result<OwnedSemaphorePermit> {
+    async fn reserve(
+        &self,
+        bytes: usize,
+        clock: &dyn Clock,
+        deadline: Duration,
+    ) -> Result<OwnedSemaphorePermit> {
         let permits = u32::try_from(bytes).expect("a chunk fits u32");
         let acquire = self.room.clone().acquire_many_owned(permits);
-        let permit = tokio::time::timeout_at(deadline, acquire)
+        let permit = until(clock, deadline, acquire)
             .await
-            .map_err(|_| {
+            .ok_or_else(|| {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 Error::Overloaded(format!(
                     "frames in transit hold limits.partial_frames_bytes_max ({} bytes)",
@@ -96,18 +102,19 @@ impl FrameBudget {
         &self,
         reader: &mut R,
         length: usize,
-        deadline: Instant,
+        clock: &dyn Clock,
+        deadline: Duration,
     ) -> Result<(Vec<u8>, Reserved)> {
         let mut body = Vec::new();
         let mut reserved = Reserved(None);
         if length <= SMALL_FRAME_BYTES {
             body.resize(length, 0);
-            read_within(reader, &mut body, deadline, length).await?;
+            read_within(reader, &mut body, clock, deadline, length).await?;
             return Ok((body, reserved));
         }
         while body.len() < length {
             let want = (length - body.len()).min(CHUNK_BYTES);
-            let permit = self.reserve(want, deadline).await?;
+            let permit = self.reserve(want, clock, deadline).await?;
             match &mut reserved.0 {
                 Some(held) => held.merge(permit),
                 None => reserved.0 = Some(permit),
@@ -116,25 +123,27 @@ impl FrameBudget {
             let before = body.len();
             body.reserve_exact(want);
             body.resize(before + want, 0);
-            read_within(reader, &mut body[before..], deadline, length).await?;
+            read_within(reader, &mut body[before..], clock, deadline, length).await?;
         }
         Ok((body, reserved))
     }
 }
 
-/// Fills `buffer` by `deadline`; `length` is the whole frame's, for errors.
+/// Fills `buffer` by `deadline` on `clock`; `length` is the whole frame's,
+/// for errors.
 async fn read_within<R: AsyncRead + Unpin>(
     reader: &mut R,
     buffer: &mut [u8],
-    deadline: Instant,
+    clock: &dyn Clock,
+    deadline: Duration,
     length: usize,
 ) -> Result<()> {
-    match tokio::time::timeout_at(deadline, reader.read_exact(buffer)).await {
-        Err(_) => Err(Error::Timeout),
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Malformed(
+    match until(clock, deadline, reader.read_exact(buffer)).await {
+        None => Err(Error::Timeout),
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Malformed(
             format!("truncated frame of {length} bytes"),
         )),
-        Ok(Err(e)) => Err(io_error(e)),
-        Ok(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(io_error(e)),
+        Some(Ok(_)) => Ok(()),
     }
 }

@@ -5,22 +5,21 @@
 //! and the answer must name that same replica and cluster. A connection
 //! that fails either check is never used.
 
-use super::{buffered, encode_frame, io_error, read_frame, write_frame, Stream};
+use super::{buffered, encode_frame, read_frame, write_frame, Stream};
 use crate::canary::{self, Canary};
 use crate::config::{Config, DEFAULT_CLUSTER_ID};
 use crate::error::{Error, Result};
-use crate::net::Transport;
+use crate::net::{Net, Transport};
 use crate::proto::{self, Request, Response};
-use crate::runtime::BoxFuture;
+use crate::runtime::{with_timeout, BoxFuture, Clock};
+use crate::system::{SystemClock, TokioNet};
 use crate::tls::{server_name, CertIdentity, TlsContext};
 use crate::types::ReplicaId;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
-use tokio::time::Instant;
 
 /// How a process dials nodes and who it says it is.
 #[derive(Clone, Debug)]
@@ -96,22 +95,34 @@ impl Connection {
         Self::open(address, None, &dialer).await
     }
 
-    /// Connects to `address` as `dialer` says, expecting replica `expect`
-    /// (any replica of the cluster when `None`) to answer.
+    /// Connects to `address` over tokio TCP as `dialer` says, expecting
+    /// replica `expect` (any replica of the cluster when `None`) to answer.
     pub async fn open(address: &str, expect: Option<ReplicaId>, dialer: &Dialer) -> Result<Self> {
+        Self::open_via(&TokioNet, &SystemClock::new(), address, expect, dialer).await
+    }
+
+    /// `open` over `net`, its timeouts on `clock`.
+    pub async fn open_via(
+        net: &dyn Net,
+        clock: &dyn Clock,
+        address: &str,
+        expect: Option<ReplicaId>,
+        dialer: &Dialer,
+    ) -> Result<Self> {
         let timeout = dialer.connect_timeout;
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+        let stream = with_timeout(clock, timeout, net.connect(address.to_string()))
             .await
-            .map_err(|_| Error::Network(format!("connect to {address} timed out")))?
+            .ok_or_else(|| Error::Network(format!("connect to {address} timed out")))?
             .map_err(|e| Error::Network(format!("connect to {address}: {e}")))?;
-        stream.set_nodelay(true).map_err(io_error)?;
         let stream: Box<dyn Stream> = match &dialer.tls {
-            None => Box::new(stream),
+            None => stream,
             Some(tls) => {
                 let handshake = tls.connector().connect(server_name(), stream);
-                let stream = tokio::time::timeout(timeout, handshake)
+                let stream = with_timeout(clock, timeout, handshake)
                     .await
-                    .map_err(|_| Error::Network(format!("TLS handshake with {address} timed out")))?
+                    .ok_or_else(|| {
+                        Error::Network(format!("TLS handshake with {address} timed out"))
+                    })?
                     .map_err(|e| Error::Network(format!("TLS handshake with {address}: {e}")))?;
                 let certs = stream.get_ref().1.peer_certificates().unwrap_or_default();
                 let named = certs
@@ -128,7 +139,7 @@ impl Connection {
             max_message_bytes: dialer.max_message_bytes,
         };
         if dialer.hello {
-            connection.hello(address, expect, dialer).await?;
+            connection.hello(clock, address, expect, dialer).await?;
         }
         Ok(connection)
     }
@@ -136,6 +147,7 @@ impl Connection {
     /// Says who this end is and checks who the other end says it is.
     async fn hello(
         &mut self,
+        clock: &dyn Clock,
         address: &str,
         expect: Option<ReplicaId>,
         dialer: &Dialer,
@@ -144,8 +156,8 @@ impl Connection {
             cluster_id: dialer.cluster_id.clone(),
             replica_id: dialer.replica_id,
         };
-        let call = tokio::time::timeout(dialer.connect_timeout, self.call(&request));
-        let answer = call.await.map_err(|_| Error::Timeout)??;
+        let call = with_timeout(clock, dialer.connect_timeout, self.call(&request));
+        let answer = call.await.ok_or(Error::Timeout)??;
         match answer {
             Response::Hello {
                 cluster_id,
@@ -225,7 +237,8 @@ fn check_answerer(
 /// A pooled connection and when it was last used.
 struct Idle {
     connection: Connection,
-    since: Instant,
+    /// The transport clock's reading when it went idle.
+    since: Duration,
 }
 
 /// `net::Transport` over TCP with a small pool of idle connections per peer.
@@ -247,6 +260,9 @@ pub struct TcpTransport {
     /// connections idle for `limits.idle_connection_timeout`.
     reuse_within: Duration,
     dialer: Arc<Dialer>,
+    /// How connections are opened and the clock of every timeout.
+    net: Arc<dyn Net>,
+    clock: Arc<dyn Clock>,
     calls: AtomicU64,
     /// Connections dialled (a call that found no idle one opens one).
     opened: Arc<AtomicU64>,
@@ -279,6 +295,8 @@ impl TcpTransport {
             idle_per_peer: config.tree.cache_size,
             reuse_within: config.limits.idle_connection_timeout / 2,
             dialer: Arc::new(dialer),
+            net: Arc::new(TokioNet),
+            clock: Arc::new(SystemClock::new()),
             calls: AtomicU64::new(0),
             opened: Arc::default(),
             refused: Arc::default(),
@@ -294,6 +312,14 @@ impl TcpTransport {
             .keys()
             .map(|&peer| (peer, Arc::new(Semaphore::new(calls))))
             .collect();
+        self
+    }
+
+    /// Dials over `net` with every timeout and idle age on `clock` (the
+    /// simulator's); tokio TCP and the system clock otherwise.
+    pub fn with_net(mut self, net: Arc<dyn Net>, clock: Arc<dyn Clock>) -> Self {
+        self.net = net;
+        self.clock = clock;
         self
     }
 
@@ -336,7 +362,9 @@ impl Transport for TcpTransport {
             idle: self.pool.clone(),
             idle_per_peer: self.idle_per_peer,
             reuse_within: self.reuse_within,
+            clock: self.clock.clone(),
         };
+        let net = self.net.clone();
         let dialer = self.dialer.clone();
         let refused = self.refused.clone();
         let opened = self.opened.clone();
@@ -344,14 +372,16 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let call = async {
                 let _slot = slots.acquire().await.map_err(|_| Error::ShuttingDown)?;
-                let result = call_pooled(&pool, peer, &address, &request, &dialer, &opened).await;
+                let via = (&*net, &*dialer);
+                let result = call_pooled(&pool, peer, &address, &request, via, &opened).await;
                 if let Err(error @ Error::IdentityRefused(_)) = &result {
                     refused.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(peer, %address, %error, "peer connection refused");
                 }
                 result
             };
-            tokio::time::timeout(timeout, call)
+            let clock = pool.clock.clone();
+            with_timeout(&*clock, timeout, call)
                 .await
                 .unwrap_or(Err(Error::Timeout))
         })
@@ -389,6 +419,7 @@ struct Pool {
     idle: Arc<Mutex<BTreeMap<ReplicaId, Vec<Idle>>>>,
     idle_per_peer: usize,
     reuse_within: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 impl Pool {
@@ -396,7 +427,8 @@ impl Pool {
     fn take(&self, peer: ReplicaId) -> Option<Connection> {
         let mut idle = self.idle.lock().expect("pool lock");
         let idle = idle.get_mut(&peer)?;
-        idle.retain(|entry| entry.since.elapsed() < self.reuse_within);
+        let now = self.clock.now();
+        idle.retain(|entry| now.saturating_sub(entry.since) < self.reuse_within);
         idle.pop().map(|entry| entry.connection)
     }
 
@@ -406,7 +438,7 @@ impl Pool {
         if idle.len() < self.idle_per_peer {
             idle.push(Idle {
                 connection,
-                since: Instant::now(),
+                since: self.clock.now(),
             });
         }
     }
@@ -417,7 +449,7 @@ async fn call_pooled(
     peer: ReplicaId,
     address: &str,
     request: &Request,
-    dialer: &Dialer,
+    (net, dialer): (&dyn Net, &Dialer),
     opened: &AtomicU64,
 ) -> Result<Response> {
     if let Some(mut connection) = pool.take(peer) {
@@ -427,7 +459,8 @@ async fn call_pooled(
         }
     }
     opened.fetch_add(1, Ordering::Relaxed);
-    let mut connection = Connection::open(address, Some(peer), dialer).await?;
+    let clock = &*pool.clock;
+    let mut connection = Connection::open_via(net, clock, address, Some(peer), dialer).await?;
     let response = connection.call(request).await?;
     pool.give_back(peer, connection);
     Ok(response)

@@ -158,7 +158,4 @@ fn io_error(e: std::io::Error) -> Error {
     Error::Network(e.to_string())
 }
 
-/// A byte stream a connection runs over: plain TCP or TLS over TCP.
-pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-
-impl<S: AsyncRead + AsyncWrite + Unpin + Send> Stream for S {}
+pub use crate::net::Stream;

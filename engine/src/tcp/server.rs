@@ -13,7 +13,9 @@ use super::{buffered, check_length, encode_frame, io_error, write_frame, Handler
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::identity::Caller;
+use crate::net::Listener;
 use crate::proto::{self, Envelope, Request, Response};
+use crate::runtime::{until, with_timeout, Env};
 use crate::tls::{CertIdentity, TlsContext};
 use crate::types::ReplicaId;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,9 +24,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 
 /// Refused handshakes and identities logged, over every server of the
 /// process (`held_back` counts the lines left out since the last one).
@@ -141,12 +142,14 @@ struct Shared {
     handovers: AtomicUsize,
     budget: FrameBudget,
     counters: Counters,
+    /// The clock every timeout here runs on, and where connections run.
+    env: Env,
     stop: watch::Sender<bool>,
 }
 
 /// A listener and the connections it accepted.
 pub struct Server {
-    listener: TcpListener,
+    listener: Box<dyn Listener>,
     shared: Arc<Shared>,
 }
 
@@ -157,11 +160,26 @@ pub struct ServerHandle {
 }
 
 impl Server {
+    /// A server on a tokio listener, on the system clock and the ambient
+    /// tokio runtime.
     pub fn new(
         listener: TcpListener,
         handler: Arc<dyn Handler>,
         options: ServerOptions,
         tls: Option<Arc<TlsContext>>,
+    ) -> Self {
+        let env = crate::system::system_env();
+        Self::with_env(Box::new(listener), handler, options, tls, env)
+    }
+
+    /// A server on any listener, its timeouts on `env.clock` and its
+    /// connections spawned on `env.runtime` (the simulator's).
+    pub fn with_env(
+        listener: Box<dyn Listener>,
+        handler: Arc<dyn Handler>,
+        options: ServerOptions,
+        tls: Option<Arc<TlsContext>>,
+        env: Env,
     ) -> Self {
         assert!(options.max_connections >= 1, "a server needs a connection");
         let shared = Arc::new(Shared {
@@ -174,6 +192,7 @@ impl Server {
             counters: Counters::default(),
             stop: watch::channel(false).0,
             options,
+            env,
         });
         Self { listener, shared }
     }
@@ -202,7 +221,7 @@ impl Server {
                 Err(error) => {
                     // Out of descriptors and the like: back off instead of spinning.
                     tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    self.shared.env.clock.sleep(Duration::from_millis(50)).await;
                 }
             }
         }
@@ -275,27 +294,31 @@ pub async fn listen(config: &Config, tls: bool) -> Result<TcpListener> {
 impl Shared {
     /// Serves a new connection in a free slot, or in the slot of the
     /// connection idle longest; refuses it when every one is busy.
-    fn admit(self: Arc<Self>, stream: TcpStream, remote: SocketAddr) {
+    fn admit(self: Arc<Self>, mut stream: Box<dyn Stream>, remote: SocketAddr) {
+        let runtime = self.env.runtime.clone();
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-            tokio::spawn(self.serve(stream, remote, slot));
+            runtime.spawn("tcp connection", Box::pin(self.serve(stream, remote, slot)));
             return;
         }
         let max = self.options.max_connections;
         let handover = self.handovers.fetch_add(1, Ordering::SeqCst) < max && self.evict_idle();
         if !handover {
             self.handovers.fetch_sub(1, Ordering::SeqCst);
-            self.refuse(&stream);
+            self.refuse(&mut stream);
             return;
         }
-        tokio::spawn(async move {
-            let slot = self.slots.clone().acquire_owned();
-            let slot = tokio::time::timeout(self.options.frame_timeout, slot).await;
-            self.handovers.fetch_sub(1, Ordering::SeqCst);
-            match slot {
-                Ok(Ok(slot)) => self.serve(stream, remote, slot).await,
-                _ => self.refuse(&stream),
-            }
-        });
+        runtime.spawn(
+            "tcp handover",
+            Box::pin(async move {
+                let slot = self.slots.clone().acquire_owned();
+                let slot = with_timeout(&*self.env.clock, self.options.frame_timeout, slot).await;
+                self.handovers.fetch_sub(1, Ordering::SeqCst);
+                match slot {
+                    Some(Ok(slot)) => self.serve(stream, remote, slot).await,
+                    _ => self.refuse(&mut stream),
+                }
+            }),
+        );
     }
 
     /// Tells the connection idle longest to close; false when none is.
@@ -314,7 +337,7 @@ impl Shared {
     /// Tells a client over the connection limit why it is dropped, without
     /// ever waiting on it. Over TLS nothing can be said before a handshake,
     /// so the connection is just closed.
-    fn refuse(&self, stream: &TcpStream) {
+    fn refuse(&self, stream: &mut Box<dyn Stream>) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
         if self.tls.is_some() {
             return;
@@ -322,19 +345,22 @@ impl Shared {
         let limit = self.options.max_connections;
         let error = Error::Overloaded(format!("connection limit {limit} reached"));
         if let Ok(frame) = encode_frame(0, &Response::Error(error)) {
-            let _ = stream.try_write(frame.as_bytes());
+            // One poll each: whatever the socket takes now, never a wait.
+            use futures::FutureExt;
+            use tokio::io::AsyncWriteExt;
+            let _ = stream.write(frame.as_bytes()).now_or_never();
+            let _ = stream.flush().now_or_never();
         }
     }
 
     async fn serve(
         self: Arc<Self>,
-        stream: TcpStream,
+        stream: Box<dyn Stream>,
         remote: SocketAddr,
         slot: OwnedSemaphorePermit,
     ) {
         let _slot = slot;
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let _ = stream.set_nodelay(true);
         let evict = Arc::new(Notify::new());
         let result = match &self.tls {
             None => {
@@ -359,7 +385,7 @@ impl Shared {
     async fn handshake(
         &self,
         acceptor: &tokio_rustls::TlsAcceptor,
-        stream: TcpStream,
+        stream: Box<dyn Stream>,
         remote: SocketAddr,
         evict: &Arc<Notify>,
     ) -> Result<(Box<dyn Stream>, Caller)> {
@@ -370,18 +396,18 @@ impl Shared {
             biased;
             _ = stop.wait_for(|stop| *stop) => return Err(Error::ShuttingDown),
             () = evict.notified() => return Err(Error::Network("closed for room".into())),
-            outcome = tokio::time::timeout(self.options.handshake_timeout, accept) => outcome,
+            outcome = with_timeout(&*self.env.clock, self.options.handshake_timeout, accept) => outcome,
         };
         let mut stream = match outcome {
-            Ok(Ok(stream)) => stream,
+            Some(Ok(stream)) => stream,
             failed => {
                 self.counters
                     .handshakes_failed
                     .fetch_add(1, Ordering::Relaxed);
                 let error = match failed {
-                    Err(_) => Error::Timeout,
-                    Ok(Err(e)) => Error::Network(format!("TLS handshake: {e}")),
-                    Ok(Ok(_)) => unreachable!("handled above"),
+                    None => Error::Timeout,
+                    Some(Err(e)) => Error::Network(format!("TLS handshake: {e}")),
+                    Some(Ok(_)) => unreachable!("handled above"),
                 };
                 if let Some(held_back) = REFUSALS.admit() {
                     tracing::warn!(%remote, %error, held_back, "TLS handshake refused");
@@ -472,7 +498,8 @@ impl Shared {
         {
             return;
         }
-        let _ = tokio::time::timeout(self.options.frame_timeout, stream.shutdown()).await;
+        let clock = &*self.env.clock;
+        let _ = with_timeout(clock, self.options.frame_timeout, stream.shutdown()).await;
         let mut discard = [0u8; 4096];
         while let Some(Ok(read)) = stream.read(&mut discard).now_or_never() {
             if read == 0 {
@@ -499,29 +526,33 @@ impl Shared {
                 biased;
                 _ = stop.wait_for(|stop| *stop) => return Err(Error::ShuttingDown),
                 () = evict.notified() => return Ok(None),
-                read = tokio::time::timeout(idle_timeout, stream.read(&mut first)) => read,
+                read = with_timeout(&*self.env.clock, idle_timeout, stream.read(&mut first)) => read,
             }
         };
         match read {
-            Err(_) => {
+            None => {
                 self.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
                 return Ok(None);
             }
-            Ok(Ok(0)) => return Ok(None),
-            Ok(read) => read.map_err(io_error)?,
+            Some(Ok(0)) => return Ok(None),
+            Some(read) => read.map_err(io_error)?,
         };
-        let deadline = Instant::now() + self.options.frame_timeout;
+        let clock = &*self.env.clock;
+        let deadline = clock.now() + self.options.frame_timeout;
         let mut header = [first[0], 0, 0, 0];
-        match tokio::time::timeout_at(deadline, stream.read_exact(&mut header[1..])).await {
-            Err(_) => return Err(Error::Timeout),
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+        match until(clock, deadline, stream.read_exact(&mut header[1..])).await {
+            None => return Err(Error::Timeout),
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(Error::Malformed("truncated frame header".into()))
             }
-            Ok(read) => read.map_err(io_error)?,
+            Some(read) => read.map_err(io_error)?,
         };
         let max = self.options.max_message_bytes;
         let length = check_length(u32::from_be_bytes(header), max)?;
-        let (body, _reserved) = self.budget.read_body(stream, length, deadline).await?;
+        let (body, _reserved) = self
+            .budget
+            .read_body(stream, length, clock, deadline)
+            .await?;
         proto::decode::<Request>(&body, max).map(Some)
     }
 
@@ -538,9 +569,14 @@ impl Shared {
             };
             frame = encode_frame(id, &Response::Error(error))?;
         }
-        tokio::time::timeout(self.options.frame_timeout, write_frame(stream, &frame))
-            .await
-            .map_err(|_| Error::Timeout)?
+        let clock = &*self.env.clock;
+        with_timeout(
+            clock,
+            self.options.frame_timeout,
+            write_frame(stream, &frame),
+        )
+        .await
+        .ok_or(Error::Timeout)?
     }
 }
 
