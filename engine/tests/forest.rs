@@ -1591,3 +1591,45 @@ fn children_created_in_name_order_share_index_pages() {
         "per commit: {in_order} bytes with names in order, {scrambled} scrambled"
     );
 }
+
+/// A local Add or Move refused for its parent must not create the tree it
+/// named: an unheld tree once came into being, empty, from such a refusal,
+/// and then answered TreeList and reads as if it were held.
+#[test]
+fn a_refused_move_creates_no_tree() {
+    let f = forest();
+    let missing = TreeKey::new(ContainerId([3; 32]), "never");
+    for parent in [42, TRASH] {
+        let res = f
+            .write_batch(&[WriteRequest {
+                tree: missing.clone(),
+                op: WriteOp::Move {
+                    parent,
+                    child: None,
+                    items: name("x"),
+                },
+            }])
+            .unwrap()
+            .results;
+        assert_eq!(res[0], Err(Error::ParentNotLive(parent)));
+        assert!(!f.tree_exists(&missing).unwrap());
+        assert_eq!(f.get_node(&missing, ROOT), Err(Error::TreeNotFound));
+    }
+    // Under ROOT the same write makes the tree, and the node is there.
+    let res = f
+        .write_batch(&[WriteRequest {
+            tree: missing.clone(),
+            op: WriteOp::Move {
+                parent: ROOT,
+                child: None,
+                items: name("x"),
+            },
+        }])
+        .unwrap()
+        .results;
+    let Ok(WriteOutcome::Moved { node, .. }) = res[0] else {
+        panic!("{:?}", res[0]);
+    };
+    assert!(f.tree_exists(&missing).unwrap());
+    assert_eq!(f.get_children(&missing, ROOT), Ok(vec![node]));
+}

@@ -42,7 +42,19 @@ impl Writer<'_, '_> {
     /// The outer error fails the batch; the inner one is this request's.
     pub fn apply_local(&mut self, key: &TreeKey, op: &WriteOp) -> Result<Result<WriteOutcome>> {
         let create = !matches!(op, WriteOp::Remove { .. });
-        let Some(mut rec) = self.load_tree(key, create)? else {
+        let mut loaded = self.load_tree(key, false)?;
+        if loaded.is_none() && create {
+            // A tree that does not exist yet holds no live node but ROOT:
+            // a Move under any other parent is refused before the tree is
+            // made, so a refused write leaves no empty tree behind.
+            if let WriteOp::Move { parent, .. } = op
+                && *parent != ROOT
+            {
+                return Ok(Err(Error::ParentNotLive(*parent)));
+            }
+            loaded = self.load_tree(key, true)?;
+        }
+        let Some(mut rec) = loaded else {
             return Ok(Err(Error::TreeNotFound));
         };
         let outcome = match op {
