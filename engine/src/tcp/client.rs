@@ -363,17 +363,16 @@ impl Transport for TcpTransport {
             idle_per_peer: self.idle_per_peer,
             reuse_within: self.reuse_within,
             clock: self.clock.clone(),
+            net: self.net.clone(),
+            dialer: self.dialer.clone(),
         };
-        let net = self.net.clone();
-        let dialer = self.dialer.clone();
         let refused = self.refused.clone();
         let opened = self.opened.clone();
         let slots = self.slots[&peer].clone();
         Box::pin(async move {
             let call = async {
                 let _slot = slots.acquire().await.map_err(|_| Error::ShuttingDown)?;
-                let via = (&*net, &*dialer);
-                let result = call_pooled(&pool, peer, &address, &request, via, &opened).await;
+                let result = call_pooled(&pool, peer, &address, &request, &opened).await;
                 if let Err(error @ Error::IdentityRefused(_)) = &result {
                     refused.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(peer, %address, %error, "peer connection refused");
@@ -414,12 +413,15 @@ pub fn client_share(config: &Config) -> usize {
     (config.limits.max_connections / 2).max(1)
 }
 
-/// The idle connections of a transport and their bounds.
+/// The idle connections of a transport, their bounds, and how a new one
+/// is opened.
 struct Pool {
     idle: Arc<Mutex<BTreeMap<ReplicaId, Vec<Idle>>>>,
     idle_per_peer: usize,
     reuse_within: Duration,
     clock: Arc<dyn Clock>,
+    net: Arc<dyn Net>,
+    dialer: Arc<Dialer>,
 }
 
 impl Pool {
@@ -449,7 +451,6 @@ async fn call_pooled(
     peer: ReplicaId,
     address: &str,
     request: &Request,
-    (net, dialer): (&dyn Net, &Dialer),
     opened: &AtomicU64,
 ) -> Result<Response> {
     if let Some(mut connection) = pool.take(peer) {
@@ -459,7 +460,7 @@ async fn call_pooled(
         }
     }
     opened.fetch_add(1, Ordering::Relaxed);
-    let clock = &*pool.clock;
+    let (net, clock, dialer) = (&*pool.net, &*pool.clock, &*pool.dialer);
     let mut connection = Connection::open_via(net, clock, address, Some(peer), dialer).await?;
     let response = connection.call(request).await?;
     pool.give_back(peer, connection);
