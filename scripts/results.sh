@@ -143,8 +143,11 @@ readonly CANARIES=(
     "JoinerStopsAfterFirstPage|members|a joining replica stops pulling a tree after its first page"
     "DropKeepsDirCache|sync-heavy|a drop keeps the directory cache and the tree created again takes back its number"
     "AckBeforeReplicas|replace|with ack_replicas 2 a write is answered before a peer holds it"
+    "WalAckBeforeSync|standard|a write-ahead log record is answered before it is synced"
+    "CheckpointWithoutPosition|standard|a checkpoint names an older log position than the database holds"
+    "LatestPicksOldest|gateway|a latest-only lookup answers the oldest version of a key"
 )
-readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace)
+readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 
 sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
 campaign_cmd() { echo "arbor-sim sweep --seeds $campaign_seeds --jobs 2 --profile $1"; }

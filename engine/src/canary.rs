@@ -72,10 +72,13 @@ pub enum Canary {
     /// batcher or of a cursor, a drop) name an older one: the next open
     /// replays records the database already holds.
     CheckpointWithoutPosition = 23,
+    /// GetNodeByPath with latest_only answers the oldest version of a
+    /// key (the smallest meta time) instead of the newest.
+    LatestPicksOldest = 24,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 23] = [
+    pub const ALL: [Canary; 24] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -99,6 +102,7 @@ impl Canary {
         Canary::AckBeforeReplicas,
         Canary::WalAckBeforeSync,
         Canary::CheckpointWithoutPosition,
+        Canary::LatestPicksOldest,
     ];
 }
 

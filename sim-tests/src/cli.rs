@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// Options shared by both subcommands: which scenario variant to run.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ScenarioArgs {
-    /// Scenario profile: standard, push-only, sync-heavy, storage-errors, sync-only, replace, misconfig, members.
+    /// Scenario profile: standard, push-only, sync-heavy, storage-errors, sync-only, replace, misconfig, members, gateway.
     #[arg(long, default_value = "standard", value_parser = parse_profile)]
     pub profile: Profile,
     /// Switch on one planted bug (see engine/src/canary.rs), e.g.

@@ -191,3 +191,8 @@ fn wal_ack_before_sync() {
 fn checkpoint_without_position() {
     caught(Canary::CheckpointWithoutPosition);
 }
+
+#[test]
+fn latest_picks_oldest() {
+    caught(Canary::LatestPicksOldest);
+}

@@ -78,6 +78,8 @@ fn standard_seeds() {
     // tree passed through during the call, and a drop answered with a
     // storage error, need a commit or a disk error in a narrow window;
     // regression capsules name them (sim-tests/regressions/README.md).
+    // Versions of one key, delete markers, overwrites in place and
+    // multipart parts are the gateway profile's (tests/gateway.rs).
     println!("coverage: {}", summary.coverage);
     use arbor_sim::scenario::coverage::Coverage;
     let optional = [
@@ -92,6 +94,10 @@ fn standard_seeds() {
         Coverage::NotReplicated,
         Coverage::ReadDuringCommits,
         Coverage::DropStorageError,
+        Coverage::LatestOfVersions,
+        Coverage::DeleteMarker,
+        Coverage::OverwriteByMove,
+        Coverage::MultipartPart,
     ];
     let missing: Vec<&str> = summary
         .coverage

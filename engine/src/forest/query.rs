@@ -419,6 +419,10 @@ fn path_lookup(
         // Newest meta wins; times are unique, the id only breaks
         // impossible ties deterministically.
         matches.sort_by_key(|&(id, time, _)| (std::cmp::Reverse(time), id));
+        if canary::active(Canary::LatestPicksOldest) {
+            // Planted bug: the oldest version instead of the newest.
+            matches.reverse();
+        }
         matches.truncate(1);
     }
     let mut budget = AnswerBudget::new("nodes", answer.bounds);

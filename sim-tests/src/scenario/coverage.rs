@@ -91,13 +91,21 @@ pub enum Coverage {
     AckedByReplicas,
     /// Writes answered `NotReplicated`: stored, not yet on enough replicas.
     NotReplicated,
+    /// GetNodeByPath answers (latest only) checked where the model held
+    /// several nodes of that name: versions of one key.
+    LatestOfVersions,
+    /// Acknowledged delete markers, overwrites in place by Move and
+    /// multipart parts (`scenario::gateway`).
+    DeleteMarker,
+    OverwriteByMove,
+    MultipartPart,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 40] = [
+    pub const ALL: [Coverage; 44] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -138,6 +146,10 @@ impl Coverage {
         Coverage::JoinerPages,
         Coverage::AckedByReplicas,
         Coverage::NotReplicated,
+        Coverage::LatestOfVersions,
+        Coverage::DeleteMarker,
+        Coverage::OverwriteByMove,
+        Coverage::MultipartPart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -182,6 +194,10 @@ impl Coverage {
             Coverage::JoinerPages => "pages joiners pulled",
             Coverage::AckedByReplicas => "writes acked by ack_replicas >= 2",
             Coverage::NotReplicated => "writes not on ack_replicas in time",
+            Coverage::LatestOfVersions => "latest answers among versions",
+            Coverage::DeleteMarker => "delete markers",
+            Coverage::OverwriteByMove => "overwrites by Move",
+            Coverage::MultipartPart => "multipart parts",
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod capsule;
 pub mod checkers;
 pub mod coverage;
+pub mod gateway;
 pub mod intruder;
 pub mod ledger;
 pub mod lifecycle;
@@ -198,6 +199,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::AckBeforeReplicas => "ack_before_replicas",
         Canary::WalAckBeforeSync => "wal_ack_before_sync",
         Canary::CheckpointWithoutPosition => "checkpoint_without_position",
+        Canary::LatestPicksOldest => "latest_picks_oldest",
     }
 }
 
@@ -336,7 +338,12 @@ async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Resu
     let verdict = Verdict::new(trace.clone());
     watch(&world, &verdict, swarm);
     let supervisor = Supervisor::new(world.clone(), verdict.clone());
-    let workload = Arc::new(Workload::new(world.clone(), verdict.clone(), CALL_TIMEOUT));
+    let workload = Arc::new(Workload::new(
+        world.clone(),
+        verdict.clone(),
+        CALL_TIMEOUT,
+        swarm.profile == Profile::Gateway,
+    ));
     workload.ledger.lock().unwrap().replaced.ack_replicas = swarm.ack_replicas;
     let faults = plan.faults.clone();
     let nemesis = Nemesis::new(

@@ -66,6 +66,10 @@ pub enum Profile {
     /// it converges by sync alone, from pages of at most 32 ops), and in
     /// half the seeds a replica leaves the first container after that.
     Members,
+    /// The S3 gateway's call sequences (`scenario::gateway`): versions of
+    /// one key, delete markers, overwrites by Move, tags, multipart parts
+    /// and listings, under the standard faults.
+    Gateway,
 }
 
 impl Profile {
@@ -95,6 +99,7 @@ impl Profile {
             | Canary::AuthorizationSkipped
             | Canary::WalAckBeforeSync
             | Canary::CheckpointWithoutPosition => Profile::Standard,
+            Canary::LatestPicksOldest => Profile::Gateway,
         }
     }
 
@@ -108,10 +113,11 @@ impl Profile {
             Profile::Replace => "replace",
             Profile::Misconfig => "misconfig",
             Profile::Members => "members",
+            Profile::Gateway => "gateway",
         }
     }
 
-    pub const ALL: [Profile; 8] = [
+    pub const ALL: [Profile; 9] = [
         Profile::Standard,
         Profile::PushOnly,
         Profile::SyncHeavy,
@@ -120,6 +126,7 @@ impl Profile {
         Profile::Replace,
         Profile::Misconfig,
         Profile::Members,
+        Profile::Gateway,
     ];
 
     pub fn parse(name: &str) -> Option<Profile> {
@@ -395,7 +402,7 @@ impl Swarm {
 
     fn apply_profile(&mut self, faults_on: bool) {
         match self.profile {
-            Profile::Standard => {}
+            Profile::Standard | Profile::Gateway => {}
             Profile::PushOnly => {
                 // Long batches gather writes to several trees, each a
                 // replication hint, against a one-slot hint queue.

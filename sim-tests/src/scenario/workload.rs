@@ -52,12 +52,16 @@ pub struct Workload {
     /// The run's first failure.
     pub verdict: Verdict,
     pub call_timeout: Duration,
+    /// Clients issue the gateway's call sequences (`scenario::gateway`)
+    /// instead of the standard mix.
+    pub gateway: bool,
     next_op: Mutex<u64>,
 }
 
 impl Workload {
-    pub fn new(world: Arc<World>, verdict: Verdict, call_timeout: Duration) -> Self {
+    pub fn new(world: Arc<World>, verdict: Verdict, call_timeout: Duration, gateway: bool) -> Self {
         Self {
+            gateway,
             trace: world.trace.clone(),
             world,
             ledger: Mutex::default(),
@@ -67,7 +71,7 @@ impl Workload {
         }
     }
 
-    fn op_id(&self) -> u64 {
+    pub(super) fn op_id(&self) -> u64 {
         let mut next = self.next_op.lock().unwrap();
         *next += 1;
         *next
@@ -78,12 +82,12 @@ impl Workload {
         self.world.replicas_of(cid)
     }
 
-    fn random_replica(&self, cid: &ContainerId) -> ReplicaId {
+    pub(super) fn random_replica(&self, cid: &ContainerId) -> ReplicaId {
         let ids = self.replicas_of(cid);
         ids[client_rng().gen_range(0..ids.len())]
     }
 
-    fn random_known(&self, tree: &TreeKey) -> Option<NodeId> {
+    pub(super) fn random_known(&self, tree: &TreeKey) -> Option<NodeId> {
         let ledger = self.ledger.lock().unwrap();
         let known = ledger.known.get(tree)?;
         if known.is_empty() {
@@ -94,7 +98,7 @@ impl Workload {
 }
 
 /// Seven meta fields of an object version, the leaf's name first.
-fn object_meta(name: &str, op: u64) -> Vec<KeyValue> {
+pub(super) fn object_meta(name: &str, op: u64) -> Vec<KeyValue> {
     vec![
         KeyValue::new(ATTR_FILE_NAME, name.as_bytes()),
         KeyValue::new("OID", format!("oid-{op:08x}").into_bytes()),
@@ -168,6 +172,9 @@ async fn opening_burst(workload: &Workload, client: &Client) {
 }
 
 async fn random_op(workload: &Workload, client: &Client) {
+    if workload.gateway {
+        return super::gateway::gateway_op(workload, client).await;
+    }
     let cids = containers();
     let cid = cids[client_rng().gen_range(0..cids.len())];
     let replica = workload.random_replica(&cid);
@@ -217,7 +224,7 @@ fn pick_tree(cid: ContainerId) -> TreeKey {
 
 /// Sends one request and records it; `Some(response)` when the replica
 /// answered with anything but an error.
-async fn call(
+pub(super) async fn call(
     workload: &Workload,
     client: &Client,
     replica: ReplicaId,
@@ -366,7 +373,7 @@ fn check_after_write(
 
 /// Sends one write; once answered, records what it acknowledged and
 /// checks the acking replica.
-async fn write(
+pub(super) async fn write(
     workload: &Workload,
     client: &Client,
     replica: ReplicaId,
@@ -424,7 +431,7 @@ async fn add_by_path(
     write(workload, client, replica, op, request).await;
 }
 
-async fn add_system(
+pub(super) async fn add_system(
     workload: &Workload,
     client: &Client,
     replica: ReplicaId,

@@ -124,7 +124,9 @@ fn check_by_path(request: &Request, response: &Response, model: &TreeModel) -> C
             node.meta.items.retain(|kv| attributes.contains(&kv.key));
         }
     }
-    let kind = if *latest_only {
+    let kind = if *latest_only && model.get_by_path(path, false).len() >= 2 {
+        Coverage::LatestOfVersions
+    } else if *latest_only {
         Coverage::GetNodeByPathLatest
     } else {
         Coverage::GetNodeByPathAll
