@@ -145,6 +145,7 @@ readonly CANARIES=(
     "AckBeforeReplicas|replace|with ack_replicas 2 a write is answered before a peer holds it"
     "WalAckBeforeSync|standard|a write-ahead log record is answered before it is synced"
     "CheckpointWithoutPosition|standard|a checkpoint names an older log position than the database holds"
+    "DirCacheKeptOnMove|standard|a directory moved away stays in the directory cache"
     "LatestPicksOldest|gateway|a latest-only lookup answers the oldest version of a key"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)

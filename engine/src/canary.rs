@@ -75,10 +75,14 @@ pub enum Canary {
     /// GetNodeByPath with latest_only answers the oldest version of a
     /// key (the smallest meta time) instead of the newest.
     LatestPicksOldest = 24,
+    /// Moving a directory away from its parent (a Move elsewhere, a
+    /// Remove) leaves the directory cache's lookup of it in place: a later
+    /// AddByPath on that replica puts its leaf under the moved directory.
+    DirCacheKeptOnMove = 25,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 24] = [
+    pub const ALL: [Canary; 25] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -103,6 +107,7 @@ impl Canary {
         Canary::WalAckBeforeSync,
         Canary::CheckpointWithoutPosition,
         Canary::LatestPicksOldest,
+        Canary::DirCacheKeptOnMove,
     ];
 }
 

@@ -196,3 +196,8 @@ fn checkpoint_without_position() {
 fn latest_picks_oldest() {
     caught(Canary::LatestPicksOldest);
 }
+
+#[test]
+fn dir_cache_kept_on_move() {
+    caught(Canary::DirCacheKeptOnMove);
+}

@@ -41,6 +41,7 @@ fn gateway_call_sequences_pass_and_reach_versions() {
         Coverage::OverwriteByMove,
         Coverage::MultipartPart,
         Coverage::GetSubTree,
+        Coverage::AddByPathResolved,
     ] {
         // Each at least once per seed on average.
         assert!(coverage.get(what) >= SEEDS, "{}: {coverage}", what.name());

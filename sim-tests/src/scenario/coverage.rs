@@ -99,13 +99,16 @@ pub enum Coverage {
     DeleteMarker,
     OverwriteByMove,
     MultipartPart,
+    /// Acknowledged AddByPaths whose choice of directories the path oracle
+    /// held to the model of the tree before them (`oracle::watch`).
+    AddByPathResolved,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 44] = [
+    pub const ALL: [Coverage; 45] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -150,6 +153,7 @@ impl Coverage {
         Coverage::DeleteMarker,
         Coverage::OverwriteByMove,
         Coverage::MultipartPart,
+        Coverage::AddByPathResolved,
     ];
 
     pub fn name(self) -> &'static str {
@@ -198,6 +202,7 @@ impl Coverage {
             Coverage::DeleteMarker => "delete markers",
             Coverage::OverwriteByMove => "overwrites by Move",
             Coverage::MultipartPart => "multipart parts",
+            Coverage::AddByPathResolved => "AddByPath directories checked",
         }
     }
 }

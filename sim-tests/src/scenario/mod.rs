@@ -200,6 +200,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::WalAckBeforeSync => "wal_ack_before_sync",
         Canary::CheckpointWithoutPosition => "checkpoint_without_position",
         Canary::LatestPicksOldest => "latest_picks_oldest",
+        Canary::DirCacheKeptOnMove => "dir_cache_kept_on_move",
     }
 }
 

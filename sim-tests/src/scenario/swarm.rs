@@ -98,7 +98,8 @@ impl Profile {
             | Canary::DefiniteFailureApplied
             | Canary::AuthorizationSkipped
             | Canary::WalAckBeforeSync
-            | Canary::CheckpointWithoutPosition => Profile::Standard,
+            | Canary::CheckpointWithoutPosition
+            | Canary::DirCacheKeptOnMove => Profile::Standard,
             Canary::LatestPicksOldest => Profile::Gateway,
         }
     }

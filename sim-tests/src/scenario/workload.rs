@@ -231,7 +231,7 @@ pub(super) async fn call(
     op: u64,
     request: Request,
 ) -> Option<Response> {
-    let summary = summarize(&request);
+    let summary = summarize_request(&request);
     workload.trace.record(
         &client.name,
         format!("op#{op} {summary} -> replica-{replica}"),
@@ -274,7 +274,7 @@ pub(super) async fn call(
     }
 }
 
-fn summarize(request: &Request) -> String {
+pub fn summarize_request(request: &Request) -> String {
     match request {
         Request::Add { tree, parent, .. } => {
             format!("Add {:?}/{} under {parent}", tree.cid, tree.tree)

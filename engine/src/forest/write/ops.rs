@@ -516,7 +516,8 @@ impl Writer<'_, '_> {
         );
         let items = child_items(&entry)?;
         drop(removed);
-        if node.internal {
+        // Planted bug: the cached lookup of a directory moved away stays.
+        if node.internal && !canary::active(Canary::DirCacheKeptOnMove) {
             self.dirs
                 .forget(tree, node.parent, name_hash(&node.name_key));
         }

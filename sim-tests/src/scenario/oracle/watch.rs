@@ -4,6 +4,7 @@
 //! `SyncWatch` checks each pull pass against the peer's log.
 
 use super::expect::{check_read, is_read, tree_of, wrong_detail, Checked};
+use crate::scenario::workload::summarize_request as brief;
 use super::TreeView;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::scenario::coverage::{Coverage, CoverageCounter};
@@ -25,6 +26,11 @@ const PEER_READ_SAMPLE: u64 = 128;
 /// (every checkpoint pages through each whole log); their reads of the
 /// tree itself are all checked.
 const CLIENT_LOG_READ_SAMPLE: u64 = 4;
+
+/// One in this many acknowledged AddByPaths has its choice of directories
+/// held to the model (`AnswerOracle::path_choice`): each check rebuilds
+/// the model of the replica's log as it stood before the write.
+const PATH_CHECK_SAMPLE: u64 = 4;
 
 /// The reads of a log or of the tree list, not of a tree's state.
 fn is_log_read(request: &Request) -> bool {
@@ -53,6 +59,8 @@ pub struct AnswerOracle {
     verdict: Verdict,
     coverage: CoverageCounter,
     peer_reads: AtomicU64,
+    /// Acknowledged AddByPaths seen, for `PATH_CHECK_SAMPLE`.
+    paths_acked: AtomicU64,
     sessions: Mutex<Sessions>,
     views: Mutex<Views>,
     /// Clients whose answers are not this oracle's to judge: the intruder
@@ -66,6 +74,7 @@ impl AnswerOracle {
             verdict,
             coverage,
             peer_reads: AtomicU64::new(0),
+            paths_acked: AtomicU64::new(0),
             sessions: Mutex::default(),
             views: Mutex::default(),
             strangers: BTreeSet::new(),
@@ -148,6 +157,19 @@ impl AnswerOracle {
                 ),
             ));
         }
+        if matches!(request, Request::AddByPath { .. })
+            && self
+                .paths_acked
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(PATH_CHECK_SAMPLE)
+        {
+            if let Some(wrong) = self.path_choice(replica, forest, request, response) {
+                self.verdict.fail(Failure::new(
+                    FailureKind::WrongAnswer,
+                    format!("replica-{replica} answered {client}'s {}: {wrong}", brief(request)),
+                ));
+            }
+        }
         let key = (client.to_string(), replica, tree.clone());
         let mut sessions = self.sessions.lock().unwrap();
         let session = sessions.entry(key).or_default();
@@ -155,6 +177,88 @@ impl AnswerOracle {
             *session = (incarnation, BTreeSet::new());
         }
         session.1.extend(created);
+    }
+
+    /// The path oracle: an acknowledged AddByPath put its leaf under the
+    /// directories its path named in the replica's tree as it stood just
+    /// before the write (the log below the write's first op), created
+    /// exactly the missing ones, parents first, and answered the leaf's
+    /// parent. The model resolves the path in that state (`find_dir`: an
+    /// internal child of that name, the smallest id among duplicates) and
+    /// its ops must match the logged ones op for op. `None`: agreed, or
+    /// nothing to hold it to (a drop since, a disk error).
+    fn path_choice(
+        &self,
+        replica: ReplicaId,
+        forest: &Forest,
+        request: &Request,
+        response: &Response,
+    ) -> Option<String> {
+        let (
+            Request::AddByPath {
+                tree, path, items, ..
+            },
+            Response::AddedByPath {
+                leaf,
+                created,
+                parent,
+            },
+        ) = (request, response)
+        else {
+            return None;
+        };
+        let written: Vec<Timestamp> = created.iter().copied().chain([*leaf]).collect();
+        let height = forest.op_height(tree, written[0]).ok()??;
+        let view = self.view(replica, forest, tree).ok()??;
+        let end = view.first_height + view.log.len() as u64;
+        if height < view.first_height || height >= end {
+            return None;
+        }
+        let late = forest
+            .get_op_log(tree, height, (end - height) as usize)
+            .ok()?;
+        let gone: BTreeSet<Timestamp> = late.iter().map(|entry| entry.op.ts()).collect();
+        let before = view.without(&gone);
+        let expected = before.model().add_by_path_ops(path, items, replica);
+        if expected.len() != written.len() {
+            return Some(format!(
+                "created {} directories where the path {path:?} lacked {} in the tree before it",
+                created.len(),
+                expected.len() - 1
+            ));
+        }
+        // The model numbers its ops from its own counter; the engine's are
+        // the written ones (a re-created tree keeps its counter): map the
+        // model's ids onto the written ones.
+        let ids: BTreeMap<Timestamp, Timestamp> = expected
+            .iter()
+            .map(|op| op.ts())
+            .zip(written.iter().copied())
+            .collect();
+        for (model_op, &ts) in expected.iter().zip(&written) {
+            let logged = late.iter().find(|entry| entry.op.ts() == ts)?;
+            let want_parent = ids.get(&model_op.parent).copied().unwrap_or(model_op.parent);
+            if logged.op.parent != want_parent {
+                return Some(format!(
+                    "logged op {ts} under {}; in the tree before the write the model puts it under {want_parent}",
+                    logged.op.parent
+                ));
+            }
+            if logged.op.meta.items != model_op.meta.items {
+                return Some(format!(
+                    "logged op {ts} with {:?}; the model's op carries {:?}",
+                    logged.op.meta.items, model_op.meta.items
+                ));
+            }
+        }
+        let leaf_parent = late.iter().find(|entry| entry.op.ts() == *leaf)?.op.parent;
+        if *parent != leaf_parent {
+            return Some(format!(
+                "answered parent {parent} for a leaf logged under {leaf_parent}"
+            ));
+        }
+        self.coverage.hit(Coverage::AddByPathResolved);
+        None
     }
 
     /// Read-your-writes and monotonic reads: the log this read was
