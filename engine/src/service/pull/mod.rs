@@ -20,6 +20,7 @@ use crate::types::*;
 use crate::validate;
 use page::{check_page, missing_runs, SyncPage};
 use std::collections::{BTreeMap, BTreeSet};
+use lru::LruCache;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -76,55 +77,76 @@ pub(super) struct PullCounters {
 }
 
 /// The pull cursors kept in memory, at most `limits.max_tracked_trees`,
-/// least recently used first out (the durable copies are the truth; an
+/// least recently stored first out (the durable copies are the truth; an
 /// evicted lagging cursor costs a re-listing of at most `CURSOR_LAG_MAX`
-/// stamps, whose ops the log already holds).
-#[derive(Default)]
-struct PullCursors {
-    by_pair: BTreeMap<(TreeKey, ReplicaId), (LazyCursor, u64)>,
-    by_use: BTreeMap<u64, (TreeKey, ReplicaId)>,
-    uses: u64,
+/// stamps, whose ops the log already holds). Reads do not count as uses.
+struct PullCursors(LruCache<(TreeKey, ReplicaId), LazyCursor>);
+
+impl Default for PullCursors {
+    fn default() -> Self {
+        // Bounded by `put`, which evicts with a preference of its own.
+        Self(LruCache::unbounded())
+    }
 }
 
 impl PullCursors {
     fn get(&self, key: &(TreeKey, ReplicaId)) -> Option<LazyCursor> {
-        self.by_pair.get(key).map(|(cursor, _)| *cursor)
+        self.0.peek(key).copied()
     }
 
     fn put(&mut self, key: (TreeKey, ReplicaId), cursor: LazyCursor, max: usize) {
-        self.uses += 1;
-        if let Some((_, used)) = self.by_pair.insert(key.clone(), (cursor, self.uses)) {
-            self.by_use.remove(&used);
-        }
-        self.by_use.insert(self.uses, key);
-        while self.by_pair.len() > max {
+        self.0.push(key, cursor);
+        while self.0.len() > max {
             self.evict_one();
         }
-        assert_eq!(self.by_pair.len(), self.by_use.len(), "pull cursor index");
     }
 
+    /// Among the `EVICTION_LOOK_MAX` least recently stored cursors, the
+    /// oldest durable one goes; if all of them lag, the oldest.
     fn evict_one(&mut self) {
         let durable = self
-            .by_use
+            .0
             .iter()
+            .rev()
             .take(EVICTION_LOOK_MAX)
-            .find(|(_, key)| !self.by_pair[*key].0.lagging())
-            .map(|(used, _)| *used);
-        let used = durable.unwrap_or_else(|| *self.by_use.keys().next().expect("over the bound"));
-        let key = self.by_use.remove(&used).expect("found above");
-        self.by_pair.remove(&key);
+            .find(|(_, cursor)| !cursor.lagging())
+            .map(|(key, _)| key.clone());
+        match durable {
+            Some(key) => {
+                self.0.pop(&key).expect("found above");
+            }
+            None => {
+                self.0.pop_lru().expect("over the bound");
+            }
+        }
     }
 
     fn remove(&mut self, key: &(TreeKey, ReplicaId)) {
-        if let Some((_, used)) = self.by_pair.remove(key) {
-            self.by_use.remove(&used);
-        }
-        assert_eq!(self.by_pair.len(), self.by_use.len(), "pull cursor index");
+        self.0.pop(key);
     }
 
     fn forget(&mut self, trees: &BTreeSet<TreeKey>) {
-        self.by_pair.retain(|(tree, _), _| !trees.contains(tree));
-        self.by_use.retain(|_, (tree, _)| !trees.contains(tree));
+        let gone: Vec<(TreeKey, ReplicaId)> = self
+            .0
+            .iter()
+            .filter(|((tree, _), _)| trees.contains(tree))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            self.0.pop(&key);
+        }
+    }
+
+    /// The cursors ahead of their durable copies, by key.
+    fn lagging(&self) -> Vec<((TreeKey, ReplicaId), u64)> {
+        let mut lagging: Vec<_> = self
+            .0
+            .iter()
+            .filter(|(_, cursor)| cursor.lagging())
+            .map(|(key, cursor)| (key.clone(), cursor.position()))
+            .collect();
+        lagging.sort_by(|a, b| a.0.cmp(&b.0));
+        lagging
     }
 }
 
@@ -478,18 +500,12 @@ impl Puller {
 
     /// The pull cursors ahead of their durable copies, with positions.
     pub fn lagging_cursors(&self) -> Vec<((TreeKey, ReplicaId), u64)> {
-        let cursors = self.cursors.lock().expect("pull cursors");
-        cursors
-            .by_pair
-            .iter()
-            .filter(|(_, (cursor, _))| cursor.lagging())
-            .map(|(key, (cursor, _))| (key.clone(), cursor.position()))
-            .collect()
+        self.cursors.lock().expect("pull cursors").lagging()
     }
 
     /// Pull cursors held in memory.
     pub fn cursors_held(&self) -> usize {
-        self.cursors.lock().expect("pull cursors").by_pair.len()
+        self.cursors.lock().expect("pull cursors").0.len()
     }
 
     async fn pull_pages(
