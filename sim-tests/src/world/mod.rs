@@ -11,6 +11,7 @@ pub mod config;
 pub mod hooks;
 pub mod rotation;
 pub mod runtime;
+pub mod simnet;
 pub mod storage;
 pub mod supervisor;
 pub mod transport;
