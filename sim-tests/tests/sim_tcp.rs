@@ -1,7 +1,8 @@
 //! The engine's real network stack inside the simulator: two replicas each
 //! serve through `arbor::tcp::Server` on a `SimListener`, push to each other
 //! through `TcpTransport` over `SimNet`, and a client on a third simulated
-//! machine writes and reads through the same stack (frames, pool, `Hello`).
+//! machine writes and reads through the same stack (frames, pool, `Hello`);
+//! then the scenario's world on that stack (`Network::Tcp`).
 
 use arbor::config::{Config, PeerConfig};
 use arbor::net::Transport;
@@ -11,11 +12,13 @@ use arbor::service::Service;
 use arbor::tcp::{Dialer, Server, ServerOptions, TcpTransport};
 use arbor::{ContainerId, Error, KeyValue, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use arbor_sim::disk::{DiskConfig, SimDisk};
+use arbor_sim::scenario::{run_seed, Options};
+use arbor_sim::trace::first_difference;
 use arbor_sim::world::clock::{global_now, ClockSkew, SimClock};
 use arbor_sim::world::config::client_ip;
 use arbor_sim::world::runtime::SimRuntime;
 use arbor_sim::world::simnet::{SimListener, SimNet};
-use arbor_sim::world::{caller_at, cluster_configs, storage, Knobs};
+use arbor_sim::world::{caller_at, cluster_configs, storage, Knobs, Network};
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use std::sync::Arc;
 use std::time::Duration;
@@ -199,4 +202,47 @@ fn the_same_seed_gives_the_same_exchange() {
     for seed in [3, 4] {
         assert_eq!(exchange(seed), exchange(seed), "seed {seed}");
     }
+}
+
+fn over_tcp() -> Options {
+    Options {
+        network: Network::Tcp,
+        ..Options::test()
+    }
+}
+
+/// The test-sized scenario, faults and checkers included, with every node
+/// on the engine's TCP stack.
+#[test]
+fn the_test_scenario_passes_over_tcp() {
+    let options = over_tcp();
+    for seed in 1..=4 {
+        let report = run_seed(seed, &options);
+        assert!(report.passed(), "seed {seed} over tcp: {report}");
+        assert!(report.ops_acked > 0, "seed {seed}: nothing acknowledged");
+    }
+}
+
+/// The same seed over TCP twice is the same run, event by event; the
+/// datagram network runs it differently, so the option takes effect.
+#[test]
+fn tcp_runs_are_deterministic() {
+    let seed = 3;
+    let first = run_seed(seed, &over_tcp());
+    let second = run_seed(seed, &over_tcp());
+    if let Some((index, a, b)) = first_difference(&first.events, &second.events) {
+        panic!(
+            "seed {seed} over tcp is not deterministic: first difference at event {index}:\n  run 1: {}\n  run 2: {}",
+            a.map_or("<end>".into(), |e| e.to_string()),
+            b.map_or("<end>".into(), |e| e.to_string())
+        );
+    }
+    assert_eq!(first.trace_hash, second.trace_hash);
+    assert_eq!(first.failure, second.failure);
+    assert!(
+        first.events.len() > 100,
+        "trace too short to prove anything"
+    );
+    let datagram = run_seed(seed, &Options::test());
+    assert_ne!(first.trace_hash, datagram.trace_hash);
 }

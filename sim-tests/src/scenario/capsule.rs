@@ -329,6 +329,9 @@ impl Capsule {
             faults: self.faults,
             canary: self.canary().ok().flatten(),
             echo_trace,
+            // Capsules were recorded on datagrams; their fingerprints hold
+            // only there.
+            network: crate::world::Network::Datagram,
         }
     }
 

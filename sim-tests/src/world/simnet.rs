@@ -18,10 +18,15 @@
 //! - a killed node drops its connections: the other end reads the end of
 //!   the stream.
 
-use arbor::net::{Listener, Net, Stream};
-use arbor::runtime::BoxFuture;
-use arbor::Caller;
+use super::transport::{Handler, MessageFilter};
+use crate::trace::{RunEvent, Trace};
+use arbor::net::{Listener, Net, Stream, Transport};
+use arbor::proto::{self, Request, Response};
+use arbor::runtime::{BoxFuture, Clock};
+use arbor::{Caller, Error, ReplicaId};
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Dials over madsim's simulated TCP from the node the calling task runs
 /// on.
@@ -72,5 +77,96 @@ impl Listener for SimListener {
 
     fn caller(&self, remote: SocketAddr) -> Caller {
         (self.identify)(remote)
+    }
+}
+
+/// How the nodes of a world reach each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Network {
+    /// One madsim datagram per request and per answer (`transport.rs`):
+    /// cheap, and every message can be lost on its own.
+    #[default]
+    Datagram,
+    /// The engine's own stack (`arbor::tcp`) over madsim's simulated TCP:
+    /// `tcp::Server` on a `SimListener`, `TcpTransport` over `SimNet`.
+    Tcp,
+}
+
+impl Network {
+    pub fn name(self) -> &'static str {
+        match self {
+            Network::Datagram => "datagram",
+            Network::Tcp => "tcp",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Network, String> {
+        match name {
+            "datagram" => Ok(Network::Datagram),
+            "tcp" => Ok(Network::Tcp),
+            other => Err(format!("unknown network {other:?}: datagram or tcp")),
+        }
+    }
+}
+
+/// A transport whose calls between replicas pass the world's
+/// `MessageFilter` first: a blocked request kind is never sent and its
+/// caller hears nothing until its timeout, as on the datagram network.
+pub struct Filtered {
+    pub local: ReplicaId,
+    pub filter: Arc<MessageFilter>,
+    pub clock: Arc<dyn Clock>,
+    pub inner: Arc<dyn Transport>,
+}
+
+impl Transport for Filtered {
+    fn call(
+        &self,
+        peer: ReplicaId,
+        request: Request,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Response, Error>> {
+        if !self.filter.stops(self.local, peer, &request) {
+            return self.inner.call(peer, request, timeout);
+        }
+        let silence = self.clock.sleep(timeout);
+        Box::pin(async move {
+            silence.await;
+            Err(Error::Timeout)
+        })
+    }
+
+    fn identities_refused(&self) -> u64 {
+        self.inner.identities_refused()
+    }
+}
+
+/// A world's handler (a node's service, watched and counted) behind
+/// `arbor::tcp::Server`. Every request it takes and every answer it
+/// gives, as wire frames beside the caller, go into the trace's
+/// fingerprint, as `transport::serve_as` does for datagrams.
+pub struct TcpHandler {
+    pub inner: Arc<dyn Handler>,
+    /// The server's address, where the trace places its events.
+    pub server: String,
+    pub trace: Trace,
+}
+
+impl arbor::tcp::Handler for TcpHandler {
+    fn handle<'a>(&'a self, caller: &'a Caller, request: Request) -> BoxFuture<'a, Response> {
+        let who = caller.to_string();
+        let frame = proto::encode(0, &request);
+        let parts: [&[u8]; 2] = [who.as_bytes(), &frame];
+        self.trace
+            .fingerprint(RunEvent::Request, &self.server, &parts);
+        let answer = self.inner.clone().serve(caller.clone(), request);
+        Box::pin(async move {
+            let response = answer.await;
+            let frame = proto::encode(0, &response);
+            let parts: [&[u8]; 2] = [who.as_bytes(), &frame];
+            self.trace
+                .fingerprint(RunEvent::Answer, &self.server, &parts);
+            response
+        })
     }
 }
