@@ -417,6 +417,9 @@ fn sweep(args: &SweepArgs) -> ExitCode {
         Ok(seeds) => seeds,
         Err(e) => return usage_error(&e),
     };
+    if args.keep_failures.is_some() && args.scenario.network != Network::Datagram {
+        return usage_error("--keep-failures: capsules are kept on the datagram network only");
+    }
     let mut outputs = match Outputs::open(args) {
         Ok(outputs) => outputs,
         Err(e) => return usage_error(&e),
