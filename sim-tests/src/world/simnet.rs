@@ -16,7 +16,10 @@
 //!   behind it waiting in order, as TCP retransmits;
 //! - latency delays every chunk;
 //! - a killed node drops its connections: the other end reads the end of
-//!   the stream.
+//!   the stream, after every chunk the node sent before it died. madsim
+//!   keeps retrying those chunks for the dead node, so one held by a
+//!   clogged link can arrive seconds after the node was killed (a real
+//!   machine's retransmissions die with its kernel).
 
 use super::transport::{Handler, MessageFilter};
 use crate::trace::{RunEvent, Trace};
