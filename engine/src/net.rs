@@ -48,4 +48,13 @@ pub trait Listener: Send + Sync + 'static {
     fn accept(&self) -> BoxFuture<'_, std::io::Result<(Box<dyn Stream>, std::net::SocketAddr)>>;
 
     fn local_addr(&self) -> std::io::Result<std::net::SocketAddr>;
+
+    /// Who a plaintext connection from `remote` is before it says `Hello`.
+    /// A socket listener knows nothing of it (`Anonymous`); a network that
+    /// delivers only from the address a machine has (the simulator's) may
+    /// name the caller by it, as a client certificate would over TLS. The
+    /// caller's `Hello` is then checked against that name.
+    fn caller(&self, _remote: std::net::SocketAddr) -> crate::identity::Caller {
+        crate::identity::Caller::Anonymous
+    }
 }

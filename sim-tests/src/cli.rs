@@ -10,6 +10,7 @@ pub mod timeline;
 
 use crate::scenario::swarm::{Profile, Size};
 use crate::scenario::{run_seed, Options, Report};
+use crate::world::Network;
 use arbor::canary::Canary;
 use partition::{Partition, SeedSet};
 use records::{commit, create_file, junit_xml, JsonLines, SeedRecord, SuiteInfo};
@@ -38,6 +39,11 @@ pub struct ScenarioArgs {
     /// Run without faults.
     #[arg(long)]
     pub no_faults: bool,
+    /// How simulated nodes reach each other: datagram (one madsim
+    /// datagram per request and answer) or tcp (the engine's own TCP
+    /// stack over madsim's simulated streams).
+    #[arg(long, default_value = "datagram", value_parser = Network::parse)]
+    pub network: Network,
 }
 
 impl ScenarioArgs {
@@ -52,6 +58,7 @@ impl ScenarioArgs {
             faults: !self.no_faults,
             canary: self.canary,
             echo_trace,
+            network: self.network,
         }
     }
 }
@@ -410,6 +417,9 @@ fn sweep(args: &SweepArgs) -> ExitCode {
         Ok(seeds) => seeds,
         Err(e) => return usage_error(&e),
     };
+    if args.keep_failures.is_some() && args.scenario.network != Network::Datagram {
+        return usage_error("--keep-failures: capsules are kept on the datagram network only");
+    }
     let mut outputs = match Outputs::open(args) {
         Ok(outputs) => outputs,
         Err(e) => return usage_error(&e),

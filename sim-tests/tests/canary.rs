@@ -20,6 +20,7 @@ fn options(canary: Option<Canary>, profile: Profile) -> Options {
         faults: true,
         canary,
         echo_trace: false,
+        network: arbor_sim::world::Network::Datagram,
     }
 }
 

@@ -31,6 +31,7 @@ fn options() -> Options {
         faults: true,
         canary: Some(CANARY),
         echo_trace: false,
+        network: arbor_sim::world::Network::Datagram,
     }
 }
 

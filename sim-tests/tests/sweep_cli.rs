@@ -223,7 +223,12 @@ fn bad_usage_exits_2() {
     std::fs::write(&file, "").unwrap();
     let under_file = file.join("out.xml");
     let under_file = under_file.to_str().unwrap();
-    let cases: [&[&str]; 7] = [
+    let kept = dir.path().join("kept");
+    let kept = kept.to_str().unwrap();
+    let cases: [&[&str]; 9] = [
+        &["--network", "carrier-pigeon"],
+        // A capsule keeps no network and replays on datagrams.
+        &["--network", "tcp", "--keep-failures", kept],
         &["--partition", "slice:0/2"],
         &["--partition", "slice:3/2"],
         &["--partition", "range:1/2"],
@@ -240,6 +245,20 @@ fn bad_usage_exits_2() {
     }
     let replay = arbor_sim(&["replay", "--small"]);
     assert_eq!(replay.status.code(), Some(2), "{}", text(&replay));
+    let capsule = "regressions/sync-only-seed-341-late-drop.json";
+    let capsule = Path::new(env!("CARGO_MANIFEST_DIR")).join(capsule);
+    let capsule = capsule.to_str().unwrap();
+    let record = [
+        "replay",
+        "--capsule",
+        capsule,
+        "--network",
+        "tcp",
+        "--record",
+    ];
+    let replay = arbor_sim(&record);
+    assert_eq!(replay.status.code(), Some(2), "{}", text(&replay));
+    assert!(!text(&replay).contains("starting"), "{}", text(&replay));
 }
 
 /// The seed is on stderr while its run is still going: a sweep killed by

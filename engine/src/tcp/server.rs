@@ -5,8 +5,9 @@
 //! the handshake must end within `handshake_timeout`, and the client's
 //! certificate names the caller: a configured peer of this cluster becomes
 //! `Caller::Peer`, a client of this cluster `Caller::Client`; anything else
-//! is refused. Without TLS a caller is `Anonymous` until it says `Hello`
-//! with a replica id the service accepts.
+//! is refused. Without TLS a caller is who the listener names by its
+//! address (`Anonymous` for a socket listener) until it says `Hello` with
+//! a replica id the service accepts.
 
 use super::budget::FrameBudget;
 use super::{buffered, check_length, encode_frame, io_error, write_frame, Handler, Stream};
@@ -217,7 +218,10 @@ impl Server {
                 accepted = self.listener.accept() => accepted,
             };
             match accepted {
-                Ok((stream, remote)) => self.shared.clone().admit(stream, remote),
+                Ok((stream, remote)) => {
+                    let caller = self.listener.caller(remote);
+                    self.shared.clone().admit(stream, remote, caller)
+                }
                 Err(error) => {
                     // Out of descriptors and the like: back off instead of spinning.
                     tracing::warn!(%error, "accept failed");
@@ -294,10 +298,12 @@ pub async fn listen(config: &Config, tls: bool) -> Result<TcpListener> {
 impl Shared {
     /// Serves a new connection in a free slot, or in the slot of the
     /// connection idle longest; refuses it when every one is busy.
-    fn admit(self: Arc<Self>, mut stream: Box<dyn Stream>, remote: SocketAddr) {
+    /// `caller` is who a plaintext connection is until its `Hello`.
+    fn admit(self: Arc<Self>, mut stream: Box<dyn Stream>, remote: SocketAddr, caller: Caller) {
         let runtime = self.env.runtime.clone();
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-            runtime.spawn("tcp connection", Box::pin(self.serve(stream, remote, slot)));
+            let serve = self.serve(stream, remote, caller, slot);
+            runtime.spawn("tcp connection", Box::pin(serve));
             return;
         }
         let max = self.options.max_connections;
@@ -314,7 +320,7 @@ impl Shared {
                 let slot = with_timeout(&*self.env.clock, self.options.frame_timeout, slot).await;
                 self.handovers.fetch_sub(1, Ordering::SeqCst);
                 match slot {
-                    Some(Ok(slot)) => self.serve(stream, remote, slot).await,
+                    Some(Ok(slot)) => self.serve(stream, remote, caller, slot).await,
                     _ => self.refuse(&mut stream),
                 }
             }),
@@ -357,6 +363,7 @@ impl Shared {
         self: Arc<Self>,
         stream: Box<dyn Stream>,
         remote: SocketAddr,
+        plaintext_caller: Caller,
         slot: OwnedSemaphorePermit,
     ) {
         let _slot = slot;
@@ -364,7 +371,7 @@ impl Shared {
         let evict = Arc::new(Notify::new());
         let result = match &self.tls {
             None => {
-                self.serve_requests(&mut buffered(stream), Caller::Anonymous, &evict)
+                self.serve_requests(&mut buffered(stream), plaintext_caller, &evict)
                     .await
             }
             Some(acceptor) => match self.handshake(acceptor, stream, remote, &evict).await {

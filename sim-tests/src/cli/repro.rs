@@ -8,6 +8,7 @@ use crate::scenario::plan::Plan;
 use crate::scenario::shrink::{shrink_to_capsule, Accept, Counts, Shrunk, SHRINK_TRIALS_MAX};
 use crate::scenario::swarm::Swarm;
 use crate::scenario::{run_seed, Options, Report};
+use crate::world::Network;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -88,6 +89,10 @@ pub fn replay(args: &ReplayArgs) -> ExitCode {
     if !args.quiet {
         init_replay_log();
     }
+    let keeps = args.record || args.out.is_some();
+    if keeps && args.scenario.network != Network::Datagram {
+        return usage_error("--record, --out: capsules are kept on the datagram network only");
+    }
     let (plan, options, capsule) = match starting_plan(
         args.seed,
         args.capsule.as_deref(),
@@ -99,7 +104,7 @@ pub fn replay(args: &ReplayArgs) -> ExitCode {
     };
     announce_seed(plan.swarm.seed, &[plan.swarm.seed], &options);
     let report = match &capsule {
-        Some(capsule) => capsule.run(!args.quiet),
+        Some(capsule) => capsule.run_over(!args.quiet, args.scenario.network),
         None => run_seed(plan.swarm.seed, &options),
     };
     println!("{report}");

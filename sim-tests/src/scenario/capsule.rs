@@ -329,16 +329,30 @@ impl Capsule {
             faults: self.faults,
             canary: self.canary().ok().flatten(),
             echo_trace,
+            // Capsules were recorded on datagrams; their fingerprints hold
+            // only there.
+            network: crate::world::Network::Datagram,
         }
     }
 
     /// Reruns the capsule on madsim seed `self.seed`.
     pub fn run(&self, echo_trace: bool) -> Report {
+        self.run_over(echo_trace, crate::world::Network::Datagram)
+    }
+
+    /// Reruns the capsule's plan on `network`: on another network than
+    /// the datagrams it was recorded on, its fingerprint does not hold,
+    /// but whether it still reaches what it was kept for can be checked.
+    pub fn run_over(&self, echo_trace: bool, network: crate::world::Network) -> Report {
         let mut plan = self.plan.clone();
         // The madsim seed is the capsule's; the plan's own seed field
         // also seeds the disks, and an edit may not change it apart.
         plan.swarm.seed = self.seed;
-        run_plan(&plan, &self.options(echo_trace))
+        let options = Options {
+            network,
+            ..self.options(echo_trace)
+        };
+        run_plan(&plan, &options)
     }
 
     pub fn to_json(&self) -> String {

@@ -23,7 +23,7 @@ use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
 use crate::world::supervisor::Supervisor;
 use crate::world::transport::WireCall;
-use crate::world::{cluster_configs_with, World};
+use crate::world::{cluster_configs_with, Network, World};
 use arbor::canary::Canary;
 use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
@@ -50,6 +50,9 @@ pub struct Options {
     pub canary: Option<Canary>,
     /// Print every trace event through `tracing` (replay).
     pub echo_trace: bool,
+    /// How the world's nodes reach each other. Not part of a capsule:
+    /// a run's trace, and so its fingerprint, depends on it.
+    pub network: Network,
 }
 
 impl Options {
@@ -60,6 +63,7 @@ impl Options {
             faults: true,
             canary: None,
             echo_trace: false,
+            network: Network::Datagram,
         }
     }
 
@@ -79,6 +83,8 @@ pub struct Report {
     /// What the run read: its faults and its clients' op streams.
     pub plan: Plan,
     pub canary: Option<Canary>,
+    /// The network the run's nodes were on.
+    pub network: Network,
     pub failure: Option<Failure>,
     pub trace_hash: u64,
     pub events: Vec<Event>,
@@ -135,8 +141,12 @@ impl Report {
         } else {
             ""
         };
+        let network = match self.network {
+            Network::Datagram => String::new(),
+            other => format!(" --network {}", other.name()),
+        };
         format!(
-            "cargo run --release -p arbor-sim -- replay --seed {}{profile}{canary}{size}",
+            "cargo run --release -p arbor-sim -- replay --seed {}{profile}{canary}{size}{network}",
             self.seed
         )
     }
@@ -253,7 +263,7 @@ pub fn run_plan(plan: &Plan, options: &Options) -> Report {
     arbor::canary::set(options.canary);
     let time_limit = swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let body = |probe| simulate(plan, &trace, probe);
+        let body = |probe| simulate(plan, &trace, probe, options.network);
         lifecycle::run_in_runtime(seed, madsim::Config::default(), Some(time_limit), body)
     }));
     let (counts, failure) = match outcome {
@@ -268,6 +278,7 @@ pub fn run_plan(plan: &Plan, options: &Options) -> Report {
         swarm,
         plan: plan.clone(),
         canary: options.canary,
+        network: options.network,
         trace_hash: trace.run_fingerprint(failure.as_ref().map(|f| f.kind.name())),
         failure,
         events: trace.events(),
@@ -290,7 +301,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-fn build_world(swarm: &Swarm, trace: &Trace) -> World {
+fn build_world(swarm: &Swarm, trace: &Trace, network: Network) -> World {
     let containers: Vec<ContainerConfig> = replica_sets(swarm.replicas)
         .into_iter()
         .map(|(cid, replicas)| ContainerConfig::new(cid, replicas))
@@ -312,14 +323,19 @@ fn build_world(swarm: &Swarm, trace: &Trace) -> World {
         config.faults.torn_write_probability = swarm.torn_write_probability;
         config
     };
-    World::build_on_disks(configs, &swarm.skews, disk_config, trace.clone())
+    World::build_on_disks_over(configs, &swarm.skews, disk_config, trace.clone(), network)
 }
 
 /// The seed's world through the lifecycle: boot, the workload under the
 /// nemesis, heal and check, end.
-async fn simulate(plan: &Plan, trace: &Trace, probe: LeakProbe) -> (Counts, Result<(), Failure>) {
+async fn simulate(
+    plan: &Plan,
+    trace: &Trace,
+    probe: LeakProbe,
+    network: Network,
+) -> (Counts, Result<(), Failure>) {
     let swarm = &plan.swarm;
-    let mut world = build_world(swarm, trace);
+    let mut world = build_world(swarm, trace, network);
     probe.watch(&world);
     let clients: Vec<_> = plan
         .clients

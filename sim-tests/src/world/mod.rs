@@ -1,5 +1,6 @@
 //! The simulated world: a madsim cluster of real Arbor nodes, each with a
-//! skewed clock, a disk that outlives the node, and a datagram transport;
+//! skewed clock, a disk that outlives the node, and a network (`Network`:
+//! madsim datagrams, or the engine's TCP stack over simulated streams);
 //! plus client nodes that call them. The scenario, the load evaluator's sim
 //! mode and the tests all build on it.
 //!
@@ -11,6 +12,7 @@ pub mod config;
 pub mod hooks;
 pub mod rotation;
 pub mod runtime;
+pub mod simnet;
 pub mod storage;
 pub mod supervisor;
 pub mod transport;
@@ -31,6 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use transport::{CallIds, MessageFilter, SimTransport};
+
+pub use simnet::Network;
 
 pub use config::{
     caller_at, cluster_configs, cluster_configs_with, replica_addr, Knobs, SERVICE_PORT,
@@ -135,11 +139,20 @@ pub struct World {
     /// The replica sets clients and checkers go by (`replicas_of`): the
     /// operator's map, which a membership change rewrites.
     view: Mutex<Vec<ContainerConfig>>,
+    /// How nodes and clients reach each other.
+    network: Network,
 }
 
 impl World {
-    /// Creates and starts the replicas. Call inside a madsim runtime.
+    /// Creates and starts the replicas on the datagram network. Call
+    /// inside a madsim runtime.
     pub fn build(specs: Vec<NodeSpec>, trace: Trace) -> World {
+        Self::build_over(specs, trace, Network::Datagram)
+    }
+
+    /// Creates and starts the replicas on `network`. Call inside a madsim
+    /// runtime.
+    pub fn build_over(specs: Vec<NodeSpec>, trace: Trace, network: Network) -> World {
         let filter = Arc::new(MessageFilter::default());
         let call_ids = CallIds::default();
         let hooks = Arc::new(hooks::Hooks::default());
@@ -151,7 +164,7 @@ impl World {
             .into_iter()
             .map(|spec| {
                 let shared = (filter.clone(), call_ids.clone(), hooks.clone());
-                build_node(spec, shared, trace.clone())
+                build_node(spec, shared, trace.clone(), network)
             })
             .collect();
         World {
@@ -164,7 +177,13 @@ impl World {
             clients: 0,
             base_net: net_config(),
             view: Mutex::new(view),
+            network,
         }
+    }
+
+    /// How nodes and clients of this world reach each other.
+    pub fn network(&self) -> Network {
+        self.network
     }
 
     /// Replicas with `configs` on fault-free disks without skew.
@@ -181,6 +200,17 @@ impl World {
         disk_config: impl Fn(usize) -> DiskConfig,
         trace: Trace,
     ) -> World {
+        Self::build_on_disks_over(configs, skews, disk_config, trace, Network::Datagram)
+    }
+
+    /// `build_on_disks` on `network`.
+    pub fn build_on_disks_over(
+        configs: Vec<Config>,
+        skews: &[ClockSkew],
+        disk_config: impl Fn(usize) -> DiskConfig,
+        trace: Trace,
+        network: Network,
+    ) -> World {
         assert_eq!(configs.len(), skews.len(), "one clock skew per replica");
         let specs = configs
             .into_iter()
@@ -193,7 +223,7 @@ impl World {
                 redb_cache_bytes: None,
             })
             .collect();
-        Self::build(specs, trace)
+        Self::build_over(specs, trace, network)
     }
 
     /// Handles on every replica's disk that do not keep it alive: the leak
@@ -273,28 +303,60 @@ impl World {
         let name = format!("client-{index}");
         let ip = config::client_ip(index);
         let node = Handle::current().create_node().name(&name).ip(ip).build();
-        let peers = self.nodes.iter().map(|n| (n.replica_id, n.addr)).collect();
         let clock: Arc<dyn Clock> = Arc::new(SimClock::new(ClockSkew::default()));
-        let max_message_bytes = self
-            .nodes
-            .first()
-            .map_or(4 << 20, |n| n.config.limits.max_message_bytes);
-        let transport = SimTransport::new(
-            0,
-            peers,
-            clock,
-            max_message_bytes,
-            self.filter.clone(),
-            self.call_ids.clone(),
-        );
+        let transport: Arc<dyn arbor::net::Transport> = match self.network {
+            Network::Datagram => {
+                let peers = self.nodes.iter().map(|n| (n.replica_id, n.addr)).collect();
+                let max_message_bytes = self
+                    .nodes
+                    .first()
+                    .map_or(4 << 20, |n| n.config.limits.max_message_bytes);
+                Arc::new(SimTransport::new(
+                    0,
+                    peers,
+                    clock,
+                    max_message_bytes,
+                    self.filter.clone(),
+                    self.call_ids.clone(),
+                ))
+            }
+            Network::Tcp => self.tcp_client_transport(clock),
+        };
         Client {
             name,
             node,
-            transport: Arc::new(transport),
+            transport,
             rotation: self.rotation.clone(),
             misled,
             trace: self.trace.clone(),
         }
+    }
+
+    /// A client's transport over the engine's TCP stack: plaintext without
+    /// `Hello`, as the datagram clients check no answerer either (the
+    /// gateway's check is the engine's); the replicas name the client by
+    /// its address. Its limits are the first replica's (the test
+    /// defaults in a world without replicas).
+    fn tcp_client_transport(&self, clock: Arc<dyn Clock>) -> Arc<dyn arbor::net::Transport> {
+        let mut config = self
+            .nodes
+            .first()
+            .map_or_else(|| Config::default_for_test(1), |n| n.config.clone());
+        config.node.peers = self
+            .nodes
+            .iter()
+            .map(|n| arbor::config::PeerConfig::new(n.replica_id, n.addr.to_string()))
+            .collect();
+        let limits = &config.limits;
+        let dialer =
+            arbor::tcp::Dialer::plaintext(limits.connect_timeout, limits.max_message_bytes);
+        let tcp = arbor::tcp::TcpTransport::with_dialer(&config, dialer);
+        Arc::new(simnet::Filtered {
+            local: 0,
+            filter: self.filter.clone(),
+            clock: clock.clone(),
+            inner: Arc::new(tcp.with_net(Arc::new(simnet::SimNet), clock)),
+        })
     }
 
     /// Power cut and kill: unsynced writes may be lost or torn, destructors
@@ -597,6 +659,7 @@ fn build_node(
     spec: NodeSpec,
     (filter, call_ids, hooks): (Arc<MessageFilter>, CallIds, Arc<hooks::Hooks>),
     trace: Trace,
+    network: Network,
 ) -> SimNode {
     let config = spec.config;
     let replica_id = config.node.replica_id;
@@ -627,6 +690,7 @@ fn build_node(
         rejoin: rejoin.clone(),
         serving: Mutex::default(),
         stand_in: Mutex::new(None),
+        network,
     };
     let boot = Arc::new(boot);
     let init = boot.clone();
@@ -672,6 +736,7 @@ struct Boot {
     serving: Mutex<Arc<AtomicU64>>,
     /// Set while a stand-in runs on this machine instead of the replica.
     stand_in: Mutex<Option<StandIn>>,
+    network: Network,
 }
 
 impl Boot {
@@ -732,19 +797,33 @@ impl Boot {
             })
             .collect();
         let limits = &config.limits;
-        let transport = SimTransport::new(
-            config.node.replica_id,
-            peers,
-            self.clock.clone(),
-            limits.max_message_bytes,
-            self.filter.clone(),
-            self.call_ids.clone(),
-        );
-        let service =
-            match Service::start(config.clone(), Arc::new(forest), env, Arc::new(transport)) {
-                Ok(service) => service,
-                Err(e) => panic!("{}: service does not start: {e}", self.name),
-            };
+        let transport: Arc<dyn arbor::net::Transport> = match self.network {
+            Network::Datagram => Arc::new(SimTransport::new(
+                config.node.replica_id,
+                peers,
+                self.clock.clone(),
+                limits.max_message_bytes,
+                self.filter.clone(),
+                self.call_ids.clone(),
+            )),
+            Network::Tcp => {
+                // The node's own dialler: `Hello` as its replica id, and
+                // the answer's replica checked against the one dialled.
+                let tcp = arbor::tcp::TcpTransport::new(&config, None);
+                let clock: Arc<dyn Clock> = self.clock.clone();
+                Arc::new(simnet::Filtered {
+                    local: config.node.replica_id,
+                    filter: self.filter.clone(),
+                    clock: clock.clone(),
+                    inner: Arc::new(tcp.with_net(Arc::new(simnet::SimNet), clock)),
+                })
+            }
+        };
+        let service = match Service::start(config.clone(), Arc::new(forest), env.clone(), transport)
+        {
+            Ok(service) => service,
+            Err(e) => panic!("{}: service does not start: {e}", self.name),
+        };
         if itself {
             self.hooks.attach_pulls(config.node.replica_id, &service);
         }
@@ -765,6 +844,9 @@ impl Boot {
             inner: handler,
             serving,
         });
+        if self.network == Network::Tcp {
+            return self.serve_tcp(&config, addr, handler, env).await;
+        }
         let limits = (limits.max_message_bytes, limits.max_connections);
         let trace = self.trace.clone();
         transport::serve_as(
@@ -776,6 +858,31 @@ impl Boot {
             trace,
         )
         .await;
+    }
+
+    /// Serves `handler` through `arbor::tcp::Server` on a `SimListener` at
+    /// `addr`, plaintext, with the node's own limits, until the node is
+    /// killed.
+    async fn serve_tcp(
+        &self,
+        config: &Config,
+        addr: SocketAddr,
+        handler: Arc<dyn transport::Handler>,
+        env: Env,
+    ) {
+        let listener = match simnet::SimListener::bind(addr, caller_at).await {
+            Ok(listener) => listener,
+            Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
+        };
+        let handler = Arc::new(simnet::TcpHandler {
+            inner: handler,
+            server: addr.to_string(),
+            trace: self.trace.clone(),
+        });
+        let options = arbor::tcp::ServerOptions::from_config(config);
+        arbor::tcp::Server::with_env(Box::new(listener), handler, options, None, env)
+            .run()
+            .await
     }
 
     async fn open_forest(&self, config: &Config, disk: &SimDisk) -> Option<arbor::forest::Forest> {
@@ -798,7 +905,7 @@ impl Boot {
 pub struct Client {
     pub name: String,
     node: NodeHandle,
-    transport: Arc<SimTransport>,
+    transport: Arc<dyn arbor::net::Transport>,
     rotation: Arc<rotation::Rotation>,
     /// Calls replicas out of rotation too.
     misled: bool,
@@ -817,7 +924,6 @@ impl Client {
         request: Request,
         timeout: Duration,
     ) -> Result<Response, Error> {
-        use arbor::net::Transport;
         if !self.misled && self.rotation.is_out(replica) {
             return Err(Error::Network(format!(
                 "replica-{replica} is out of rotation"

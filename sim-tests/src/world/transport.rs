@@ -157,6 +157,15 @@ impl MessageFilter {
         }
     }
 
+    /// Whether `request` from `from` to `to` is blocked, noted as a
+    /// call either way.
+    pub(crate) fn stops(&self, from: ReplicaId, to: ReplicaId, request: &Request) -> bool {
+        let kind = RequestKind::of(request);
+        let blocked = self.is_blocked(from, to, kind);
+        self.note(from, to, kind, blocked);
+        blocked
+    }
+
     /// The pushes and pulls noted so far.
     pub fn calls(&self) -> Vec<WireCall> {
         self.calls.lock().unwrap().clone()
@@ -303,9 +312,7 @@ impl Transport for SimTransport {
     ) -> BoxFuture<'static, Result<Response, Error>> {
         let addr = self.peers.get(&peer).copied();
         let call_id = self.call_ids.next();
-        let kind = RequestKind::of(&request);
-        let blocked = self.filter.is_blocked(self.local, peer, kind);
-        self.filter.note(self.local, peer, kind, blocked);
+        let blocked = self.filter.stops(self.local, peer, &request);
         let frame = proto::encode(call_id, &request);
         let clock = self.clock.clone();
         let max_message_bytes = self.max_message_bytes;
