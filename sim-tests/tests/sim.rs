@@ -1,10 +1,14 @@
 //! The standard scenario over a fixed set of seeds (swarm testing: each
 //! seed draws its own config and faults). `MADSIM_TEST_SEED=<seed>` runs
 //! that one seed instead, with its full report (`ARBOR_SIM_SIZE=standard`
-//! for a seed found by a full-size `arbor-sim sweep`).
+//! for a seed found by a full-size `arbor-sim sweep`, `ARBOR_SIM_PROFILE`
+//! and `ARBOR_SIM_NETWORK` for one found under another profile or network:
+//! a failing run's report prints the command).
 
 use arbor_sim::cli::{run_seed_announced, run_sweep};
+use arbor_sim::scenario::swarm::Profile;
 use arbor_sim::scenario::Options;
+use arbor_sim::world::Network;
 
 /// Seeds 1..=SEEDS of the test-sized standard scenario.
 const SEEDS: u64 = 50;
@@ -24,10 +28,17 @@ fn standard_seeds() {
     let options = Options::test();
     if let Some(seed) = seed_from_env() {
         // Seeds found by `arbor-sim sweep` ran the full-size scenario.
-        let options = match std::env::var("ARBOR_SIM_SIZE").as_deref() {
+        let mut options = match std::env::var("ARBOR_SIM_SIZE").as_deref() {
             Ok("standard") => Options::standard(),
             _ => options,
         };
+        if let Ok(name) = std::env::var("ARBOR_SIM_PROFILE") {
+            options.profile = Profile::parse(&name)
+                .unwrap_or_else(|| panic!("ARBOR_SIM_PROFILE: no profile {name:?}"));
+        }
+        if let Ok(name) = std::env::var("ARBOR_SIM_NETWORK") {
+            options.network = Network::parse(&name).expect("ARBOR_SIM_NETWORK");
+        }
         let report = run_seed_announced(seed, &options);
         println!("{report}");
         assert!(report.passed(), "seed {seed} failed");

@@ -112,17 +112,26 @@ impl Report {
                 self.seed,
                 canary_test_name(canary)
             ),
-            // The test runs the test-sized scenario unless told otherwise,
-            // so a seed found by a full-size sweep names its size.
-            None => format!(
-                "MADSIM_TEST_SEED={}{} cargo test -p arbor-sim --test sim -- standard_seeds --nocapture",
-                self.seed,
-                if self.swarm.size == Size::TEST {
-                    ""
-                } else {
-                    " ARBOR_SIM_SIZE=standard"
-                }
-            ),
+            // The test runs the test-sized standard profile over datagrams
+            // unless told otherwise, so a seed names what it ran with.
+            None => {
+                let size = match self.swarm.size == Size::TEST {
+                    true => String::new(),
+                    false => " ARBOR_SIM_SIZE=standard".into(),
+                };
+                let profile = match self.swarm.profile {
+                    Profile::Standard => String::new(),
+                    other => format!(" ARBOR_SIM_PROFILE={}", other.name()),
+                };
+                let network = match self.network {
+                    Network::Datagram => String::new(),
+                    other => format!(" ARBOR_SIM_NETWORK={}", other.name()),
+                };
+                format!(
+                    "MADSIM_TEST_SEED={}{size}{profile}{network} cargo test -p arbor-sim --test sim -- standard_seeds --nocapture",
+                    self.seed
+                )
+            }
         }
     }
 
