@@ -47,10 +47,10 @@ impl Writer<'_, '_> {
             // A tree that does not exist yet holds no live node but ROOT:
             // a Move under any other parent is refused before the tree is
             // made, so a refused write leaves no empty tree behind.
-            if let WriteOp::Move { parent, .. } = op
-                && *parent != ROOT
-            {
-                return Ok(Err(Error::ParentNotLive(*parent)));
+            if let WriteOp::Move { parent, .. } = op {
+                if *parent != ROOT {
+                    return Ok(Err(Error::ParentNotLive(*parent)));
+                }
             }
             loaded = self.load_tree(key, true)?;
         }
