@@ -59,5 +59,8 @@ fn every_profile_passes_a_short_sweep() {
         }
     }
     assert!(failing.is_empty(), "failing (profile, seed): {failing:?}");
-    assert!(unreached.is_empty(), "never reached (profile, situation): {unreached:?}");
+    assert!(
+        unreached.is_empty(),
+        "never reached (profile, situation): {unreached:?}"
+    );
 }

@@ -84,7 +84,8 @@ pub fn peer_epochs_followed(world: &World) -> Result {
         let configured = service.config().node.peers.iter().map(|p| p.replica_id);
         for peer in configured.filter(|p| replicas.contains(p) && *p != replica) {
             let peer_node = world.node(peer);
-            let Some(peer_service) = peer_node.service().filter(|_| !peer_node.is_stand_in()) else {
+            let Some(peer_service) = peer_node.service().filter(|_| !peer_node.is_stand_in())
+            else {
                 continue;
             };
             let (Ok(recorded), Ok(Some(current))) = (
