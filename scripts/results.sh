@@ -14,8 +14,8 @@
 #                                           # every profile at 1,000 seeds, and
 #                                           # seeds/min beside an older build
 #   scripts/results.sh --only mutants       # the mutation-testing sample (opt-in:
-#                                           # not in the default set, it takes
-#                                           # about an hour)
+#                                           # not in the default set: it builds
+#                                           # the engine once per mutant)
 #
 # A section that is not run keeps what docs/results.md already holds; each
 # section names the commit, CPU and mode of the run that measured it.
@@ -119,7 +119,7 @@ else
     grpc_profile_duration=30s; grpc_profile_delay_ms=10000
     sim_load_duration=15m
     scale_default=1000000
-    mutants_files=(engine/src/service/backoff.rs engine/src/service/pull/epoch.rs)
+    mutants_files=(engine/src/service/backoff.rs engine/src/service/pull/epoch.rs engine/src/service/cursor.rs)
 fi
 
 scale_objects="${scale_objects:-$scale_default}"
