@@ -7,6 +7,13 @@
 #   scripts/mutants.sh --shard 3/16             # one shard of 16 (a CI matrix job)
 #   scripts/mutants.sh --file engine/src/forest/query.rs --file 'engine/src/service/pull/*.rs'
 #   ARBOR_MUTANTS_SEEDS=4 scripts/mutants.sh ...  # more seeds per profile
+#   scripts/mutants.sh --in-place ...           # mutate this tree (warm target/)
+#
+# No baseline run: cargo-mutants tests the baseline with the mutated
+# package alone, where the sweep test of arbor-sim does not exist, so the
+# test timeout is given instead: MUTANTS_TIMEOUT seconds (default 300; the
+# unmutated test command takes well under a minute), and the build timeout
+# MUTANTS_BUILD_TIMEOUT (default 1200).
 #
 # Writes mutants.out/ (cargo-mutants' own outcome files: caught.txt,
 # missed.txt, timeout.txt, unviable.txt, outcomes.json) under
@@ -21,7 +28,9 @@ if ! cargo mutants --version >/dev/null 2>&1; then
 fi
 export ARBOR_MUTANTS_SEEDS="${ARBOR_MUTANTS_SEEDS:-2}"
 status=0
-cargo mutants --package arbor-engine --output "$out" --no-shuffle "$@" || status=$?
+cargo mutants --package arbor-engine --output "$out" --no-shuffle \
+    --baseline=skip --timeout "${MUTANTS_TIMEOUT:-300}" \
+    --build-timeout "${MUTANTS_BUILD_TIMEOUT:-1200}" "$@" || status=$?
 if [ -s "$out/mutants.out/missed.txt" ]; then
     echo "== missed mutants ($out/mutants.out/missed.txt):"
     cat "$out/mutants.out/missed.txt"

@@ -13,6 +13,9 @@
 #   scripts/results.sh --only campaign --base-bin OLD/arbor-sim
 #                                           # every profile at 1,000 seeds, and
 #                                           # seeds/min beside an older build
+#   scripts/results.sh --only mutants       # the mutation-testing sample (opt-in:
+#                                           # not in the default set: it builds
+#                                           # the engine once per mutant)
 #
 # A section that is not run keeps what docs/results.md already holds; each
 # section names the commit, CPU and mode of the run that measured it.
@@ -20,7 +23,9 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load scale)
+readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load scale mutants)
+# What a run without --only measures: every section but the opt-in ones.
+readonly OPT_IN=(mutants)
 
 usage() {
     sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -30,6 +35,7 @@ Options:
   --quick          smaller counts and durations; every command shown is the
                    one that ran, and the sections say they are quick
   --only LIST      comma-separated sections of: ${SECTIONS[*]}
+                   (${OPT_IN[*]} only when named here)
   --sim-bin PATH   use this arbor-sim binary instead of building one
   --base-bin PATH  campaign: an arbor-sim built from an earlier commit; its
                    standard sweep alternates with this one's to compare
@@ -96,6 +102,7 @@ if [ "$quick" = 1 ]; then
     grpc_profile_duration=8s; grpc_profile_delay_ms=4000
     sim_load_duration=1m
     scale_default=100000
+    mutants_files=(engine/src/service/backoff.rs)
 else
     sweep_seeds=200
     campaign_seeds=1000
@@ -112,6 +119,7 @@ else
     grpc_profile_duration=30s; grpc_profile_delay_ms=10000
     sim_load_duration=15m
     scale_default=1000000
+    mutants_files=(engine/src/service/backoff.rs engine/src/service/pull/epoch.rs engine/src/service/cursor.rs)
 fi
 
 scale_objects="${scale_objects:-$scale_default}"
@@ -187,6 +195,16 @@ grpc_profile_cmd() {
     echo "perf record -F 999 -D $grpc_profile_delay_ms -o perf.data -- arbor-sim load --replicas 3 --transport $1 --requests loader --rate 5000 --duration $grpc_profile_duration --no-progress; perf report -i perf.data --comms arbor-node --no-children --sort sym --stdio --percentage relative"
 }
 scale_cmd() { echo "cargo bench -p arbor-engine --bench scale -- --objects $scale_objects"; }
+# The mutation sample runs in place: cargo-mutants' copy of the tree would
+# rebuild every dependency (the copy's timestamps make them stale), while
+# in place only the engine and its tests rebuild per mutant. Its seeds per
+# profile are the campaign's default (scripts/mutants.sh).
+mutants_seeds=2
+mutants_cmd() {
+    local f args=""
+    for f in "${mutants_files[@]}"; do args+=" --file $f"; done
+    echo "ARBOR_MUTANTS_SEEDS=$mutants_seeds scripts/mutants.sh --in-place$args"
+}
 sim_load_cmd() {
     echo "arbor-sim load --mode sim --replicas 3 --rate 1000 --sync 5m --duration $sim_load_duration --seed 7 --verify"
 }
@@ -207,12 +225,15 @@ if [ "$list" = 1 ]; then
     echo "grpc:       $(grpc_cmd 1); $(grpc_cmd 3); $(grpc_profile_cmd grpc); the same with tcp (the profiles only when perf is installed)"
     echo "sim-load:   $(sim_load_cmd)"
     echo "scale:      $(scale_cmd)"
+    echo "mutants:    $(mutants_cmd) (opt-in; only when cargo-mutants is installed)"
     exit 0
 fi
 
 wanted=()
 if [ -z "$only" ]; then
-    wanted=("${SECTIONS[@]}")
+    for name in "${SECTIONS[@]}"; do
+        case " ${OPT_IN[*]} " in *" $name "*) ;; *) wanted+=("$name") ;; esac
+    done
 else
     IFS=',' read -r -a wanted <<<"$only"
     for name in "${wanted[@]}"; do
@@ -302,6 +323,7 @@ title() {
         grpc) echo "The reference loader's requests over gRPC beside the native protocol, 1 and 3 replicas" ;;
         sim-load) echo "Simulated load, 3 replicas" ;;
         scale) echo "A bucket at scale: ingest, storage, listing and catch-up of one large tree" ;;
+        mutants) echo "Mutation testing: how many of a sample of the engine's mutants the checks catch" ;;
     esac
 }
 
@@ -1272,6 +1294,88 @@ section_scale() {
             echo '```'
         fi
     } >"$work/scale.md"
+}
+
+# The reason recorded for a missed mutant in .cargo/mutants-missed.txt
+# (lines `MUTANT<TAB>KIND<TAB>REASON`; the file says what each KIND means,
+# and only `equivalent` ones are left out of the score), as "KIND: REASON",
+# or nothing.
+mutant_reason() {
+    awk -F '\t' -v m="$1" '$1 == m { print $2 ": " $3; exit }' .cargo/mutants-missed.txt 2>/dev/null || true
+}
+
+section_mutants() {
+    if ! cargo mutants --version >/dev/null 2>&1; then
+        log "cargo-mutants is not installed: mutants section skipped"
+        {
+            echo "## $(title mutants)"
+            echo
+            echo "Not measured: cargo-mutants was not installed on the machine of the run at commit $commit"
+            echo "(\`cargo install cargo-mutants --locked\`, then \`scripts/results.sh --only mutants\`)."
+        } >"$work/mutants.md"
+        return
+    fi
+    log "mutation sample: ${mutants_files[*]}"
+    local args=() f status=0
+    for f in "${mutants_files[@]}"; do args+=(--file "$f"); done
+    # Exit status 2: some mutant was missed, which the table reports.
+    MUTANTS_OUT="$work/mutants" ARBOR_MUTANTS_SEEDS="$mutants_seeds" \
+        timed mutants scripts/mutants.sh --in-place "${args[@]}" || status=$?
+    local dir="$work/mutants/mutants.out"
+    mutants_count() { if [ -f "$dir/$1.txt" ]; then grep -c . "$dir/$1.txt" || true; else echo 0; fi; }
+    local caught missed unviable timeout total equivalent=0 line reason
+    caught="$(mutants_count caught)"; missed="$(mutants_count missed)"
+    unviable="$(mutants_count unviable)"; timeout="$(mutants_count timeout)"
+    total=$((caught + missed + unviable + timeout))
+    if [ -f "$dir/missed.txt" ]; then
+        while IFS= read -r line; do
+            case "$(mutant_reason "$line")" in equivalent:*) equivalent=$((equivalent + 1)) ;; esac
+        done <"$dir/missed.txt"
+    fi
+    {
+        echo "## $(title mutants)"
+        echo
+        provenance "$(cargo mutants --version), the engine and the tests built in debug by it"
+        echo "Command: \`$(mutants_cmd)\` (wall time $(cat "$work/mutants.wall") s; exit status $status)."
+        echo "Files mutated: $(printf '`%s` ' "${mutants_files[@]}" | sed 's/ $//; s/` `/`, `/g')."
+        echo "Each mutant (a function body replaced by a default value, an operator swapped, a match"
+        echo "guard forced) is built into the engine, which must then fail the test command of"
+        echo "\`.cargo/mutants.toml\`: \`cargo test -p arbor-engine -p arbor-sim --lib --test mutants_sweep\`,"
+        echo "the engine's and the simulator's unit tests and $mutants_seeds seeds of the test-sized scenario"
+        echo "under every profile with every checker on. Unviable: the mutant does not build. Timeout: the"
+        echo "tests ran past ${MUTANTS_TIMEOUT:-300} s."
+        echo
+        if [ "$total" = 0 ]; then
+            command_failed mutants "$(mutants_cmd)"
+            return
+        fi
+        echo "| mutants | caught | missed | of them equivalent | unviable | timeout | wall per mutant | score |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+        awk -v t="$total" -v c="$caught" -v m="$missed" -v e="$equivalent" -v u="$unviable" \
+            -v o="$timeout" -v w="$(cat "$work/mutants.wall")" 'BEGIN {
+                d = c + m - e
+                printf "| %d | %d | %d | %d | %d | %d | %.0f s | %s |\n", t, c, m, e, u, o, w / t,
+                    (d > 0) ? sprintf("**%.1f %%** (%d/%d)", 100 * c / d, c, d) : "n/a"
+            }'
+        echo
+        echo "Score: caught / (caught + missed), the missed counted without the equivalent ones (mutants"
+        echo "that behave as the real code does, so that no check can tell them apart)."
+        if [ "$missed" != 0 ]; then
+            echo
+            echo "Each missed mutant and its reason (\`.cargo/mutants-missed.txt\`):"
+            echo
+            echo "| missed mutant | reason |"
+            echo "|---|---|"
+            while IFS= read -r line; do
+                reason="$(mutant_reason "$line")"
+                echo "| \`$line\` | ${reason:-none recorded: a gap in the checks} |"
+            done <"$dir/missed.txt"
+        fi
+        if [ "$timeout" != 0 ]; then
+            echo
+            echo "Timed out (counted apart from the score): $(sed 's/.*/`&`/' "$dir/timeout.txt" | paste -sd ';' | sed 's/;/; /g')."
+        fi
+    } >"$work/mutants.md"
 }
 
 for name in "${wanted[@]}"; do

@@ -146,3 +146,150 @@ fn the_github_workflow_covers_the_range_once() {
         .collect();
     assert_covers_once(per_slice, seeds);
 }
+
+/// A stand-in for `scripts/mutants.sh` in `dir`: it writes its arguments,
+/// one a line, and the campaign's environment into `MUTANTS_OUT`, with the
+/// outcome files cargo-mutants would leave there.
+fn stub_mutants_script(dir: &Path) {
+    let scripts = dir.join("scripts");
+    std::fs::create_dir_all(&scripts).unwrap();
+    let stub = scripts.join("mutants.sh");
+    std::fs::write(
+        &stub,
+        "#!/bin/sh\nset -eu\nmkdir -p \"$MUTANTS_OUT/mutants.out\"\n\
+         printf '%s\\n' \"$@\" > \"$MUTANTS_OUT/args\"\n\
+         echo \"$ARBOR_MUTANTS_SEEDS\" > \"$MUTANTS_OUT/seeds\"\n\
+         : > \"$MUTANTS_OUT/mutants.out/missed.txt\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// The `k/n` after `--shard` in the arguments a stub recorded in `out`.
+fn shard_of(out: &Path) -> (u64, u64) {
+    let args = std::fs::read_to_string(out.join("args")).expect("the stub ran");
+    let args: Vec<&str> = args.lines().collect();
+    let at = args.iter().position(|a| *a == "--shard").expect("--shard");
+    let (k, n) = args[at + 1].split_once('/').expect("k/n");
+    (k.parse().unwrap(), n.parse().unwrap())
+}
+
+/// Shards `0..n` once each, all of `n`.
+fn assert_shards_once(shards: Vec<(u64, u64)>, n: u64) {
+    let mut seen = BTreeSet::new();
+    for (k, of) in shards {
+        assert_eq!(of, n, "shard {k}/{of} of a campaign in {n}");
+        assert!(k < n, "shard {k}/{n} out of range (k counts from 0)");
+        assert!(seen.insert(k), "shard {k} run twice");
+    }
+    assert_eq!(seen, (0..n).collect());
+}
+
+#[test]
+fn the_kubernetes_mutants_job_runs_every_shard_once() {
+    let job = recipe("deploy/mutants-job.yaml");
+    assert_eq!(job["spec"]["completionMode"], "Indexed");
+    let completions = job["spec"]["completions"].as_u64().expect("completions");
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let env = |name: &str| {
+        container["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{name} set"))
+            .to_string()
+    };
+    assert_eq!(env("SHARDS"), completions.to_string());
+    let seeds = env("ARBOR_MUTANTS_SEEDS");
+
+    let dir = tempfile::tempdir().unwrap();
+    stub_mutants_script(dir.path());
+    let script = container["args"][0].as_str().expect("pod script");
+    assert!(script.contains("scripts/mutants.sh"), "{script}");
+    let script = script
+        .replace("/results", dir.path().to_str().unwrap())
+        .replace("exec ", "");
+    let shards = (0..completions)
+        .map(|index| {
+            let env = [
+                ("JOB_COMPLETION_INDEX", index.to_string()),
+                ("SHARDS", completions.to_string()),
+                ("ARBOR_MUTANTS_SEEDS", seeds.clone()),
+            ];
+            run(&script, dir.path(), &env);
+            let out = dir.path().join(index.to_string());
+            assert!(out.join("mutants.out/missed.txt").exists());
+            assert_eq!(
+                std::fs::read_to_string(out.join("seeds")).unwrap().trim(),
+                seeds
+            );
+            shard_of(&out)
+        })
+        .collect();
+    assert_shards_once(shards, completions);
+}
+
+#[test]
+fn the_github_mutants_workflow_runs_every_shard_once() {
+    let workflow = recipe(".github/workflows/mutants.yml");
+    let shards = workflow["env"]["SHARDS"].as_u64().expect("SHARDS");
+    let job = &workflow["jobs"]["mutants"];
+    let matrix: Vec<u64> = job["strategy"]["matrix"]["shard"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
+    assert_eq!(matrix, (0..shards).collect::<Vec<_>>());
+    let steps = job["steps"].as_sequence().unwrap();
+    let step = steps
+        .iter()
+        .find(|step| {
+            step["run"]
+                .as_str()
+                .is_some_and(|r| r.contains("scripts/mutants.sh"))
+        })
+        .expect("a step runs scripts/mutants.sh");
+    let script = step["run"].as_str().unwrap();
+    let out_dir = step["env"]["MUTANTS_OUT"].as_str().expect("MUTANTS_OUT");
+    // What the upload step takes is what the campaign writes.
+    let uploaded = steps
+        .iter()
+        .find_map(|step| step["with"]["path"].as_str())
+        .expect("an upload step");
+    assert!(
+        uploaded.contains(&format!("{out_dir}/mutants.out/missed.txt")),
+        "{uploaded}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    stub_mutants_script(dir.path());
+    // A file the glob below would match if the shell expanded it.
+    std::fs::create_dir_all(dir.path().join("engine/src/b")).unwrap();
+    std::fs::write(dir.path().join("engine/src/b/c.rs"), "").unwrap();
+    let per_shard = matrix
+        .iter()
+        .map(|shard| {
+            let script = script.replace("${{ matrix.shard }}", &shard.to_string());
+            let out = dir.path().join(format!("out-{shard}"));
+            let env = [
+                ("SHARDS", shards.to_string()),
+                ("ARBOR_MUTANTS_SEEDS", "2".to_string()),
+                ("FILES", "engine/src/a.rs engine/src/b/*.rs".to_string()),
+                ("MUTANTS_OUT", out.to_str().unwrap().to_string()),
+            ];
+            run(&script, dir.path(), &env);
+            let args = std::fs::read_to_string(out.join("args")).unwrap();
+            // Each file input becomes its own --file, its glob unexpanded.
+            assert!(
+                args.contains("--file\nengine/src/a.rs\n--file\nengine/src/b/*.rs\n"),
+                "{args}"
+            );
+            shard_of(&out)
+        })
+        .collect();
+    assert_shards_once(per_shard, shards);
+}

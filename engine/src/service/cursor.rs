@@ -155,6 +155,20 @@ mod tests {
     }
 
     #[test]
+    fn the_lag_is_the_distance_from_the_durable_copy() {
+        // Far from 0 both, one height apart: a small lag, however high.
+        let mut cursor = LazyCursor::loaded(10 * CURSOR_LAG_MAX);
+        cursor.advance(10 * CURSOR_LAG_MAX + 1);
+        assert!(!cursor.lag_exceeded());
+        cursor.persisted(10 * CURSOR_LAG_MAX + 1, Duration::from_secs(1));
+        assert!(!cursor.persist_due(Duration::from_secs(2), PERIOD));
+        cursor.advance(11 * CURSOR_LAG_MAX);
+        assert!(!cursor.lag_exceeded());
+        cursor.advance(11 * CURSOR_LAG_MAX + 1);
+        assert!(cursor.lag_exceeded());
+    }
+
+    #[test]
     #[should_panic(expected = "cursor moved back")]
     fn a_cursor_never_moves_back() {
         let mut cursor = LazyCursor::loaded(10);

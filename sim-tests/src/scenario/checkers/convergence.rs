@@ -68,6 +68,44 @@ pub async fn sync_round(world: &World) -> Result {
     Ok(())
 }
 
+/// After a sync round on every replica, each one has asked every peer of
+/// its configuration which log it serves and recorded that log's epoch as
+/// the one its pull cursors of the peer count heights in (docs/design.md
+/// §6): a replica still counting another epoch (or none) would take the
+/// heights of a rebuilt log for those of the log it replaced. Pairs where
+/// either side is down or a stand-in runs are skipped.
+pub fn peer_epochs_followed(world: &World) -> Result {
+    let replicas = world.replica_ids();
+    for &replica in &replicas {
+        let node = world.node(replica);
+        let Some(service) = node.service().filter(|_| !node.is_stand_in()) else {
+            continue;
+        };
+        let configured = service.config().node.peers.iter().map(|p| p.replica_id);
+        for peer in configured.filter(|p| replicas.contains(p) && *p != replica) {
+            let peer_node = world.node(peer);
+            let Some(peer_service) = peer_node.service().filter(|_| !peer_node.is_stand_in())
+            else {
+                continue;
+            };
+            let (Ok(recorded), Ok(Some(current))) = (
+                service.forest().peer_log_epoch(peer),
+                peer_service.forest().log_epoch(),
+            ) else {
+                continue;
+            };
+            if recorded != Some(current) {
+                let detail = format!(
+                    "after a sync round replica-{replica} counts its pull cursors of replica-{peer} \
+                     in log epoch {recorded:?}, but that replica's log is of epoch {current}"
+                );
+                return Err(Failure::new(FailureKind::SyncCursor, detail));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Sync-only convergence: pushes stay blocked (`block_pushes`), so
 /// whatever converges was carried by background sync alone.
 pub async fn sync_converges(
@@ -81,6 +119,7 @@ pub async fn sync_converges(
     );
     let result = async {
         sync_round(world).await?;
+        peer_epochs_followed(world)?;
         let when = "after a sync round with pushes blocked";
         check_at(world, ledger, when, checkers).await
     }
