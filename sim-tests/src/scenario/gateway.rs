@@ -110,7 +110,9 @@ async fn put(
         path,
         items,
     };
-    write(workload, client, replica, op, request).await.is_some()
+    write(workload, client, replica, op, request)
+        .await
+        .is_some()
 }
 
 /// The latest version of a random key as `replica` answers it.
@@ -124,9 +126,7 @@ async fn latest(
     let path = random_key();
     let request = read_request(tree.clone(), path.clone(), true);
     match call(workload, client, replica, op, request).await? {
-        Response::Nodes(nodes) => nodes
-            .first()
-            .map(|n| (n.id, n.parent, path[1].clone())),
+        Response::Nodes(nodes) => nodes.first().map(|n| (n.id, n.parent, path[1].clone())),
         _ => None,
     }
 }
@@ -152,7 +152,10 @@ async fn overwrite(
         node,
         items,
     };
-    if write(workload, client, replica, op, request).await.is_some() {
+    if write(workload, client, replica, op, request)
+        .await
+        .is_some()
+    {
         workload.world.hooks.coverage.hit(Coverage::OverwriteByMove);
     }
 }
@@ -204,7 +207,10 @@ async fn multipart(
                 KeyValue::new("OID", format!("part-oid-{op:08x}").into_bytes()),
             ],
         };
-        if write(workload, client, replica, op, request).await.is_some() {
+        if write(workload, client, replica, op, request)
+            .await
+            .is_some()
+        {
             workload.world.hooks.coverage.hit(Coverage::MultipartPart);
         }
     }

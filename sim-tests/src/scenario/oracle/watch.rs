@@ -4,10 +4,10 @@
 //! `SyncWatch` checks each pull pass against the peer's log.
 
 use super::expect::{check_read, is_read, tree_of, wrong_detail, Checked};
-use crate::scenario::workload::summarize_request as brief;
 use super::TreeView;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::scenario::coverage::{Coverage, CoverageCounter};
+use crate::scenario::workload::summarize_request as brief;
 use crate::world::hooks::{AnswerWatch, PullWatch, Seen};
 use crate::world::World;
 use arbor::forest::{CursorKind, Forest};
@@ -166,7 +166,10 @@ impl AnswerOracle {
             if let Some(wrong) = self.path_choice(replica, forest, request, response) {
                 self.verdict.fail(Failure::new(
                     FailureKind::WrongAnswer,
-                    format!("replica-{replica} answered {client}'s {}: {wrong}", brief(request)),
+                    format!(
+                        "replica-{replica} answered {client}'s {}: {wrong}",
+                        brief(request)
+                    ),
                 ));
             }
         }
@@ -237,7 +240,10 @@ impl AnswerOracle {
             .collect();
         for (model_op, &ts) in expected.iter().zip(&written) {
             let logged = late.iter().find(|entry| entry.op.ts() == ts)?;
-            let want_parent = ids.get(&model_op.parent).copied().unwrap_or(model_op.parent);
+            let want_parent = ids
+                .get(&model_op.parent)
+                .copied()
+                .unwrap_or(model_op.parent);
             if logged.op.parent != want_parent {
                 return Some(format!(
                     "logged op {ts} under {}; in the tree before the write the model puts it under {want_parent}",
