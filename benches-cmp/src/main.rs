@@ -50,9 +50,9 @@ fn parse_args() -> Args {
             "--batch" => args.batch = value("--batch"),
             "--rounds" => args.rounds = value("--rounds"),
             "--crash-replay" => args.crash_replay = true,
-            other => panic!(
-                "unknown flag {other} (--ops N, --batch B, --rounds R, --crash-replay)"
-            ),
+            other => {
+                panic!("unknown flag {other} (--ops N, --batch B, --rounds R, --crash-replay)")
+            }
         }
     }
     assert!(args.ops >= 1 && args.batch >= 1 && args.rounds >= 1);

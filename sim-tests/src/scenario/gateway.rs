@@ -176,10 +176,21 @@ async fn tag(workload: &Workload, client: &Client, replica: ReplicaId, tree: Tre
         ],
     };
     write(workload, client, replica, op, request).await;
+    read_two_levels(workload, client, replica, tree, node).await;
+}
+
+/// GetSubTree of depth 2 from `root`: the node and its children.
+async fn read_two_levels(
+    workload: &Workload,
+    client: &Client,
+    replica: ReplicaId,
+    tree: TreeKey,
+    root: NodeId,
+) {
     let op = workload.op_id();
     let request = Request::GetSubTree {
         tree,
-        root: node,
+        root,
         depth: 2,
     };
     let _ = call(workload, client, replica, op, request).await;
@@ -226,11 +237,5 @@ async fn list(workload: &Workload, client: &Client, replica: ReplicaId, tree: Tr
     let Some(root) = nodes.first().map(|n| n.id) else {
         return;
     };
-    let op = workload.op_id();
-    let request = Request::GetSubTree {
-        tree,
-        root,
-        depth: 2,
-    };
-    let _ = call(workload, client, replica, op, request).await;
+    read_two_levels(workload, client, replica, tree, root).await;
 }

@@ -119,14 +119,7 @@ impl Report {
                     true => String::new(),
                     false => " ARBOR_SIM_SIZE=standard".into(),
                 };
-                let profile = match self.swarm.profile {
-                    Profile::Standard => String::new(),
-                    other => format!(" ARBOR_SIM_PROFILE={}", other.name()),
-                };
-                let network = match self.network {
-                    Network::Datagram => String::new(),
-                    other => format!(" ARBOR_SIM_NETWORK={}", other.name()),
-                };
+                let (profile, network) = self.unusual(" ARBOR_SIM_PROFILE=", " ARBOR_SIM_NETWORK=");
                 format!(
                     "MADSIM_TEST_SEED={}{size}{profile}{network} cargo test -p arbor-sim --test sim -- standard_seeds --nocapture",
                     self.seed
@@ -135,24 +128,31 @@ impl Report {
         }
     }
 
+    /// The profile and the network, each behind its flag, where they are
+    /// not the defaults (standard, datagram); empty where they are.
+    fn unusual(&self, profile_flag: &str, network_flag: &str) -> (String, String) {
+        let profile = match self.swarm.profile {
+            Profile::Standard => String::new(),
+            other => format!("{profile_flag}{}", other.name()),
+        };
+        let network = match self.network {
+            Network::Datagram => String::new(),
+            other => format!("{network_flag}{}", other.name()),
+        };
+        (profile, network)
+    }
+
     /// The CLI command that replays this run with a readable trace.
     pub fn replay_commands(&self) -> String {
         let canary = self
             .canary
             .map(|c| format!(" --canary {c:?}"))
             .unwrap_or_default();
-        let profile = match self.swarm.profile {
-            Profile::Standard => String::new(),
-            other => format!(" --profile {}", other.name()),
-        };
+        let (profile, network) = self.unusual(" --profile ", " --network ");
         let size = if self.swarm.size == Size::TEST {
             " --small"
         } else {
             ""
-        };
-        let network = match self.network {
-            Network::Datagram => String::new(),
-            other => format!(" --network {}", other.name()),
         };
         format!(
             "cargo run --release -p arbor-sim -- replay --seed {}{profile}{canary}{size}{network}",
