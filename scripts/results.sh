@@ -155,6 +155,7 @@ readonly CANARIES=(
     "CheckpointWithoutPosition|standard|a checkpoint names an older log position than the database holds"
     "DirCacheKeptOnMove|standard|a directory moved away stays in the directory cache"
     "LatestPicksOldest|gateway|a latest-only lookup answers the oldest version of a key"
+    "AnswerBudgetEighth|standard|node reads count their answers against an eighth of the byte budget"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 

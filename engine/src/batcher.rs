@@ -30,6 +30,7 @@
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::forest::{CommitSummary, Committed, Forest, WriteOp, WriteOutcome, WriteRequest};
+use crate::probe::{self, Probe};
 use crate::runtime::{blocking, Env};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -344,6 +345,7 @@ impl Batcher {
     }
 
     fn reject(&self, count: u64) -> Error {
+        probe::hit(Probe::AdmissionRefused);
         self.shared
             .counters
             .rejected

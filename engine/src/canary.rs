@@ -79,10 +79,13 @@ pub enum Canary {
     /// Remove) leaves the directory cache's lookup of it in place: a later
     /// AddByPath on that replica puts its leaf under the moved directory.
     DirCacheKeptOnMove = 25,
+    /// A node read counts its answer against an eighth of its byte
+    /// budget: answers that fit the budget are refused as too large.
+    AnswerBudgetEighth = 26,
 }
 
 impl Canary {
-    pub const ALL: [Canary; 25] = [
+    pub const ALL: [Canary; 26] = [
         Canary::ReplicationDropsOnFullQueue,
         Canary::SharedSyncCursor,
         Canary::StaleUndoOnRedo,
@@ -108,6 +111,7 @@ impl Canary {
         Canary::CheckpointWithoutPosition,
         Canary::LatestPicksOldest,
         Canary::DirCacheKeptOnMove,
+        Canary::AnswerBudgetEighth,
     ];
 }
 

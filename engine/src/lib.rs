@@ -14,6 +14,7 @@ pub mod identity;
 pub mod metrics;
 pub mod model;
 pub mod net;
+pub mod probe;
 pub mod proto;
 pub mod runtime;
 pub mod service;

@@ -67,7 +67,9 @@ impl ScenarioArgs {
 pub enum SimCommand {
     /// Run many seeds of a scenario and summarise. Exit status: 0 every
     /// seed passed, 1 a seed failed, 2 usage or environment error (bad
-    /// flags, an output file that cannot be written).
+    /// flags, an output file that cannot be written), 3 with
+    /// --check-claims: every seed passed but a claim of the profile was
+    /// never reached.
     Sweep(SweepArgs),
     /// Replay one seed, or one capsule, with a readable trace. Exit
     /// status: 0 passed, 1 failed, 2 usage error; with `--check` or
@@ -113,6 +115,11 @@ pub struct SweepArgs {
     /// capsules as they ran, unshrunk.
     #[arg(long, value_name = "N", default_value_t = crate::scenario::shrink::SHRINK_TRIALS_MAX)]
     pub shrink_trials: u64,
+    /// Fail (exit status 3) when the sweep never reached a situation its
+    /// profile claims (`scenario::claims`); needs at least 40 seeds (20
+    /// with --small), as the claims were set over that many
+    #[arg(long)]
+    pub check_claims: bool,
     #[command(flatten)]
     pub scenario: ScenarioArgs,
 }
@@ -121,6 +128,9 @@ pub struct SweepArgs {
 pub const EXIT_SEED_FAILED: u8 = 1;
 /// Exit status of a usage or environment error (clap's, too).
 pub const EXIT_USAGE: u8 = 2;
+/// Exit status of a sweep with `--check-claims` whose seeds all passed but
+/// never reached a situation the profile claims.
+pub const EXIT_CLAIMS_UNREACHED: u8 = 3;
 
 pub fn parse_profile(name: &str) -> Result<Profile, String> {
     Profile::parse(name).ok_or_else(|| format!("unknown profile {name:?}"))
@@ -420,11 +430,18 @@ fn sweep(args: &SweepArgs) -> ExitCode {
     if args.keep_failures.is_some() && args.scenario.network != Network::Datagram {
         return usage_error("--keep-failures: capsules are kept on the datagram network only");
     }
+    let options = args.scenario.options(false);
+    let claim_seeds = crate::scenario::claims::claim_seeds(options.size);
+    if args.check_claims && seeds.len() < claim_seeds {
+        return usage_error(&format!(
+            "--check-claims: the claims hold over {claim_seeds} seeds, {} asked",
+            seeds.len()
+        ));
+    }
     let mut outputs = match Outputs::open(args) {
         Ok(outputs) => outputs,
         Err(e) => return usage_error(&e),
     };
-    let options = args.scenario.options(false);
     let jobs = args.jobs.max(1);
     // Panics inside runs are failures with their message in the report; the
     // default hook would only scribble over the progress bar.
@@ -466,6 +483,12 @@ fn sweep(args: &SweepArgs) -> ExitCode {
     }
     if !summary.failures.is_empty() {
         return ExitCode::from(EXIT_SEED_FAILED);
+    }
+    let unreached = options
+        .profile
+        .unreached_claims(options.size, &summary.coverage);
+    if args.check_claims && !unreached.is_empty() {
+        return ExitCode::from(EXIT_CLAIMS_UNREACHED);
     }
     match &outputs.error {
         Some(e) => usage_error(e),
@@ -514,12 +537,30 @@ fn print_summary(summary: &SweepSummary, seeds: &SeedSet, jobs: usize, options: 
     );
     println!("\ncoverage (over all runs):");
     for what in crate::scenario::coverage::Coverage::ALL {
-        println!("  {:<32} {}", what.name(), summary.coverage.get(what));
+        println!("  {:<36} {}", what.name(), summary.coverage.get(what));
     }
     let missing = summary.coverage.missing();
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|c| c.name()).collect();
         println!("  never reached: {}", names.join(", "));
+    }
+    let claims = options.profile.claims_at(size);
+    let unreached = options.profile.unreached_claims(size, &summary.coverage);
+    if unreached.is_empty() {
+        println!(
+            "claims of profile {}: all {} reached",
+            options.profile.name(),
+            claims.len()
+        );
+    } else {
+        let names: Vec<&str> = unreached.iter().map(|c| c.name()).collect();
+        println!(
+            "claims of profile {}: {} of {} reached; never reached: {}",
+            options.profile.name(),
+            claims.len() - unreached.len(),
+            claims.len(),
+            names.join(", ")
+        );
     }
     if !summary.failures.is_empty() {
         println!("\nfailing seeds:");

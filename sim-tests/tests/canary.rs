@@ -202,3 +202,8 @@ fn latest_picks_oldest() {
 fn dir_cache_kept_on_move() {
     caught(Canary::DirCacheKeptOnMove);
 }
+
+#[test]
+fn answer_budget_eighth() {
+    caught(Canary::AnswerBudgetEighth);
+}

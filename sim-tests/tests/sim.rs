@@ -72,49 +72,12 @@ fn standard_seeds() {
         "too few faults: {}",
         summary.faults_injected
     );
-    // Every situation the checkers exist for came up at least once (a
-    // 200-seed full-size sweep prints the same counts). Torn writes are
-    // the exception, counted but not required: a simulated crash lands
-    // between commits, which the engine makes durable in one step, so a
-    // power failure finds no unsynced write to tear (the crash_recovery
-    // fuzz target tears commits in the middle). Writes at risk are counted
-    // but not required either: only a write its disk took in the moment
-    // before it was destroyed is one (tests/replace.rs runs that profile).
-    // Misconfiguration windows are rare in the standard profile;
-    // tests/misconfig.rs requires them of the profile that targets them. A
-    // leave called off is counted but not required either: it takes a
-    // remaining member down or cut off for the whole of a leave's drain.
-    // Writes under ack_replicas 2 come only from the replace profile
-    // (tests/replace.rs requires them). A read answered from a state the
-    // tree passed through during the call, and a drop answered with a
-    // storage error, need a commit or a disk error in a narrow window;
-    // regression capsules name them (sim-tests/regressions/README.md).
-    // Versions of one key, delete markers, overwrites in place and
-    // multipart parts are the gateway profile's (tests/gateway.rs).
+    // Every situation the standard profile claims came up at least once
+    // (scenario::claims; tests/claims.rs holds every profile to its own).
     println!("coverage: {}", summary.coverage);
-    use arbor_sim::scenario::coverage::Coverage;
-    let optional = [
-        Coverage::TornWrite,
-        Coverage::WritesAtRisk,
-        Coverage::LostAtRisk,
-        Coverage::MisconfigWindow,
-        Coverage::MisconfigDetected,
-        Coverage::MisconfigAcked,
-        Coverage::LeaveCalledOff,
-        Coverage::AckedByReplicas,
-        Coverage::NotReplicated,
-        Coverage::ReadDuringCommits,
-        Coverage::DropStorageError,
-        Coverage::LatestOfVersions,
-        Coverage::DeleteMarker,
-        Coverage::OverwriteByMove,
-        Coverage::MultipartPart,
-    ];
-    let missing: Vec<&str> = summary
-        .coverage
-        .missing()
+    let missing: Vec<&str> = Profile::Standard
+        .unreached_claims(options.size, &summary.coverage)
         .into_iter()
-        .filter(|c| !optional.contains(c))
         .map(|c| c.name())
         .collect();
     assert!(missing.is_empty(), "never reached: {missing:?}");

@@ -15,6 +15,7 @@
 
 use super::records::name_hash;
 use crate::canary::{self, Canary};
+use crate::probe::{self, Probe};
 use crate::types::NodeId;
 use std::collections::BTreeMap;
 
@@ -38,7 +39,14 @@ pub(super) struct DirCache {
     /// Whether the planted path-resolution bug was on when the entries
     /// were computed (it changes which directory a lookup picks).
     canary_path: bool,
+    /// Trees in which an undo/redo pass ran since the cache was emptied,
+    /// kept only when probes are compiled in (`Probe::DirCacheHitAfterUndo`);
+    /// at most `DIR_CACHE_UNDONE_TREES_MAX`.
+    undone: std::collections::BTreeSet<u64>,
 }
+
+/// Trees `DirCache::undone` remembers before it starts over.
+const DIR_CACHE_UNDONE_TREES_MAX: usize = 1024;
 
 impl DirCache {
     /// Empties the cache if the path-resolution canary was switched since
@@ -54,12 +62,28 @@ impl DirCache {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.name_bytes = 0;
+        self.undone.clear();
+    }
+
+    /// An undo/redo pass ran in `tree`: later hits there count for
+    /// `Probe::DirCacheHitAfterUndo`.
+    pub fn note_undo(&mut self, tree: u64) {
+        if probe::ENABLED {
+            if self.undone.len() >= DIR_CACHE_UNDONE_TREES_MAX {
+                self.undone.clear();
+            }
+            self.undone.insert(tree);
+        }
     }
 
     /// `Some(found)` when the lookup is remembered.
     pub fn get(&self, tree: u64, parent: NodeId, name_key: &[u8]) -> Option<Option<NodeId>> {
         let (name, found) = self.entries.get(&(tree, parent, name_hash(name_key)))?;
-        (**name == *name_key).then_some(*found)
+        let hit = **name == *name_key;
+        if hit && self.undone.contains(&tree) {
+            probe::hit(Probe::DirCacheHitAfterUndo);
+        }
+        hit.then_some(*found)
     }
 
     pub fn put(&mut self, tree: u64, parent: NodeId, name_key: &[u8], found: Option<NodeId>) {

@@ -6,6 +6,7 @@ use super::records::*;
 use super::{check, read, stamps, Forest, OpLogPage, TreeDump, TreeRead};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
+use crate::probe::{self, Probe};
 use crate::types::*;
 use crate::validate;
 
@@ -416,6 +417,9 @@ fn path_lookup(
     }
     let mut matches = read::children_named(&read.children, number, dir, &component_key(&last[0]))?;
     if latest_only {
+        if matches.len() > 1 {
+            probe::hit(Probe::LatestAmongSeveral);
+        }
         // Newest meta wins; times are unique, the id only breaks
         // impossible ties deterministically.
         matches.sort_by_key(|&(id, time, _)| (std::cmp::Reverse(time), id));
@@ -492,6 +496,7 @@ impl AnswerBudget {
     fn count_node(&mut self) -> Result<()> {
         let max = self.bounds.nodes_max;
         if self.nodes == max {
+            probe::hit(Probe::AnswerTooLarge);
             return Err(too_large(self.what, max.saturating_add(1), max));
         }
         self.nodes += 1;
@@ -502,7 +507,12 @@ impl AnswerBudget {
     fn count_meta(&mut self, meta: &Meta) -> Result<()> {
         let size = meta.size_bytes() + self.bounds.node_overhead_bytes;
         self.bytes = self.bytes.saturating_add(size);
-        if self.bytes > self.bounds.bytes_max {
+        let mut max = self.bounds.bytes_max;
+        if canary::active(Canary::AnswerBudgetEighth) {
+            max /= 8; // Planted bug: an eighth of the budget.
+        }
+        if self.bytes > max {
+            probe::hit(Probe::AnswerTooLarge);
             return Err(too_large(self.what, self.bytes, self.bounds.bytes_max));
         }
         Ok(())

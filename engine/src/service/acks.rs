@@ -14,6 +14,7 @@
 
 use super::Core;
 use crate::error::{Error, Result};
+use crate::probe::{self, Probe};
 use crate::runtime::blocking;
 use crate::types::{ReplicaId, Timestamp, TreeKey};
 use std::collections::BTreeMap;
@@ -58,6 +59,7 @@ impl ReplicaAcks {
     pub fn watch(&self, tree: &TreeKey) -> Result<AckWatch<'_>> {
         let mut watches = self.lock();
         if watches.waiters >= self.waiters_max {
+            probe::hit(Probe::AwaitingReplicasFull);
             return Err(Error::Overloaded(format!(
                 "{} writes wait for replicas",
                 watches.waiters

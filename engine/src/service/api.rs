@@ -10,6 +10,7 @@ use crate::forest::{
     AnswerBounds, Forest, ListPage, PathAnswer, WriteOp, WriteOutcome, WriteRequest,
 };
 use crate::identity::Caller;
+use crate::probe::{self, Probe};
 use crate::proto::{Request, Response};
 use crate::runtime::blocking;
 use crate::types::*;
@@ -418,6 +419,9 @@ impl Core {
             })
             .count()
             .max(1);
+        if keep < entries.len() {
+            probe::hit(Probe::OpLogCutByBytes);
+        }
         entries.truncate(keep);
         let next_height = entries.last().map_or(from_height, |e| e.height + 1);
         Ok(Response::OpLog {
@@ -429,10 +433,11 @@ impl Core {
     fn op_log_stamps(&self, tree: &TreeKey, from_height: u64, limit: u32) -> Result<Response> {
         self.check_tree_key(tree)?;
         let fits = self.answer_budget_bytes() / LOG_STAMP_BYTES_MAX;
-        let limit = (limit as usize)
-            .min(self.config.limits.sync_stamp_page_size)
-            .min(fits)
-            .max(1);
+        let asked = (limit as usize).min(self.config.limits.sync_stamp_page_size);
+        if fits < asked {
+            probe::hit(Probe::StampsCutByBytes);
+        }
+        let limit = asked.min(fits).max(1);
         let page = self.forest.get_op_log_stamps(tree, from_height, limit)?;
         Ok(Response::OpLogStamps {
             stamps: page.stamps,

@@ -32,6 +32,7 @@ mod rejoin;
 
 pub use crate::validate::MAX_TREE_ID_BYTES;
 pub use pull::{PullObserver, PullPass, MAX_PULL_PAGES_PER_ROUND};
+pub use push::ITEM_OVERHEAD_BYTES;
 
 use crate::batcher::{Batcher, BatcherOptions, CommitObserver};
 use crate::config::{Config, MESSAGE_OVERHEAD_BYTES};

@@ -121,6 +121,8 @@ impl Setup {
                 .map(Duration::from_millis),
             max_pending_writes: pick(bits, 9, &[8, 1000]),
             sync_page_size: pick(bits, 10, &[3, 256]),
+            stamp_page_size: None,
+            message_bytes: None,
         };
         let torn_write_probability = pick(bits, 11, &[0.0, 1.0]);
         // Clocks apart by seconds, so local timestamps of different

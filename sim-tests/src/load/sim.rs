@@ -117,6 +117,8 @@ pub fn knobs(config: &Config) -> Knobs {
         sync_interval: config.tree.sync_interval,
         max_pending_writes: config.limits.max_pending_writes,
         sync_page_size: config.limits.sync_page_size,
+        stamp_page_size: None,
+        message_bytes: None,
     }
 }
 

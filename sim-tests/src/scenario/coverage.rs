@@ -4,6 +4,7 @@
 //! stop exercising something. A new situation is a new `Coverage` variant
 //! (and its place in `ALL`).
 
+use arbor::probe::Probe;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -102,13 +103,28 @@ pub enum Coverage {
     /// Acknowledged AddByPaths whose choice of directories the path oracle
     /// held to the model of the tree before them (`oracle::watch`).
     AddByPathResolved,
+    /// Branches inside the engine, counted by its probes
+    /// (`arbor::probe::Probe`, whose variant of the same name says which).
+    PullStampPageNext,
+    PullOpPageNext,
+    PullSeveralRuns,
+    PullCursorPersistedByLag,
+    OpLogCutByBytes,
+    StampsCutByBytes,
+    PushCutByBytes,
+    AdmissionRefused,
+    AwaitingReplicasFull,
+    CounterTooFar,
+    DirCacheHitAfterUndo,
+    LatestAmongSeveral,
+    AnswerTooLarge,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 45] = [
+    pub const ALL: [Coverage; 58] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -154,6 +170,19 @@ impl Coverage {
         Coverage::OverwriteByMove,
         Coverage::MultipartPart,
         Coverage::AddByPathResolved,
+        Coverage::PullStampPageNext,
+        Coverage::PullOpPageNext,
+        Coverage::PullSeveralRuns,
+        Coverage::PullCursorPersistedByLag,
+        Coverage::OpLogCutByBytes,
+        Coverage::StampsCutByBytes,
+        Coverage::PushCutByBytes,
+        Coverage::AdmissionRefused,
+        Coverage::AwaitingReplicasFull,
+        Coverage::CounterTooFar,
+        Coverage::DirCacheHitAfterUndo,
+        Coverage::LatestAmongSeveral,
+        Coverage::AnswerTooLarge,
     ];
 
     pub fn name(self) -> &'static str {
@@ -203,6 +232,38 @@ impl Coverage {
             Coverage::OverwriteByMove => "overwrites by Move",
             Coverage::MultipartPart => "multipart parts",
             Coverage::AddByPathResolved => "AddByPath directories checked",
+            Coverage::PullStampPageNext => "pulls past one stamp page",
+            Coverage::PullOpPageNext => "pull runs past one op page",
+            Coverage::PullSeveralRuns => "stamp pages with several runs",
+            Coverage::PullCursorPersistedByLag => "pull cursors persisted by lag",
+            Coverage::OpLogCutByBytes => "GetOpLog pages cut by bytes",
+            Coverage::StampsCutByBytes => "stamp pages cut by bytes",
+            Coverage::PushCutByBytes => "push pages cut by bytes",
+            Coverage::AdmissionRefused => "writes refused at admission",
+            Coverage::AwaitingReplicasFull => "writes refused, replica waits full",
+            Coverage::CounterTooFar => "ops refused as CounterTooFar",
+            Coverage::DirCacheHitAfterUndo => "dir cache hits after an undo",
+            Coverage::LatestAmongSeveral => "latest-only lookups among several",
+            Coverage::AnswerTooLarge => "answers refused as too large",
+        }
+    }
+
+    /// The situation an engine probe counts.
+    pub fn of_probe(probe: Probe) -> Coverage {
+        match probe {
+            Probe::PullStampPageNext => Coverage::PullStampPageNext,
+            Probe::PullOpPageNext => Coverage::PullOpPageNext,
+            Probe::PullSeveralRuns => Coverage::PullSeveralRuns,
+            Probe::PullCursorPersistedByLag => Coverage::PullCursorPersistedByLag,
+            Probe::OpLogCutByBytes => Coverage::OpLogCutByBytes,
+            Probe::StampsCutByBytes => Coverage::StampsCutByBytes,
+            Probe::PushCutByBytes => Coverage::PushCutByBytes,
+            Probe::AdmissionRefused => Coverage::AdmissionRefused,
+            Probe::AwaitingReplicasFull => Coverage::AwaitingReplicasFull,
+            Probe::CounterTooFar => Coverage::CounterTooFar,
+            Probe::DirCacheHitAfterUndo => Coverage::DirCacheHitAfterUndo,
+            Probe::LatestAmongSeveral => Coverage::LatestAmongSeveral,
+            Probe::AnswerTooLarge => Coverage::AnswerTooLarge,
         }
     }
 }
@@ -225,6 +286,13 @@ impl CoverageCounts {
     pub fn merge(&mut self, other: &CoverageCounts) {
         for (&what, &count) in &other.0 {
             self.add(what, count);
+        }
+    }
+
+    /// Adds the counts of the engine's probes (`arbor::probe::take`).
+    pub fn add_probes(&mut self, counts: &arbor::probe::ProbeCounts) {
+        for (probe, &count) in Probe::ALL.iter().zip(counts) {
+            self.add(Coverage::of_probe(*probe), count);
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod capsule;
 pub mod checkers;
+pub mod claims;
 pub mod coverage;
 pub mod gateway;
 pub mod intruder;
@@ -220,6 +221,7 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
         Canary::CheckpointWithoutPosition => "checkpoint_without_position",
         Canary::LatestPicksOldest => "latest_picks_oldest",
         Canary::DirCacheKeptOnMove => "dir_cache_kept_on_move",
+        Canary::AnswerBudgetEighth => "answer_budget_eighth",
     }
 }
 
@@ -270,6 +272,8 @@ pub fn run_plan(plan: &Plan, options: &Options) -> Report {
     // Process-wide: every run of a sweep sets the same value, so parallel
     // runs agree; runs with different canaries must not overlap.
     arbor::canary::set(options.canary);
+    // Per thread, and a run keeps to its thread: start from zero.
+    arbor::probe::take();
     let time_limit = swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let body = |probe| simulate(plan, &trace, probe, options.network);
@@ -390,7 +394,8 @@ async fn simulate(
     }
     .await;
     count_disk_situations(&world);
-    let coverage = world.hooks.coverage.counts();
+    let mut coverage = world.hooks.coverage.counts();
+    coverage.add_probes(&arbor::probe::take());
     world.hooks.clear();
     let ended = lifecycle::end(&supervisor).await;
     let ledger = workload.ledger.lock().unwrap();

@@ -101,6 +101,7 @@ impl Profile {
             | Canary::CheckpointWithoutPosition
             | Canary::DirCacheKeptOnMove => Profile::Standard,
             Canary::LatestPicksOldest => Profile::Gateway,
+            Canary::AnswerBudgetEighth => Profile::Standard,
         }
     }
 
@@ -254,6 +255,26 @@ const REPLACE_WEIGHT: f64 = 0.2;
 /// Chance that a replace seed answers writes only once two replicas hold
 /// them (`tree.ack_replicas: 2`).
 const REPLACE_ACK_TWO_PROBABILITY: f64 = 0.5;
+
+/// One seed in `TIGHT_MESSAGE_ONE_IN` draws each byte budget of
+/// `TIGHT_MESSAGE_BUDGETS` (what a message may carry besides its framing):
+/// 4 KiB holds a few dozen ops or nodes, 16 KiB a page of 256 stamps.
+const TIGHT_MESSAGE_ONE_IN: u64 = 8;
+const TIGHT_MESSAGE_BUDGETS: [usize; 2] = [ANSWER_BUDGET_MIN_BYTES, 16 << 10];
+/// Stamps per page under a tight message budget: more than 16 KiB holds.
+const TIGHT_MESSAGE_STAMP_PAGE: usize = 1024;
+/// The smallest answer byte budget any seed draws: an answer within it is
+/// never refused as too large.
+pub const ANSWER_BUDGET_MIN_BYTES: usize = 4 << 10;
+/// One seed in `TIGHT_STAMP_PAGE_ONE_IN` lists `TIGHT_STAMP_PAGE_FACTOR`
+/// times as many stamps per page as it pulls ops per page.
+const TIGHT_STAMP_PAGE_ONE_IN: u64 = 4;
+const TIGHT_STAMP_PAGE_FACTOR: usize = 8;
+/// One seed in `TIGHT_PENDING_ONE_IN` bounds pending writes (and writes
+/// waiting for replicas) at `TIGHT_PENDING_WRITES`, below the clients'
+/// concurrency.
+const TIGHT_PENDING_ONE_IN: u64 = 8;
+const TIGHT_PENDING_WRITES: usize = 2;
 /// The sync interval of the replace profile when the seed drew none.
 const REPLACE_SYNC_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -306,6 +327,8 @@ impl Swarm {
                 .map(Duration::from_millis),
             max_pending_writes: pick(&mut rng, &[64, 1000, 10_000]),
             sync_page_size: pick(&mut rng, &[3, 32, 256]),
+            stamp_page_size: None,
+            message_bytes: None,
         };
         let skews = (0..replicas)
             .map(|_| ClockSkew {
@@ -390,7 +413,31 @@ impl Swarm {
         // Drawn after everything else, so it left the other draws as
         // they were.
         swarm.wal = WalKnobs::draw(&mut rng);
+        // Drawn after everything else, so it left the other draws as
+        // they were.
+        swarm.draw_tight_bounds(&mut rng);
         swarm
+    }
+
+    /// Bounds drawn small enough to bind in some seeds: a byte budget of
+    /// messages that cuts pages and answers, stamp pages longer than op
+    /// pages, and a pending-writes bound at the clients' concurrency.
+    fn draw_tight_bounds(&mut self, rng: &mut SplitMix64) {
+        let message_roll = rng.next_u64() % TIGHT_MESSAGE_ONE_IN;
+        let stamp_roll = rng.next_u64() % TIGHT_STAMP_PAGE_ONE_IN;
+        let pending_roll = rng.next_u64() % TIGHT_PENDING_ONE_IN;
+        if message_roll < TIGHT_MESSAGE_BUDGETS.len() as u64 {
+            let budget = TIGHT_MESSAGE_BUDGETS[message_roll as usize];
+            self.knobs.message_bytes = Some(arbor::config::MESSAGE_OVERHEAD_BYTES + budget);
+            // More stamps asked for than either budget holds.
+            self.knobs.stamp_page_size = Some(TIGHT_MESSAGE_STAMP_PAGE);
+        }
+        if stamp_roll == 0 && self.knobs.stamp_page_size.is_none() {
+            self.knobs.stamp_page_size = Some(self.knobs.sync_page_size * TIGHT_STAMP_PAGE_FACTOR);
+        }
+        if pending_roll == 0 {
+            self.knobs.max_pending_writes = TIGHT_PENDING_WRITES;
+        }
     }
 
     /// Ordered pairs `(from, to)` whose pushes are dropped all run long.
@@ -509,7 +556,8 @@ impl Swarm {
         format!(
             "seed {} profile {} ({ops} client ops, {}, {} clients)\n  \
              replicas {}; max_batch_size {}, max_batch_delay {}, replication_channel_capacity {}, \
-             workers {}, replication_timeout {}, sync_interval {}, max_pending_writes {}, sync_page_size {}\n  \
+             workers {}, replication_timeout {}, sync_interval {}, max_pending_writes {}, sync_page_size {}, \
+             stamp page {}, max_message_bytes {}\n  \
              opening partition {}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), \
              latency {:.2}, crash {:.2}, disk {:.2} (write errors {}, sync errors {}, torn writes {}), \
              push-blackout {:.2}, disk replaced {:.2}, misconfig {:.2}; gap {}; torn writes at power failure {}\n  \
@@ -528,6 +576,10 @@ impl Swarm {
             maybe(k.sync_interval, "off"),
             k.max_pending_writes,
             k.sync_page_size,
+            k.stamp_page_size
+                .map_or_else(|| "as sync_page_size".to_string(), |n| n.to_string()),
+            k.message_bytes
+                .map_or_else(|| "default".to_string(), |n| n.to_string()),
             maybe(self.opening_partition, "none"),
             fm.partition,
             fm.one_way,

@@ -63,6 +63,15 @@ pub struct Knobs {
     /// Ops per sync page and per push, and stamps per stamp page: small
     /// pages in simulation, so paging is exercised.
     pub sync_page_size: usize,
+    /// Stamps per stamp page where they differ from `sync_page_size`: a
+    /// run of missing ops then spans several op pages.
+    #[serde(default)]
+    pub stamp_page_size: Option<usize>,
+    /// `limits.max_message_bytes` where it is drawn small (else the
+    /// default), so that op pages, stamp pages, pushes and read answers
+    /// meet their byte budget; `limits.max_meta_bytes` shrinks with it.
+    #[serde(default)]
+    pub message_bytes: Option<usize>,
 }
 
 impl Default for Knobs {
@@ -76,6 +85,8 @@ impl Default for Knobs {
             sync_interval: Some(Duration::from_secs(5)),
             max_pending_writes: 10_000,
             sync_page_size: 256,
+            stamp_page_size: None,
+            message_bytes: None,
         }
     }
 }
@@ -91,7 +102,12 @@ impl Knobs {
         config.pilorama.max_batch_size = self.max_batch_size;
         config.limits.max_pending_writes = self.max_pending_writes;
         config.limits.sync_page_size = self.sync_page_size;
-        config.limits.sync_stamp_page_size = self.sync_page_size;
+        config.limits.sync_stamp_page_size = self.stamp_page_size.unwrap_or(self.sync_page_size);
+        if let Some(bytes) = self.message_bytes {
+            config.limits.max_message_bytes = bytes;
+            let budget = bytes - arbor::config::MESSAGE_OVERHEAD_BYTES;
+            config.limits.max_meta_bytes = config.limits.max_meta_bytes.min(budget);
+        }
     }
 }
 

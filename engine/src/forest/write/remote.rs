@@ -9,6 +9,7 @@ use super::super::WriteOutcome;
 use super::{rows_mut, strict, Incoming, Writer};
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
+use crate::probe::{self, Probe};
 use crate::types::*;
 use redb::ReadableTable;
 use std::collections::BTreeSet;
@@ -55,6 +56,7 @@ impl Writer<'_, '_> {
                 }
             } else {
                 self.overlay = Some(Overlay::new(rec.number));
+                self.dirs.note_undo(rec.number);
                 for (op_ts, bytes) in newer.iter().rev() {
                     self.undo_op(&mut rec, *op_ts, &LogView::parse(bytes)?)?;
                 }
@@ -91,6 +93,7 @@ impl Writer<'_, '_> {
         for incoming in order {
             let counter = timestamp_counter(incoming.op.ts());
             if counter > reach.saturating_add(self.counter_jump_max) {
+                probe::hit(Probe::CounterTooFar);
                 results[incoming.index] = Some(Err(Error::CounterTooFar {
                     counter,
                     known: reach,

@@ -38,7 +38,11 @@ impl Puller {
             stop: None,
             complete: true,
         };
-        for (first, last) in missing_runs(&missing, PULL_GAP_HEIGHTS_MAX) {
+        let runs = missing_runs(&missing, PULL_GAP_HEIGHTS_MAX);
+        if runs.len() > 1 {
+            probe::hit(Probe::PullSeveralRuns);
+        }
+        for (first, last) in runs {
             // Everything below `first` in this page is held or applied.
             pulled.reach(first);
             self.pull_run(tree, peer, first, last, &mut pulled).await?;
@@ -81,6 +85,9 @@ impl Puller {
         );
         let mut from = first;
         while from <= last {
+            if from > first {
+                probe::hit(Probe::PullOpPageNext);
+            }
             let fetched = self.fetch_page(tree, peer, from, last - from + 1).await?;
             let mut entries = fetched.unwrap_or_default();
             entries.retain(|e| e.height <= last);

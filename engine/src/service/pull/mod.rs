@@ -14,6 +14,7 @@ use super::Core;
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::forest::{CursorKind, WriteOp, WriteOutcome, WriteRequest};
+use crate::probe::{self, Probe};
 use crate::proto::{Request, Response};
 use crate::runtime::blocking;
 use crate::types::*;
@@ -516,13 +517,16 @@ impl Puller {
         cursor: &mut LazyCursor,
         pages_max: usize,
     ) -> Result<PassEnd> {
-        for _ in 0..pages_max {
+        for page in 0..pages_max {
             let asked = cursor.position();
             let stamps = match self.fetch_stamps(tree, peer, asked).await? {
                 Some((stamps, _)) if !stamps.is_empty() => stamps,
                 Some((_, log_end)) if log_end < asked => return Ok(PassEnd::LogRebuilt),
                 _ => return Ok(PassEnd::LogEnd),
             };
+            if page > 0 {
+                probe::hit(Probe::PullStampPageNext);
+            }
             // Above `asked` only when the peer's log starts above it (a
             // tree created again after a drop): nothing lies between.
             let from = stamps[0].height;
@@ -554,6 +558,7 @@ impl Puller {
             }
             cursor.advance(pulled.applied_to.max(cursor.position()));
             if cursor.lag_exceeded() {
+                probe::hit(Probe::PullCursorPersistedByLag);
                 cursor::persist(&self.core, tree, CursorKind::Pull, cursor_peer, cursor).await?;
             }
             self.counters

@@ -17,6 +17,7 @@ use super::cursor::{self, persist_period, LazyCursor};
 use super::Core;
 use crate::error::{Error, Result};
 use crate::forest::{CursorKind, OpLogPage};
+use crate::probe::{self, Probe};
 use crate::proto::{Request, Response};
 use crate::runtime::BoxFuture;
 use crate::types::*;
@@ -27,7 +28,7 @@ use window::PushWindows;
 
 /// Estimated encoded bytes of an op beyond its meta (ids, timestamp,
 /// height, framing of the key/value list).
-pub(super) const ITEM_OVERHEAD_BYTES: usize = 64;
+pub const ITEM_OVERHEAD_BYTES: usize = 64;
 
 /// Trees the walk lists per sweep at most, beyond what the book has room
 /// for: the listing is a read of the trees table.
@@ -250,6 +251,7 @@ impl Pusher {
         for entry in found.entries {
             used += entry.op.meta.size_bytes() + ITEM_OVERHEAD_BYTES;
             if used > budget && !ops.is_empty() {
+                probe::hit(Probe::PushCutByBytes);
                 next = entry.height;
                 break;
             }

@@ -80,9 +80,17 @@ pub fn check_read(
 }
 
 /// An error answer: `TreeNotFound` and `NodeNotFound` must be true of the
-/// model; transient errors and refused oversized answers are not judged.
+/// model, and `TooLarge` must not refuse a node read whose whole answer
+/// fits the smallest byte budget any seed draws; other transient errors
+/// are not judged.
 fn check_error(request: &Request, error: &Error, view: Option<&TreeView>) -> Checked {
     match (error, view) {
+        (Error::TooLarge { .. }, Some(view)) => match answer_bytes_at_most(request, view) {
+            Some(bytes) if bytes <= ANSWER_BUDGET_MIN_BYTES => Checked::Wrong(format!(
+                "{error} for an answer of at most {bytes} bytes (every budget allows {ANSWER_BUDGET_MIN_BYTES})"
+            )),
+            _ => Checked::Skipped,
+        },
         (Error::TreeNotFound, None) => Checked::Skipped,
         (Error::TreeNotFound, Some(view)) => {
             Checked::Wrong(format!("TreeNotFound for a tree of {} ops", view.log.len()))
@@ -105,6 +113,29 @@ fn check_error(request: &Request, error: &Error, view: Option<&TreeView>) -> Che
         }
         _ => Checked::Skipped,
     }
+}
+
+/// The smallest answer byte budget of any seed (`Swarm`'s tight message
+/// bounds); every answer within it must be given.
+const ANSWER_BUDGET_MIN_BYTES: usize = crate::scenario::swarm::ANSWER_BUDGET_MIN_BYTES;
+
+/// What the model's answer to a node read costs against the engine's
+/// answer budget with every attribute kept: an upper bound of the answer
+/// the request asked for, which may keep fewer.
+fn answer_bytes_at_most(request: &Request, view: &TreeView) -> Option<usize> {
+    let nodes = match request {
+        Request::GetSubTree { root, depth, .. } => subtree(view, *root, *depth)?,
+        Request::GetMeta { node, .. } => vec![view.model().node(*node)?],
+        Request::GetNodeByPath {
+            path, latest_only, ..
+        } => view.model().get_by_path(path, *latest_only),
+        _ => return None,
+    };
+    let bytes = nodes
+        .iter()
+        .map(|n| n.meta.size_bytes() + arbor::service::ITEM_OVERHEAD_BYTES)
+        .sum();
+    Some(bytes)
 }
 
 fn check_by_path(request: &Request, response: &Response, model: &TreeModel) -> Checked {

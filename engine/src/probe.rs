@@ -1,0 +1,132 @@
+//! Probes: branches of the engine that a bug can hide in and that a test
+//! workload reaches only if its sizes and faults are drawn to reach them
+//! (a second page, a page cut by its byte budget, a refusal at a bound).
+//! The engine marks each with `probe::hit`; the simulator reads the counts
+//! of a run and proves that every profile reaches the branches it claims.
+//!
+//! Compiled only with the `probes` feature, which production never
+//! enables; without it `hit` is an empty inline function. With it the
+//! counts are per thread: a simulated run executes on one thread, so the
+//! runs of a sweep on several threads keep apart.
+
+/// A branch worth proving reached. The simulator names each by its variant
+/// name (`scenario::coverage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Probe {
+    /// A pull pass fetched a second page of a peer's stamps.
+    PullStampPageNext,
+    /// A run of missing heights needed a second `GetOpLog` page.
+    PullOpPageNext,
+    /// One stamp page held more than one run of missing heights.
+    PullSeveralRuns,
+    /// A pull cursor made durable in the middle of a pass (its lag bound).
+    PullCursorPersistedByLag,
+    /// A `GetOpLog` answer cut short by the answer byte budget.
+    OpLogCutByBytes,
+    /// A `GetOpLogStamps` answer whose page the byte budget made smaller
+    /// than `limits.sync_stamp_page_size`.
+    StampsCutByBytes,
+    /// A push page cut short by the answer byte budget.
+    PushCutByBytes,
+    /// A write refused with `Overloaded` because `limits.max_pending_writes`
+    /// writes waited for the batcher.
+    AdmissionRefused,
+    /// A local write refused with `Overloaded` because
+    /// `limits.max_pending_writes` writes already waited for
+    /// `tree.ack_replicas` replicas.
+    AwaitingReplicasFull,
+    /// A replicated op refused as `CounterTooFar`.
+    CounterTooFar,
+    /// A directory lookup answered by the cache in a tree where an
+    /// undo/redo pass ran since the cache was last emptied.
+    DirCacheHitAfterUndo,
+    /// A latest-only path lookup that chose among several nodes of the name.
+    LatestAmongSeveral,
+    /// A read refused because its answer would exceed its byte or count
+    /// bound.
+    AnswerTooLarge,
+}
+
+impl Probe {
+    pub const ALL: [Probe; 13] = [
+        Probe::PullStampPageNext,
+        Probe::PullOpPageNext,
+        Probe::PullSeveralRuns,
+        Probe::PullCursorPersistedByLag,
+        Probe::OpLogCutByBytes,
+        Probe::StampsCutByBytes,
+        Probe::PushCutByBytes,
+        Probe::AdmissionRefused,
+        Probe::AwaitingReplicasFull,
+        Probe::CounterTooFar,
+        Probe::DirCacheHitAfterUndo,
+        Probe::LatestAmongSeveral,
+        Probe::AnswerTooLarge,
+    ];
+}
+
+/// Counts of every probe, in the order of `Probe::ALL`.
+pub type ProbeCounts = [u64; Probe::ALL.len()];
+
+#[cfg(feature = "probes")]
+mod imp {
+    use super::{Probe, ProbeCounts};
+    use std::cell::RefCell;
+
+    /// Whether probes are compiled in.
+    pub const ENABLED: bool = true;
+
+    thread_local! {
+        static COUNTS: RefCell<ProbeCounts> = const { RefCell::new([0; Probe::ALL.len()]) };
+    }
+
+    pub fn hit(probe: Probe) {
+        let index = Probe::ALL
+            .iter()
+            .position(|&p| p == probe)
+            .expect("every probe is in Probe::ALL");
+        COUNTS.with(|counts| counts.borrow_mut()[index] += 1);
+    }
+
+    /// This thread's counts, which start again from 0.
+    pub fn take() -> ProbeCounts {
+        COUNTS.with(|counts| std::mem::take(&mut *counts.borrow_mut()))
+    }
+}
+
+#[cfg(not(feature = "probes"))]
+mod imp {
+    use super::{Probe, ProbeCounts};
+
+    /// Whether probes are compiled in.
+    pub const ENABLED: bool = false;
+
+    #[inline(always)]
+    pub fn hit(_probe: Probe) {}
+
+    /// Always zero: probes are not compiled in.
+    pub fn take() -> ProbeCounts {
+        [0; Probe::ALL.len()]
+    }
+}
+
+pub use imp::*;
+
+#[cfg(all(test, feature = "probes"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_count_per_probe_and_take_starts_over() {
+        take();
+        hit(Probe::PullOpPageNext);
+        hit(Probe::PullOpPageNext);
+        hit(Probe::AnswerTooLarge);
+        let counts = take();
+        let at = |p: Probe| counts[Probe::ALL.iter().position(|&q| q == p).unwrap()];
+        assert_eq!(at(Probe::PullOpPageNext), 2);
+        assert_eq!(at(Probe::AnswerTooLarge), 1);
+        assert_eq!(counts.iter().sum::<u64>(), 3);
+        assert_eq!(take(), [0; Probe::ALL.len()]);
+    }
+}
