@@ -141,6 +141,9 @@ pub struct World {
     view: Mutex<Vec<ContainerConfig>>,
     /// How nodes and clients reach each other.
     network: Network,
+    /// The kernel incarnation of every machine, which the streams of the
+    /// TCP network are bound to (`simnet::Kernels`).
+    kernels: simnet::Kernels,
 }
 
 impl World {
@@ -156,6 +159,7 @@ impl World {
         let filter = Arc::new(MessageFilter::default());
         let call_ids = CallIds::default();
         let hooks = Arc::new(hooks::Hooks::default());
+        let kernels = simnet::Kernels::default();
         let view = specs
             .first()
             .map(|spec| spec.config.node.containers.clone())
@@ -163,7 +167,12 @@ impl World {
         let nodes = specs
             .into_iter()
             .map(|spec| {
-                let shared = (filter.clone(), call_ids.clone(), hooks.clone());
+                let shared = Shared {
+                    filter: filter.clone(),
+                    call_ids: call_ids.clone(),
+                    hooks: hooks.clone(),
+                    kernels: kernels.clone(),
+                };
                 build_node(spec, shared, trace.clone(), network)
             })
             .collect();
@@ -178,6 +187,7 @@ impl World {
             base_net: net_config(),
             view: Mutex::new(view),
             network,
+            kernels,
         }
     }
 
@@ -355,18 +365,22 @@ impl World {
             local: 0,
             filter: self.filter.clone(),
             clock: clock.clone(),
-            inner: Arc::new(tcp.with_net(Arc::new(simnet::SimNet), clock)),
+            inner: Arc::new(
+                tcp.with_net(Arc::new(simnet::SimNet::new(self.kernels.clone())), clock),
+            ),
         })
     }
 
     /// Power cut and kill: unsynced writes may be lost or torn, destructors
-    /// of the dying incarnation cannot reach the disk any more.
+    /// of the dying incarnation cannot reach the disk any more, and its
+    /// connections die with its kernel (`simnet::Kernels`).
     pub fn crash(&self, replica: ReplicaId) {
         let node = self.node(replica);
         self.trace.record(&node.name, "crash (power failure)");
         self.trace.fingerprint(RunEvent::Crash, &node.name, &[]);
         node.service.lock().unwrap().take();
         node.disk.power_fail();
+        self.kernels.power_lost(node.addr.ip());
         Handle::current().kill(node.node.id());
     }
 
@@ -400,7 +414,8 @@ impl World {
     }
 
     /// The disk is destroyed for good while the node runs: the node dies
-    /// (power and process) and its disk is replaced by an empty one. Every
+    /// (power and process, connections included) and its disk is replaced
+    /// by an empty one. Every
     /// later start rejoins (`node.rejoin`) and lists `containers`, the
     /// containers it replicates, so that its sync rounds learn their trees
     /// from its peers (docs/design.md §6).
@@ -411,6 +426,7 @@ impl World {
         self.trace
             .fingerprint(RunEvent::DiskDestroyed, &node.name, &[]);
         node.service.lock().unwrap().take();
+        self.kernels.power_lost(node.addr.ip());
         Handle::current().kill(node.node.id());
         node.disk.destroy();
         node.disk_generation.fetch_add(1, Ordering::SeqCst);
@@ -655,12 +671,21 @@ fn net_config() -> madsim::net::Config {
     config.expect("update_config runs its closure")
 }
 
-fn build_node(
-    spec: NodeSpec,
-    (filter, call_ids, hooks): (Arc<MessageFilter>, CallIds, Arc<hooks::Hooks>),
-    trace: Trace,
-    network: Network,
-) -> SimNode {
+/// What every node of a world shares.
+struct Shared {
+    filter: Arc<MessageFilter>,
+    call_ids: CallIds,
+    hooks: Arc<hooks::Hooks>,
+    kernels: simnet::Kernels,
+}
+
+fn build_node(spec: NodeSpec, shared: Shared, trace: Trace, network: Network) -> SimNode {
+    let Shared {
+        filter,
+        call_ids,
+        hooks,
+        kernels,
+    } = shared;
     let config = spec.config;
     let replica_id = config.node.replica_id;
     let name = format!("replica-{replica_id}");
@@ -691,6 +716,7 @@ fn build_node(
         serving: Mutex::default(),
         stand_in: Mutex::new(None),
         network,
+        kernels,
     };
     let boot = Arc::new(boot);
     let init = boot.clone();
@@ -737,6 +763,7 @@ struct Boot {
     /// Set while a stand-in runs on this machine instead of the replica.
     stand_in: Mutex<Option<StandIn>>,
     network: Network,
+    kernels: simnet::Kernels,
 }
 
 impl Boot {
@@ -815,7 +842,9 @@ impl Boot {
                     local: config.node.replica_id,
                     filter: self.filter.clone(),
                     clock: clock.clone(),
-                    inner: Arc::new(tcp.with_net(Arc::new(simnet::SimNet), clock)),
+                    inner: Arc::new(
+                        tcp.with_net(Arc::new(simnet::SimNet::new(self.kernels.clone())), clock),
+                    ),
                 })
             }
         };
@@ -870,7 +899,8 @@ impl Boot {
         handler: Arc<dyn transport::Handler>,
         env: Env,
     ) {
-        let listener = match simnet::SimListener::bind(addr, caller_at).await {
+        let listener = match simnet::SimListener::bind(addr, caller_at, self.kernels.clone()).await
+        {
             Ok(listener) => listener,
             Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
         };
