@@ -109,6 +109,31 @@ pub enum Request {
 }
 
 impl Request {
+    /// Whether sending the request twice does what sending it once does:
+    /// reads, the handshake, and replicated ops (`Apply`, known by their
+    /// timestamps). A client write makes a new op each time it arrives,
+    /// and a `Drop` sent again may drop a tree created in between.
+    pub fn is_idempotent(&self) -> bool {
+        match self {
+            Request::Add { .. }
+            | Request::AddByPath { .. }
+            | Request::Move { .. }
+            | Request::Remove { .. }
+            | Request::Drop { .. } => false,
+            Request::GetNodeByPath { .. }
+            | Request::GetMeta { .. }
+            | Request::GetSubTree { .. }
+            | Request::TreeList { .. }
+            | Request::Apply { .. }
+            | Request::GetOpLog { .. }
+            | Request::Healthcheck
+            | Request::GetOpLogStamps { .. }
+            | Request::Hello { .. }
+            | Request::ListChildren { .. }
+            | Request::GetSubTreePage { .. } => true,
+        }
+    }
+
     /// The request's name (a label of the latency metrics).
     pub fn kind(&self) -> &'static str {
         match self {

@@ -7,7 +7,7 @@ use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
 use arbor::runtime::BoxFuture;
 use arbor::tcp::{self, Connection, Dialer, Handler, ServerOptions, TcpTransport};
-use arbor::{Caller, ContainerId, Error};
+use arbor::{Caller, ContainerId, Error, TreeKey, ROOT};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -412,6 +412,55 @@ async fn transport_survives_a_closed_pooled_connection() {
             })
         );
     }
+}
+
+/// A client write that fails on a pooled connection is not sent again on
+/// a fresh one: it may have reached the peer before the connection broke,
+/// so its caller hears the error (an unknown outcome), where a retry could
+/// store it twice or be answered by a process that never saw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_a_stale_pooled_connection_is_not_sent_again() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = arrived.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                // One request per connection, then the connection closes.
+                if let Ok(Some(body)) = tcp::read_frame(&mut stream, MAX).await {
+                    let id = proto::decode::<Request>(&body, MAX).unwrap().id;
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let answer = tcp::encode_frame(id, &Response::Added { node: 7 }).unwrap();
+                    tcp::write_frame(&mut stream, &answer).await.unwrap();
+                }
+            });
+        }
+    });
+    let transport = transport_to(address);
+    let add = || Request::Add {
+        tree: TreeKey::new(ContainerId([1; 32]), "t"),
+        parent: ROOT,
+        items: Vec::new(),
+    };
+    let count = || arrived.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        transport.call(2, add(), PATIENCE).await,
+        Ok(Response::Added { node: 7 })
+    );
+    assert_eq!(count(), 1);
+    // The pooled connection is closed by now: the write fails, unsent again.
+    let failed = transport.call(2, add(), PATIENCE).await;
+    assert!(matches!(failed, Err(Error::Network(_))), "{failed:?}");
+    assert_eq!(count(), 1, "the write was sent again on a fresh connection");
+    // The failed connection left the pool: the next call dials anew.
+    assert_eq!(
+        transport.call(2, add(), PATIENCE).await,
+        Ok(Response::Added { node: 7 })
+    );
+    assert_eq!(count(), 2);
 }
 
 /// Holds every request until released; counts what arrived.

@@ -14,8 +14,9 @@ use arbor::service::Service;
 use arbor::tcp::{Dialer, Server, ServerOptions, TcpTransport};
 use arbor::{ContainerId, Error, KeyValue, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
 use arbor_sim::disk::{DiskConfig, SimDisk};
-use arbor_sim::scenario::swarm::{Profile, Size};
-use arbor_sim::scenario::{run_seed, Options};
+use arbor_sim::scenario::plan::Plan;
+use arbor_sim::scenario::swarm::{Profile, Size, Swarm};
+use arbor_sim::scenario::{run_plan, run_seed, Options};
 use arbor_sim::trace::first_difference;
 use arbor_sim::world::clock::{global_now, ClockSkew, SimClock};
 use arbor_sim::world::config::client_ip;
@@ -378,11 +379,13 @@ fn tcp_runs_are_deterministic() {
     assert_ne!(first.trace_hash, datagram.trace_hash);
 }
 
-/// The full-size replace profile, seed 9, over TCP: a push its replica
-/// sent just before its disk was destroyed, held by a clogged link, used to
-/// reach a peer about 16 s later, after the replica had rejoined empty and
-/// pulled that peer's log; its new incarnation then gave the op's stamp to
-/// another op, a stamp conflict no real machine can cause.
+/// The full-size replace profile, seed 9, over TCP, with
+/// `max_pending_writes` 64 (the seed's draw before tight bounds were
+/// drawn): a push its replica sent just before its disk was destroyed,
+/// held by a clogged link, used to reach a peer about 16 s later, after
+/// the replica had rejoined empty and pulled that peer's log; its new
+/// incarnation then gave the op's stamp to another op, a stamp conflict no
+/// real machine can cause.
 #[test]
 fn a_destroyed_disk_sends_nothing_after_its_death() {
     let options = Options {
@@ -391,7 +394,29 @@ fn a_destroyed_disk_sends_nothing_after_its_death() {
         network: Network::Tcp,
         ..Options::standard()
     };
-    let report = run_seed(9, &options);
+    let mut swarm = Swarm::draw(9, options.profile, options.size, options.faults);
+    swarm.knobs.max_pending_writes = 64;
+    let report = run_plan(&Plan::draw(swarm), &options);
     assert!(report.passed(), "seed 9 replace over tcp: {report}");
+    assert!(report.ops_acked > 0, "nothing acknowledged");
+}
+
+/// The full-size replace profile, seed 113, over TCP: a client's
+/// `AddByPath` failed on a pooled connection when its replica's process
+/// restarted; the transport sent it again on a fresh connection, where the
+/// new process, still rejoining, refused it ("nothing was done") although
+/// the old process had stored and replicated it. A client write is now
+/// never sent twice: its caller hears the connection's error, an unknown
+/// outcome.
+#[test]
+fn a_write_that_met_a_broken_connection_is_not_sent_again() {
+    let options = Options {
+        profile: Profile::Replace,
+        size: Size::STANDARD,
+        network: Network::Tcp,
+        ..Options::standard()
+    };
+    let report = run_seed(113, &options);
+    assert!(report.passed(), "seed 113 replace over tcp: {report}");
     assert!(report.ops_acked > 0, "nothing acknowledged");
 }

@@ -243,10 +243,12 @@ struct Idle {
 
 /// `net::Transport` over TCP with a small pool of idle connections per peer.
 ///
-/// A call that fails on a pooled connection (the peer may have restarted
-/// since) is retried once on a fresh one. The service only sends
-/// idempotent requests to peers (Apply, GetOpLog, TreeList), so a duplicate
-/// is harmless.
+/// An idempotent call (`Request::is_idempotent`: reads, `Apply`) that
+/// fails on a pooled connection (the peer may have restarted since) is
+/// retried once on a fresh one. Any other call's error is given to the
+/// caller as it is: the request may have reached the peer before the
+/// connection broke, so the outcome is unknown, and sending it again could
+/// store it twice or answer for a process that never saw it.
 pub struct TcpTransport {
     addresses: BTreeMap<ReplicaId, String>,
     /// Calls in flight per peer, so that this node alone never takes more
@@ -454,9 +456,13 @@ async fn call_pooled(
     opened: &AtomicU64,
 ) -> Result<Response> {
     if let Some(mut connection) = pool.take(peer) {
-        if let Ok(response) = connection.call(request).await {
-            pool.give_back(peer, connection);
-            return Ok(response);
+        match connection.call(request).await {
+            Ok(response) => {
+                pool.give_back(peer, connection);
+                return Ok(response);
+            }
+            Err(error) if !request.is_idempotent() => return Err(error),
+            Err(_) => {}
         }
     }
     opened.fetch_add(1, Ordering::Relaxed);
