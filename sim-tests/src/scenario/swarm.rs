@@ -190,7 +190,8 @@ pub struct Swarm {
     /// everything else.
     pushes_blocked: Vec<(ReplicaId, ReplicaId)>,
     /// `tree.ack_replicas` of every node: 2 in about half the seeds of
-    /// the replace profile, else 1. Drawn after everything else.
+    /// the replace profile and in a quarter of the other seeds of every
+    /// profile but members, else 1. Drawn after everything else.
     #[serde(default = "one_replica")]
     pub ack_replicas: usize,
     /// The write-ahead log of every node. Drawn after everything else. A
@@ -255,6 +256,10 @@ const REPLACE_WEIGHT: f64 = 0.2;
 /// Chance that a replace seed answers writes only once two replicas hold
 /// them (`tree.ack_replicas: 2`).
 const REPLACE_ACK_TWO_PROBABILITY: f64 = 0.5;
+/// One seed in `ACK_DRAWN_ONE_IN` answers writes only once `ACK_DRAWN`
+/// replicas hold them (`Swarm::draw_ack_replicas`).
+const ACK_DRAWN_ONE_IN: u64 = 4;
+const ACK_DRAWN: usize = 2;
 
 /// One seed in `TIGHT_MESSAGE_ONE_IN` draws each byte budget of
 /// `TIGHT_MESSAGE_BUDGETS` (what a message may carry besides its framing):
@@ -416,7 +421,26 @@ impl Swarm {
         // Drawn after everything else, so it left the other draws as
         // they were.
         swarm.draw_tight_bounds(&mut rng);
+        // Drawn after everything else, so it left the other draws as
+        // they were.
+        let ack_roll = rng.next_u64();
+        swarm.draw_ack_replicas(ack_roll);
         swarm
+    }
+
+    /// `tree.ack_replicas` 2 in one seed of `ACK_DRAWN_ONE_IN` of every
+    /// profile but members. Not more: a replica leaving a container of
+    /// three (the standard profile's membership changes) and a stand-in
+    /// process that lists one peer fewer (misconfig) leave sets of two
+    /// replicas, which a config with 3 cannot serve. The replace profile
+    /// draws its own 2 in half its seeds before this.
+    fn draw_ack_replicas(&mut self, roll: u64) {
+        if self.profile == Profile::Members || self.ack_replicas != 1 {
+            return;
+        }
+        if roll % ACK_DRAWN_ONE_IN == 0 {
+            self.ack_replicas = ACK_DRAWN;
+        }
     }
 
     /// Bounds drawn small enough to bind in some seeds: a byte budget of
