@@ -23,7 +23,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep campaign canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load scale mutants)
+readonly SECTIONS=(sweep campaign claims canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load scale mutants)
 # What a run without --only measures: every section but the opt-in ones.
 readonly OPT_IN=(mutants)
 
@@ -161,6 +161,8 @@ readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only miscon
 
 sweep_cmd() { echo "arbor-sim sweep --seeds $sweep_seeds --jobs $1"; }
 campaign_cmd() { echo "arbor-sim sweep --seeds $campaign_seeds --jobs 2 --profile $1"; }
+claims_cmd() { echo "arbor-sim sweep --seeds 40 --jobs 2 --check-claims --profile $1"; }
+claims_small_cmd() { echo "arbor-sim sweep --seeds 20 --jobs 2 --check-claims --small --profile $1"; }
 cost_cmd() { echo "arbor-sim sweep --seeds $cost_seeds --jobs 2"; }
 canary_cmd() {
     echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}"
@@ -213,6 +215,7 @@ sim_load_cmd() {
 if [ "$list" = 1 ]; then
     echo "sweep:      $(sweep_cmd 1); $(sweep_cmd 2)"
     echo "campaign:   $(campaign_cmd P), for each profile; with --base-bin, $(cost_cmd) of both binaries, alternated, $cost_rounds round(s)"
+    echo "claims:     $(claims_cmd P); $(claims_small_cmd P), for each profile"
     echo "canaries:   $(canary_cmd P C), for each canary; $(canary_cmd P), for each profile"
     echo "shrink:     $(shrink_cmd P C S), S the first failing seed of $(canary_cmd P C)"
     echo "bench:      $(bench_cmd)"
@@ -311,6 +314,7 @@ title() {
     case "$1" in
         sweep) echo "Simulation sweep speed" ;;
         campaign) echo "Seed campaign over every profile" ;;
+        claims) echo "What each profile reaches: its claims over seeds 1-40" ;;
         canaries) echo "Canaries" ;;
         shrink) echo "Shrinking each canary's first failure" ;;
         bench) echo "Engine bench" ;;
@@ -407,6 +411,42 @@ section_sweep() {
         echo "\`arbor-sim\` is \`target/release/arbor-sim\` (\`cargo build --release -p arbor-sim\`);"
         echo "\`cargo run --release -p arbor-sim -- sweep --seeds 200\` runs the one-thread sweep."
     } >>"$work/sweep.md"
+}
+
+# The claims line of a sweep: "N of M reached" and what was not.
+claims_of() {
+    sed -n 's/^claims of profile [^:]*: //p' "$1" | head -n 1
+}
+
+section_claims() {
+    {
+        echo "## $(title claims)"
+        echo
+        provenance "$binary_note"
+        echo "Each profile's claims (\`sim-tests/src/scenario/claims.rs\`): seeds 1-40 of the full-size"
+        echo "scenario must reach all of them, seeds 1-20 of the test-size one (\`--small\`, what"
+        echo "\`cargo test\` runs in \`tests/claims.rs\`) those marked as reached at that size."
+        echo "\`--check-claims\` makes a missing claim exit 3."
+        echo
+        echo "| profile | full size, seeds 1-40 | failures | seeds/min | test size, seeds 1-20 | failures |"
+        echo "|---|---|---:|---:|---|---:|"
+    } >"$work/claims.md"
+    local profile
+    for profile in "${PROFILES[@]}"; do
+        log "claims, profile $profile"
+        capture "claims-$profile" SIM sweep --seeds 40 --jobs 2 --check-claims --profile "$profile" || true
+        capture "claims-small-$profile" SIM sweep --seeds 20 --jobs 2 --check-claims --small --profile "$profile" || true
+        local runs failures rate sent acked faults wall full small small_failures
+        read -r runs failures rate sent acked faults wall <<<"$(sweep_row "$work/claims-$profile.out")"
+        full="$(claims_of "$work/claims-$profile.out")"
+        small="$(claims_of "$work/claims-small-$profile.out")"
+        small_failures="$(sweep_row "$work/claims-small-$profile.out" | cut -d ' ' -f 2)"
+        echo "| $profile | ${full:-no summary} | ${failures:-?} | ${rate:-?} | ${small:-no summary} | ${small_failures:-?} |" >>"$work/claims.md"
+    done
+    {
+        echo
+        echo "Commands: \`$(claims_cmd PROFILE)\` and \`$(claims_small_cmd PROFILE)\`."
+    } >>"$work/claims.md"
 }
 
 # One sweep's table row for the campaign: its summary fields, or a note.

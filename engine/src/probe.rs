@@ -1,4 +1,4 @@
-//! Probes: branches of the engine that a bug can hide in and that a test
+//! Code probes: branches of the engine that a bug can hide in and that a test
 //! workload reaches only if its sizes and faults are drawn to reach them
 //! (a second page, a page cut by its byte budget, a refusal at a bound).
 //! The engine marks each with `probe::hit`; the simulator reads the counts
