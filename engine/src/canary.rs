@@ -3,8 +3,22 @@
 //! proves that its checkers catch it. Without the feature every query is a
 //! constant `false` and the optimiser removes the planted code paths.
 
-/// The planted bugs, each reproducing a real class of failure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The planted bugs, each reproducing a real class of failure. `ALL` lists
+/// them in declaration order; `<&str>::from` gives the snake_case name of
+/// the test in sim-tests/tests/canary.rs that covers each.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "snake_case")]
 #[repr(u8)]
 pub enum Canary {
     /// Replication drops ops when its queue is full.
@@ -85,34 +99,8 @@ pub enum Canary {
 }
 
 impl Canary {
-    pub const ALL: [Canary; 26] = [
-        Canary::ReplicationDropsOnFullQueue,
-        Canary::SharedSyncCursor,
-        Canary::StaleUndoOnRedo,
-        Canary::OldOpWrongPosition,
-        Canary::FailedBatchHangs,
-        Canary::SyncDropsTreeOnPeerError,
-        Canary::PathByArrivalOrder,
-        Canary::AuthorizationSkipped,
-        Canary::PullCursorPastFailedPage,
-        Canary::PullCursorPersistedEarly,
-        Canary::SubtreeDepthOffByOne,
-        Canary::ResultsToWrongCallers,
-        Canary::MovesNoOp,
-        Canary::DefiniteFailureApplied,
-        Canary::DropKeepsPullCursors,
-        Canary::DropForgetsMarks,
-        Canary::PeerIdentityUnchecked,
-        Canary::RejoinAcceptsWrites,
-        Canary::JoinerStopsAfterFirstPage,
-        Canary::DropKeepsDirCache,
-        Canary::AckBeforeReplicas,
-        Canary::WalAckBeforeSync,
-        Canary::CheckpointWithoutPosition,
-        Canary::LatestPicksOldest,
-        Canary::DirCacheKeptOnMove,
-        Canary::AnswerBudgetEighth,
-    ];
+    /// Every canary, in declaration order.
+    pub const ALL: &'static [Canary] = <Canary as strum::VariantArray>::VARIANTS;
 }
 
 #[cfg(feature = "canary")]
@@ -143,3 +131,18 @@ mod imp {
 }
 
 pub use imp::*;
+
+#[cfg(test)]
+mod tests {
+    use super::Canary;
+
+    /// `ALL` holds each canary once, and its number (0 is "none on") is
+    /// its place in the list counted from 1.
+    #[test]
+    fn all_lists_every_canary_by_number() {
+        for (i, &canary) in Canary::ALL.iter().enumerate() {
+            assert_eq!(canary as usize, i + 1, "{canary:?}");
+        }
+        assert_eq!(<&str>::from(Canary::MovesNoOp), "moves_no_op");
+    }
+}

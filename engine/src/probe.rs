@@ -11,7 +11,7 @@
 
 /// A branch worth proving reached. The simulator names each by its variant
 /// name (`scenario::coverage`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, strum::VariantArray)]
 pub enum Probe {
     /// A pull pass fetched a second page of a peer's stamps.
     PullStampPageNext,
@@ -48,21 +48,8 @@ pub enum Probe {
 }
 
 impl Probe {
-    pub const ALL: [Probe; 13] = [
-        Probe::PullStampPageNext,
-        Probe::PullOpPageNext,
-        Probe::PullSeveralRuns,
-        Probe::PullCursorPersistedByLag,
-        Probe::OpLogCutByBytes,
-        Probe::StampsCutByBytes,
-        Probe::PushCutByBytes,
-        Probe::AdmissionRefused,
-        Probe::AwaitingReplicasFull,
-        Probe::CounterTooFar,
-        Probe::DirCacheHitAfterUndo,
-        Probe::LatestAmongSeveral,
-        Probe::AnswerTooLarge,
-    ];
+    /// Every probe, in declaration order.
+    pub const ALL: &'static [Probe] = <Probe as strum::VariantArray>::VARIANTS;
 }
 
 /// Counts of every probe, in the order of `Probe::ALL`.

@@ -13,7 +13,7 @@ use crate::scenario::{run_seed, Options, Report};
 use crate::world::Network;
 use arbor::canary::Canary;
 use partition::{Partition, SeedSet};
-use records::{commit, create_file, junit_xml, JsonLines, SeedRecord, SuiteInfo};
+use records::{commit, create_file, junit_report, JsonLines, SeedRecord, SuiteInfo};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -140,7 +140,8 @@ pub fn parse_profile(name: &str) -> Result<Profile, String> {
 pub fn parse_canary(name: &str) -> Result<Canary, String> {
     let wanted: String = name.chars().filter(|c| *c != '-' && *c != '_').collect();
     Canary::ALL
-        .into_iter()
+        .iter()
+        .copied()
         .find(|c| format!("{c:?}").eq_ignore_ascii_case(&wanted))
         .ok_or_else(|| {
             let names: Vec<String> = Canary::ALL.iter().map(|c| format!("{c:?}")).collect();
@@ -414,8 +415,12 @@ impl Outputs {
             wall_s: summary.wall_seconds,
             properties: &properties,
         };
-        let xml = junit_xml(&suite, &self.records, &self.failure_reports);
-        if let Err(e) = std::fs::write(path, xml) {
+        let report = junit_report(&suite, &self.records, &self.failure_reports);
+        let written = report
+            .to_string()
+            .map_err(|e| e.to_string())
+            .and_then(|xml| std::fs::write(path, xml).map_err(|e| e.to_string()));
+        if let Err(e) = written {
             self.error
                 .get_or_insert(format!("--junit {}: {e}", path.display()));
         }

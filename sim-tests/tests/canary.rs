@@ -5,7 +5,7 @@
 use arbor::canary::Canary;
 use arbor_sim::cli::{run_seed_announced, run_sweep};
 use arbor_sim::scenario::swarm::{Profile, Size};
-use arbor_sim::scenario::{Options, Report};
+use arbor_sim::scenario::{canary_test_name, Options, Report};
 use std::sync::Mutex;
 
 /// At least one of seeds 1..=SEEDS_MAX must fail with the canary on.
@@ -206,4 +206,18 @@ fn dir_cache_kept_on_move() {
 #[test]
 fn answer_budget_eighth() {
     caught(Canary::AnswerBudgetEighth);
+}
+
+/// Every canary has its test in this file, named as `canary_test_name`
+/// (the replay command a failing report prints) names it.
+#[test]
+fn every_canary_has_its_test_here() {
+    let source = include_str!("canary.rs");
+    for &canary in Canary::ALL {
+        let test = format!(
+            "#[test]\nfn {}() {{\n    caught(Canary::{canary:?});",
+            canary_test_name(canary)
+        );
+        assert!(source.contains(&test), "no test {test:?}");
+    }
 }

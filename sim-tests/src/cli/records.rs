@@ -7,10 +7,12 @@ use super::SeedRun;
 use crate::failure::Failure;
 use crate::scenario::swarm::Size;
 use crate::scenario::Options;
+use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
 use serde::Serialize;
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::Path;
+use std::time::Duration;
 
 /// Longest failure message put in a JUnit attribute: CI systems show it in
 /// one line; the whole report goes in the element's text.
@@ -132,62 +134,59 @@ pub struct SuiteInfo<'a> {
     pub properties: &'a [(&'a str, String)],
 }
 
-/// The sweep as JUnit XML (testsuites / testsuite / testcase / failure),
-/// test cases in seed order. `reports` holds the text of each failing
-/// seed's report, by seed, for the failure element's body.
-pub fn junit_xml(
+/// The sweep as a JUnit report (testsuites / testsuite / testcase /
+/// failure), test cases in seed order. `reports` holds the text of each
+/// failing seed's report, by seed, for the failure element's body.
+pub fn junit_report(
     suite: &SuiteInfo<'_>,
     records: &[SeedRecord],
-    reports: &std::collections::BTreeMap<u64, String>,
-) -> String {
-    let failures = records.iter().filter(|r| !r.passed()).count();
-    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    let counts = format!(
-        "tests=\"{}\" failures=\"{failures}\" errors=\"0\" time=\"{:.3}\"",
-        records.len(),
-        suite.wall_s
+    reports: &BTreeMap<u64, String>,
+) -> Report {
+    let mut test_suite = TestSuite::new(suite.name);
+    test_suite.add_properties(
+        suite
+            .properties
+            .iter()
+            .map(|(key, value)| Property::new(*key, value)),
     );
-    let name = xml_escape(suite.name);
-    let _ = writeln!(out, "<testsuites name=\"{name}\" {counts}>");
-    let _ = writeln!(out, "  <testsuite name=\"{name}\" {counts} skipped=\"0\">");
-    out.push_str("    <properties>\n");
-    for (key, value) in suite.properties {
-        let _ = writeln!(
-            out,
-            "      <property name=\"{}\" value=\"{}\"/>",
-            xml_escape(key),
-            xml_escape(value)
-        );
+    test_suite.add_test_cases(records.iter().map(|r| test_case(r, reports.get(&r.seed))));
+    let mut report = Report::new(suite.name);
+    if let Some(wall) = seconds(suite.wall_s) {
+        test_suite.set_time(wall);
+        report.set_time(wall);
     }
-    out.push_str("    </properties>\n");
-    for record in records {
-        out.push_str(&test_case(record, reports.get(&record.seed)));
-    }
-    out.push_str("  </testsuite>\n</testsuites>\n");
-    out
+    report.add_test_suite(test_suite);
+    report
 }
 
-fn test_case(record: &SeedRecord, report: Option<&String>) -> String {
-    let open = format!(
-        "    <testcase classname=\"arbor-sim.sweep.{}\" name=\"seed {}\" time=\"{:.3}\"",
-        xml_escape(&record.profile),
-        record.seed,
-        record.wall_s
-    );
-    let Some(kind) = &record.failure_kind else {
-        return format!("{open}/>\n");
+fn test_case(record: &SeedRecord, report: Option<&String>) -> TestCase {
+    let status = match &record.failure_kind {
+        None => TestCaseStatus::success(),
+        Some(kind) => {
+            let message = format!(
+                "{kind}: {}; replay: {}",
+                record.failure.as_deref().unwrap_or(""),
+                record.replay
+            );
+            let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            status
+                .set_type(kind)
+                .set_message(truncate(&message, FAILURE_MESSAGE_CHARS_MAX))
+                .set_description(report.map_or(message.as_str(), String::as_str));
+            status
+        }
     };
-    let message = format!(
-        "{kind}: {}; replay: {}",
-        record.failure.as_deref().unwrap_or(""),
-        record.replay
-    );
-    format!(
-        "{open}>\n      <failure type=\"{}\" message=\"{}\">{}</failure>\n    </testcase>\n",
-        xml_escape(kind),
-        xml_escape(&truncate(&message, FAILURE_MESSAGE_CHARS_MAX)),
-        xml_escape(report.map_or(message.as_str(), String::as_str))
-    )
+    let mut case = TestCase::new(format!("seed {}", record.seed), status);
+    case.set_classname(format!("arbor-sim.sweep.{}", record.profile));
+    if let Some(wall) = seconds(record.wall_s) {
+        case.set_time(wall);
+    }
+    case
+}
+
+/// A measured duration in seconds; `None` for a value no `Duration` holds.
+fn seconds(s: f64) -> Option<Duration> {
+    Duration::try_from_secs_f64(s).ok()
 }
 
 fn truncate(text: &str, chars_max: usize) -> String {
@@ -197,37 +196,141 @@ fn truncate(text: &str, chars_max: usize) -> String {
     }
 }
 
-/// Escapes text for XML content and attribute values; characters XML 1.0
-/// cannot hold at all (most control characters) become U+FFFD, and line
-/// breaks and tabs become references so attributes keep them.
-pub fn xml_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\n' => out.push_str("&#10;"),
-            '\r' => out.push_str("&#13;"),
-            '\t' => out.push_str("&#9;"),
-            c if (c as u32) < 0x20 || c == '\u{fffe}' || c == '\u{ffff}' => out.push('\u{fffd}'),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn record(seed: u64, failure: Option<(&str, &str)>) -> SeedRecord {
+        SeedRecord {
+            seed,
+            commit: "c0ffee".to_string(),
+            profile: "storage-errors".to_string(),
+            size: "small".to_string(),
+            faults: true,
+            canary: None,
+            verdict: if failure.is_some() { "fail" } else { "pass" }.to_string(),
+            failure_kind: failure.map(|(kind, _)| kind.to_string()),
+            failure: failure.map(|(_, detail)| detail.to_string()),
+            simulated_s: 12.5,
+            wall_s: 0.25,
+            trace_fingerprint: "0123456789abcdef".to_string(),
+            replay: format!("arbor-sim replay --seed {seed} --small"),
+            test_replay: String::new(),
+        }
+    }
+
+    /// Text that XML must escape or cannot hold stays well-formed, and
+    /// every promise of the file holds: a case per seed in the given
+    /// order, the profile in the class name, the failure's kind, replay
+    /// command and report, the suite's properties and counts.
     #[test]
-    fn escaping_keeps_xml_well_formed() {
+    fn the_junit_report_names_each_seed_and_its_failure() {
+        let detail = "a<b & \"c\" 'd'>\n\u{1}\u{1b}[31mred";
+        let records = [
+            record(4, None),
+            record(7, Some(("divergence", detail))),
+            record(9, None),
+        ];
+        let reports = BTreeMap::from([(7, "seed 7 FAILED: <tree> & more\nline two".to_string())]);
+        let properties = [
+            ("commit", "c0ffee".to_string()),
+            ("seeds", "a & b".to_string()),
+        ];
+        let suite = SuiteInfo {
+            name: "arbor-sim sweep storage-errors small",
+            wall_s: 1.5,
+            properties: &properties,
+        };
+        let xml = junit_report(&suite, &records, &reports)
+            .to_string()
+            .unwrap();
+        let doc = roxmltree::Document::parse(&xml).expect("well-formed XML");
+        let root = doc.root_element();
+        assert_eq!(root.tag_name().name(), "testsuites");
+        let suite = root
+            .children()
+            .find(|n| n.has_tag_name("testsuite"))
+            .unwrap();
+        for element in [root, suite] {
+            assert_eq!(
+                element.attribute("name"),
+                Some("arbor-sim sweep storage-errors small")
+            );
+            assert_eq!(element.attribute("tests"), Some("3"));
+            assert_eq!(element.attribute("failures"), Some("1"));
+            assert_eq!(element.attribute("time"), Some("1.500"));
+        }
+        let properties: Vec<(&str, &str)> = suite
+            .descendants()
+            .filter(|n| n.has_tag_name("property"))
+            .map(|p| (p.attribute("name").unwrap(), p.attribute("value").unwrap()))
+            .collect();
+        assert_eq!(properties, [("commit", "c0ffee"), ("seeds", "a & b")]);
+        let cases: Vec<_> = suite
+            .children()
+            .filter(|n| n.has_tag_name("testcase"))
+            .collect();
+        let names: Vec<&str> = cases.iter().map(|c| c.attribute("name").unwrap()).collect();
+        assert_eq!(names, ["seed 4", "seed 7", "seed 9"]);
+        for case in &cases {
+            assert_eq!(
+                case.attribute("classname"),
+                Some("arbor-sim.sweep.storage-errors")
+            );
+            assert_eq!(case.attribute("time"), Some("0.250"));
+        }
+        let failures: Vec<_> = suite
+            .descendants()
+            .filter(|n| n.has_tag_name("failure"))
+            .collect();
+        assert_eq!(failures.len(), 1);
+        let failure = failures[0];
+        assert_eq!(failure.parent().unwrap().attribute("name"), Some("seed 7"));
+        assert_eq!(failure.attribute("type"), Some("divergence"));
+        let message = failure.attribute("message").unwrap();
+        assert!(
+            message.starts_with("divergence: a<b & \"c\" 'd'>"),
+            "{message}"
+        );
+        assert!(
+            !message.contains('\u{1}') && !message.contains('\u{1b}'),
+            "{message:?}"
+        );
+        assert!(
+            message.ends_with("; replay: arbor-sim replay --seed 7 --small"),
+            "{message}"
+        );
         assert_eq!(
-            xml_escape("a<b & \"c\" 'd'>\n\u{1}"),
-            "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;&#10;\u{fffd}"
+            failure.text(),
+            Some("seed 7 FAILED: <tree> & more\nline two")
+        );
+    }
+
+    /// Without a report text the failure's body repeats its message; a
+    /// message too long for one line is cut, the body keeps it whole.
+    #[test]
+    fn a_long_failure_is_cut_in_its_message_only() {
+        let detail = "x".repeat(FAILURE_MESSAGE_CHARS_MAX * 2);
+        let suite = SuiteInfo {
+            name: "s",
+            wall_s: 0.0,
+            properties: &[],
+        };
+        let records = [record(1, Some(("panic", &detail)))];
+        let xml = junit_report(&suite, &records, &BTreeMap::new())
+            .to_string()
+            .unwrap();
+        let doc = roxmltree::Document::parse(&xml).unwrap();
+        let failure = doc
+            .descendants()
+            .find(|n| n.has_tag_name("failure"))
+            .unwrap();
+        let message = failure.attribute("message").unwrap();
+        assert_eq!(message.chars().count(), FAILURE_MESSAGE_CHARS_MAX + 1);
+        assert!(message.ends_with('…'));
+        let body = failure.text().unwrap();
+        assert!(
+            body.contains(&detail) && body.ends_with("replay: arbor-sim replay --seed 1 --small")
         );
     }
 

@@ -195,34 +195,7 @@ impl fmt::Display for Report {
 
 /// The name of the test in tests/canary.rs that covers a canary.
 pub fn canary_test_name(canary: Canary) -> &'static str {
-    match canary {
-        Canary::ReplicationDropsOnFullQueue => "replication_drops_on_full_queue",
-        Canary::SharedSyncCursor => "shared_sync_cursor",
-        Canary::StaleUndoOnRedo => "stale_undo_on_redo",
-        Canary::OldOpWrongPosition => "old_op_wrong_position",
-        Canary::FailedBatchHangs => "failed_batch_hangs",
-        Canary::SyncDropsTreeOnPeerError => "sync_drops_tree_on_peer_error",
-        Canary::PathByArrivalOrder => "path_by_arrival_order",
-        Canary::PullCursorPastFailedPage => "pull_cursor_past_failed_page",
-        Canary::PullCursorPersistedEarly => "pull_cursor_persisted_early",
-        Canary::SubtreeDepthOffByOne => "subtree_depth_off_by_one",
-        Canary::ResultsToWrongCallers => "results_to_wrong_callers",
-        Canary::MovesNoOp => "moves_no_op",
-        Canary::DefiniteFailureApplied => "definite_failure_applied",
-        Canary::AuthorizationSkipped => "authorization_skipped",
-        Canary::DropKeepsPullCursors => "drop_keeps_pull_cursors",
-        Canary::DropForgetsMarks => "drop_forgets_marks",
-        Canary::PeerIdentityUnchecked => "peer_identity_unchecked",
-        Canary::RejoinAcceptsWrites => "rejoin_accepts_writes",
-        Canary::JoinerStopsAfterFirstPage => "joiner_stops_after_first_page",
-        Canary::DropKeepsDirCache => "drop_keeps_dir_cache",
-        Canary::AckBeforeReplicas => "ack_before_replicas",
-        Canary::WalAckBeforeSync => "wal_ack_before_sync",
-        Canary::CheckpointWithoutPosition => "checkpoint_without_position",
-        Canary::LatestPicksOldest => "latest_picks_oldest",
-        Canary::DirCacheKeptOnMove => "dir_cache_kept_on_move",
-        Canary::AnswerBudgetEighth => "answer_budget_eighth",
-    }
+    canary.into()
 }
 
 /// The containers of the workload and their replica sets: with four
