@@ -292,7 +292,7 @@ timed() {
 }
 
 needs_sim=0
-for name in sweep campaign canaries shrink profile load tls clean-rate grid grpc sim-load; do
+for name in sweep campaign claims canaries shrink profile load tls clean-rate grid grpc sim-load; do
     runs "$name" && needs_sim=1
 done
 binary_note=""
