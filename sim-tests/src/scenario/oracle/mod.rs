@@ -62,6 +62,51 @@ impl TreeView {
         }))
     }
 
+    /// This view with the ops the log took since (`more`, the heights from
+    /// `first_height + log.len()` on, in height order), for the answer
+    /// checks: within one incarnation a log only grows. Only the log and
+    /// the model are kept (the stored nodes are not read again); a model
+    /// already built is carried over and takes the new ops.
+    pub fn extended(&self, more: &[Move]) -> TreeView {
+        let mut added: Vec<Move> = more.to_vec();
+        added.sort_by_key(|op| op.ts());
+        let mut log = Vec::with_capacity(self.log.len() + added.len());
+        let (mut old, mut new) = (self.log.iter().peekable(), added.into_iter().peekable());
+        loop {
+            let take_old = match (old.peek(), new.peek()) {
+                (Some(a), Some(b)) => {
+                    assert_ne!(a.ts(), b.ts(), "a log holds timestamp {} twice", a.ts());
+                    a.ts() < b.ts()
+                }
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if take_old {
+                log.push(old.next().expect("peeked").clone());
+            } else {
+                log.push(new.next().expect("peeked"));
+            }
+        }
+        let model = OnceLock::new();
+        if let Some(built) = self.model.get() {
+            let mut built = built.clone();
+            for op in more {
+                assert!(built.apply(op), "a log holds timestamp {} twice", op.ts());
+            }
+            let _ = model.set(built);
+        }
+        TreeView {
+            log,
+            nodes: Vec::new(),
+            first_height: self.first_height,
+            incarnation: self.incarnation,
+            model,
+            children: OnceLock::new(),
+            timestamps: OnceLock::new(),
+        }
+    }
+
     /// The tree as it was before the ops `late` (the last ones its log
     /// took: within one incarnation a log only grows, so without them it
     /// is an earlier state). Only the log is kept: the answer checks read
@@ -143,5 +188,65 @@ impl TreeView {
                 expected.len()
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor::{KeyValue, Meta, ROOT};
+
+    fn op(ts: Timestamp, parent: NodeId, child: NodeId) -> Move {
+        Move {
+            parent,
+            child,
+            meta: Meta {
+                time: ts,
+                items: vec![KeyValue {
+                    key: "FileName".into(),
+                    value: format!("n{child}").into_bytes(),
+                }],
+            },
+        }
+    }
+
+    fn view_of(log: &[Move]) -> TreeView {
+        let mut log = log.to_vec();
+        log.sort_by_key(|op| op.ts());
+        TreeView {
+            log,
+            nodes: Vec::new(),
+            first_height: 0,
+            incarnation: 1,
+            model: OnceLock::new(),
+            children: OnceLock::new(),
+            timestamps: OnceLock::new(),
+        }
+    }
+
+    /// An extended view is the view of the whole log: ops in timestamp
+    /// order, the same model whether or not the old one was built (new ops
+    /// older than logged ones included: 2 moves node 11 under 10 before 3
+    /// moves 10 under 11, which the model then refuses as a cycle).
+    #[test]
+    fn an_extended_view_is_the_view_of_the_whole_log() {
+        let first = [op(1, ROOT, 10), op(3, 10, 11), op(5, 11, 10)];
+        let more = [op(4, ROOT, 12), op(2, ROOT, 11), op(6, 12, 13)];
+        let all: Vec<Move> = first.iter().chain(&more).cloned().collect();
+        let whole = view_of(&all);
+        for built in [false, true] {
+            let start = view_of(&first);
+            if built {
+                let _ = start.model();
+            }
+            let extended = start.extended(&more);
+            assert_eq!(extended.model.get().is_some(), built);
+            let times: Vec<Timestamp> = extended.log.iter().map(|op| op.ts()).collect();
+            assert_eq!(times, vec![1, 2, 3, 4, 5, 6]);
+            assert_eq!(extended.log, whole.log);
+            assert_eq!(extended.model().dump().nodes, whole.model().dump().nodes);
+            assert_eq!(extended.first_height, 0);
+            assert_eq!(extended.incarnation, 1);
+        }
     }
 }

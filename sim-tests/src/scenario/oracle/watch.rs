@@ -99,13 +99,23 @@ impl AnswerOracle {
         let at_now = (forest.tree_incarnation(tree)?, forest.next_height(tree)?);
         let height = at_now.1;
         let key = (replica, tree.clone());
-        if let Some((at, view)) = self.views.lock().unwrap().get(&key) {
-            if *at == at_now {
-                return Ok(Some(view.clone()));
+        let cached = self.views.lock().unwrap().get(&key).cloned();
+        let view = match cached {
+            Some((at, view)) if at == at_now => return Ok(Some(view)),
+            // The same incarnation, grown since: read only the new heights.
+            Some(((incarnation, seen), view)) if incarnation == at_now.0 && seen < height => {
+                let more = forest.get_op_log(tree, seen, (height - seen) as usize)?;
+                assert!(
+                    more.iter().map(|e| e.height).eq(seen..height),
+                    "the log's heights {seen}..{height} are all stored"
+                );
+                let more: Vec<arbor::Move> = more.into_iter().map(|e| e.op).collect();
+                view.extended(&more)
             }
-        }
-        let Some(view) = TreeView::read(forest, tree)? else {
-            return Ok(None);
+            _ => match TreeView::read(forest, tree)? {
+                Some(view) => view,
+                None => return Ok(None),
+            },
         };
         assert_eq!(
             view.first_height + view.log.len() as u64,
