@@ -156,6 +156,7 @@ readonly CANARIES=(
     "DirCacheKeptOnMove|standard|a directory moved away stays in the directory cache"
     "LatestPicksOldest|gateway|a latest-only lookup answers the oldest version of a key"
     "AnswerBudgetEighth|standard|node reads count their answers against an eighth of the byte budget"
+    "WriterMayDrop|standard|Drop asks for the writer role instead of the owner's"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 
@@ -423,7 +424,7 @@ section_claims() {
         echo "## $(title claims)"
         echo
         provenance "$binary_note"
-        echo "Each profile's claims (\`sim-tests/src/scenario/claims.rs\`): seeds 1-40 of the full-size"
+        echo "Each profile's claims (\`sim-tests/src/scenario/check/claims.rs\`): seeds 1-40 of the full-size"
         echo "scenario must reach all of them, seeds 1-20 of the test-size one (\`--small\`, what"
         echo "\`cargo test\` runs in \`tests/claims.rs\`) those marked as reached at that size."
         echo "\`--check-claims\` makes a missing claim exit 3."

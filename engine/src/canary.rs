@@ -1,7 +1,10 @@
-//! Deliberately planted bugs, compiled only with the `canary` feature, which
-//! production never enables. The simulator switches one on at run time and
-//! proves that its checkers catch it. Without the feature every query is a
-//! constant `false` and the optimiser removes the planted code paths.
+//! Deliberately planted bugs, compiled only with the `canary` feature. Only
+//! `arbor-engine-sim` (the same sources built for the simulator) has that
+//! feature; the `arbor-engine` package, whose library the node binary links,
+//! does not declare it, so no build command can plant them in a node. The
+//! simulator switches one on at run time and proves that its checkers catch
+//! it. Without the feature every query is a constant `false` and the
+//! optimiser removes the planted code paths.
 
 /// The planted bugs, each reproducing a real class of failure. `ALL` lists
 /// them in declaration order; `<&str>::from` gives the snake_case name of
@@ -96,6 +99,9 @@ pub enum Canary {
     /// A node read counts its answer against an eighth of its byte
     /// budget: answers that fit the budget are refused as too large.
     AnswerBudgetEighth = 26,
+    /// `Drop` asks for the writer role instead of the owner's: a writer
+    /// may drop trees and whole containers.
+    WriterMayDrop = 27,
 }
 
 impl Canary {
@@ -107,6 +113,9 @@ impl Canary {
 mod imp {
     use super::Canary;
     use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// Whether the planted bugs are compiled in.
+    pub const COMPILED: bool = true;
 
     static ACTIVE: AtomicU8 = AtomicU8::new(0);
 
@@ -123,6 +132,9 @@ mod imp {
 #[cfg(not(feature = "canary"))]
 mod imp {
     use super::Canary;
+
+    /// Whether the planted bugs are compiled in.
+    pub const COMPILED: bool = false;
 
     #[inline(always)]
     pub fn active(_canary: Canary) -> bool {

@@ -692,7 +692,9 @@ async fn sync_survives_dropped_calls() {
     assert_eq!(partial.log.len(), 7, "node 2 holds every op already");
     net.drop_calls_to(1, 0);
     nodes[2].sync_now().await;
-    assert_eq!(dump(&nodes[2], &t), dump(&nodes[0], &t));
+    // Node 2's pushes to node 1 were lost too; they are sent again.
+    eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
+    assert_converged(&nodes, &[t]);
 }
 
 /// Adds `count` nodes to `t`, retrying each add that a full batcher
@@ -930,13 +932,16 @@ async fn pull_cursor_is_made_durable_lazily() {
     assert_eq!(dump(&nodes[0], &t), dump(n2, &t));
 }
 
-/// Blocking work whose end is held once on demand: the first work that
-/// finishes after `armed` is set waits for `release` before its caller
-/// goes on, so a test can act between a storage commit and what its
-/// caller does next.
+/// What a `BlockingGate` waits for.
+type GateCondition = Box<dyn Fn() -> bool + Send>;
+
+/// Blocking work whose end is held once on demand: the first work after
+/// which `hold_after` holds (checked on its thread right after it ran)
+/// waits for `release` before its caller goes on, so a test can act
+/// between a storage commit and what its caller does next.
 #[derive(Default)]
 struct BlockingGate {
-    armed: AtomicBool,
+    hold_after: std::sync::Mutex<Option<GateCondition>>,
     held: Notify,
     release: Notify,
 }
@@ -952,11 +957,22 @@ impl Runtime for GatedRuntime {
     }
 
     fn run_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>) -> BoxFuture<'static, ()> {
-        let done = self.inner.run_blocking(work);
         let gate = self.gate.clone();
+        let hold = Arc::new(AtomicBool::new(false));
+        let done = self.inner.run_blocking(Box::new({
+            let (gate, hold) = (gate.clone(), hold.clone());
+            move || {
+                work();
+                let mut condition = gate.hold_after.lock().unwrap();
+                if condition.as_ref().is_some_and(|holds| holds()) {
+                    *condition = None;
+                    hold.store(true, AtomicOrdering::SeqCst);
+                }
+            }
+        }));
         Box::pin(async move {
             done.await;
-            if gate.armed.swap(false, AtomicOrdering::SeqCst) {
+            if hold.load(AtomicOrdering::SeqCst) {
                 gate.held.notify_one();
                 gate.release.notified().await;
             }
@@ -986,6 +1002,7 @@ async fn a_tree_created_again_while_its_drop_ends_is_still_pushed() {
             ..test_env()
         };
         let forest = Arc::new(memory_forest(&configs[0]));
+        let watched = forest.clone();
         let n1 = Service::start(configs[0].clone(), forest, env, net.transport(1)).unwrap();
         net.attach(1, n1.clone());
         let n2 = start_node(&net, configs[1].clone(), memory_forest(&configs[1]));
@@ -993,8 +1010,9 @@ async fn a_tree_created_again_while_its_drop_ends_is_still_pushed() {
         let t = tree("t");
         add(&n1, &t, ROOT, "before").await;
         eventually("replication idle", PATIENCE, || all_idle(&nodes)).await;
-        // Nothing else runs blocking work now: the gate holds the drop's.
-        gate.armed.store(true, AtomicOrdering::SeqCst);
+        // The gate holds the work that committed the drop.
+        let gone = t.clone();
+        *gate.hold_after.lock().unwrap() = Some(Box::new(move || watched.dump(&gone).is_err()));
         let drop = Request::Drop {
             cid: cid(),
             tree: (!whole_container).then(|| "t".to_string()),

@@ -45,10 +45,12 @@ pub enum FailureKind {
     /// A replica holds an op written by a process that claimed another
     /// replica's id.
     ImpostorOp,
+    /// A call its caller's role allows was refused with `PermissionDenied`.
+    WrongRefusal,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 16] = [
+    pub const ALL: [FailureKind; 17] = [
         FailureKind::Liveness,
         FailureKind::TreeInvariant,
         FailureKind::Divergence,
@@ -65,6 +67,7 @@ impl FailureKind {
         FailureKind::Intrusion,
         FailureKind::StampConflict,
         FailureKind::ImpostorOp,
+        FailureKind::WrongRefusal,
     ];
 
     /// The kind `name` (the words `name` gives) names.
@@ -91,6 +94,7 @@ impl FailureKind {
             FailureKind::Intrusion => "intrusion",
             FailureKind::StampConflict => "stamp conflict",
             FailureKind::ImpostorOp => "impostor op",
+            FailureKind::WrongRefusal => "wrong refusal",
         }
     }
 }

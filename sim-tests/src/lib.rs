@@ -3,8 +3,10 @@
 //! plus the fuzz check functions and the load evaluator.
 
 pub mod cli;
+pub mod coverage;
 pub mod disk;
 pub mod failure;
+pub mod files;
 pub mod fuzzing;
 pub mod host;
 pub mod load;

@@ -4,7 +4,7 @@
 
 use arbor::canary::Canary;
 use arbor_sim::cli::{run_seed_announced, run_sweep};
-use arbor_sim::scenario::swarm::{Profile, Size};
+use arbor_sim::scenario::plan::swarm::{Profile, Size};
 use arbor_sim::scenario::{canary_test_name, Options, Report};
 use std::sync::Mutex;
 
@@ -206,6 +206,11 @@ fn dir_cache_kept_on_move() {
 #[test]
 fn answer_budget_eighth() {
     caught(Canary::AnswerBudgetEighth);
+}
+
+#[test]
+fn writer_may_drop() {
+    caught(Canary::WriterMayDrop);
 }
 
 /// Every canary has its test in this file, named as `canary_test_name`

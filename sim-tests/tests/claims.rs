@@ -1,12 +1,12 @@
-//! Every profile reaches what it claims (`scenario::claims`): seeds
+//! Every profile reaches what it claims (`scenario::check::claims`): seeds
 //! 1..=SMALL_CLAIM_SEEDS of the test-size scenario of each profile pass
 //! and reach every claim marked as reached at that size. The full-size
 //! claims are checked by `arbor-sim sweep --seeds 40 --check-claims
 //! --profile P` (docs/simulation.md, "Claims").
 
 use arbor_sim::cli::run_sweep;
-use arbor_sim::scenario::claims::SMALL_CLAIM_SEEDS;
-use arbor_sim::scenario::swarm::{Profile, Size};
+use arbor_sim::scenario::check::claims::SMALL_CLAIM_SEEDS;
+use arbor_sim::scenario::plan::swarm::{Profile, Size};
 use arbor_sim::scenario::Options;
 
 fn jobs() -> usize {

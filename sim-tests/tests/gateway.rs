@@ -1,11 +1,11 @@
-//! The gateway profile (`scenario::gateway`): versions of one key, delete
+//! The gateway profile (`scenario::workload::gateway_mix`): versions of one key, delete
 //! markers, overwrites in place by Move, tags and multipart parts, with
 //! every answer held to the model. A short sweep passes and reaches each
 //! of those situations.
 
 use arbor_sim::cli::run_sweep;
-use arbor_sim::scenario::coverage::Coverage;
-use arbor_sim::scenario::swarm::{Profile, Size};
+use arbor_sim::coverage::Coverage;
+use arbor_sim::scenario::plan::swarm::{Profile, Size};
 use arbor_sim::scenario::Options;
 
 /// Seeds 1..=SEEDS of the test-sized gateway profile.

@@ -6,7 +6,7 @@ use arbor::proto::{Request, Response};
 use arbor::runtime::BoxFuture;
 use arbor_sim::load::driver::{self, RunOutput, RunSpec};
 use arbor_sim::load::scenario::{Scenario, Stage};
-use arbor_sim::load::sim::generator_env;
+use arbor_sim::load::sim_mode::generator_env;
 use arbor_sim::load::target::Target;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

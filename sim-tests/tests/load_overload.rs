@@ -8,7 +8,7 @@ use arbor_sim::disk::DiskLatency;
 use arbor_sim::load::driver::RunSpec;
 use arbor_sim::load::real::reference_config;
 use arbor_sim::load::scenario::{Scenario, Stage};
-use arbor_sim::load::sim::{self, SimOptions};
+use arbor_sim::load::sim_mode::{self, SimOptions};
 use std::time::Duration;
 
 fn overload_options(seed: u64) -> SimOptions {
@@ -54,7 +54,7 @@ fn excess_writes_fail_fast_and_acknowledged_ones_survive() {
         track_acks: true,
         progress: false,
     };
-    let report = sim::run(&spec, &overload_options(seed)).expect("sim run");
+    let report = sim_mode::run(&spec, &overload_options(seed)).expect("sim run");
     let user = report.scenario("user").expect("user scenario");
     let overloaded = user.errors_by_kind.get("overloaded").copied().unwrap_or(0);
     assert!(

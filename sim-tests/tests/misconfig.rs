@@ -6,19 +6,19 @@
 //! checker counts it as a failure of its own kind; and no correct replica
 //! holds an op the impostor wrote.
 //!
-//! The swarm draws the same fault (`scenario::misconfig`): the tests below
+//! The swarm draws the same fault (`scenario::nemesis::misconfig`): the tests below
 //! check that it is drawn and that a sweep of the profile targeting it
 //! passes; `tests/canary.rs` that turning the detection off is caught.
 
 use arbor::proto::{Request, Response};
 use arbor::{ContainerId, KeyValue, TreeKey, ATTR_FILE_NAME, ROOT};
 use arbor_sim::cli::run_sweep;
+use arbor_sim::coverage::Coverage;
 use arbor_sim::failure::FailureKind;
-use arbor_sim::scenario::checkers::{self, check_at};
-use arbor_sim::scenario::coverage::Coverage;
-use arbor_sim::scenario::ledger::Ledger;
+use arbor_sim::scenario::check::ledger::Ledger;
+use arbor_sim::scenario::check::{self, check_at};
+use arbor_sim::scenario::plan::swarm::{Profile, Size, Swarm};
 use arbor_sim::scenario::plan::{FaultKind, Plan};
-use arbor_sim::scenario::swarm::{Profile, Size, Swarm};
 use arbor_sim::scenario::Options;
 use arbor_sim::trace::Trace;
 use arbor_sim::world::{cluster_configs_with, Knobs, World};
@@ -77,7 +77,7 @@ fn two_replicas_with_one_id_are_detected() {
             assert_eq!(impostors.count(), 0, "node {index} took the impostor's op");
         }
         assert!(stats(0).requests_refused > 0, "pushes from 3 stamped as 2");
-        let failure = check_at(&world, &Ledger::default(), "test", &checkers::standard())
+        let failure = check_at(&world, &Ledger::default(), "test", &check::standard())
             .await
             .unwrap_err();
         assert_eq!(failure.kind, FailureKind::StampConflict, "{failure}");

@@ -13,8 +13,8 @@
 //! `cargo test` runs; the campaign sets more).
 
 use arbor_sim::cli::run_sweep;
-use arbor_sim::scenario::coverage::Coverage;
-use arbor_sim::scenario::swarm::Profile;
+use arbor_sim::coverage::Coverage;
+use arbor_sim::scenario::plan::swarm::Profile;
 use arbor_sim::scenario::Options;
 
 fn seeds_per_profile() -> u64 {

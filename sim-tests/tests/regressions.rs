@@ -5,7 +5,7 @@ mod common;
 
 use arbor_sim::cli::run_seed_announced;
 use arbor_sim::scenario::capsule::Capsule;
-use arbor_sim::scenario::swarm::Profile;
+use arbor_sim::scenario::plan::swarm::Profile;
 use arbor_sim::scenario::Options;
 use common::{arbor_sim, printed};
 use std::path::{Path, PathBuf};

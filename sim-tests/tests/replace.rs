@@ -5,8 +5,8 @@
 //! no write answered lost to one dead disk).
 
 use arbor_sim::cli::run_sweep;
-use arbor_sim::scenario::coverage::Coverage;
-use arbor_sim::scenario::swarm::{Profile, Size};
+use arbor_sim::coverage::Coverage;
+use arbor_sim::scenario::plan::swarm::{Profile, Size};
 use arbor_sim::scenario::Options;
 
 /// Seeds 1..=SEEDS of the test-sized replace profile.

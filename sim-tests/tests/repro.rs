@@ -7,9 +7,9 @@
 use arbor::canary::Canary;
 use arbor_sim::cli::run_sweep;
 use arbor_sim::failure::FailureKind;
+use arbor_sim::scenario::capsule::shrink::{shrink_to_capsule, Accept, Counts, ShrinkError};
 use arbor_sim::scenario::capsule::{Capsule, KeptFor};
-use arbor_sim::scenario::shrink::{shrink_to_capsule, Accept, Counts, ShrinkError};
-use arbor_sim::scenario::swarm::{Profile, Size};
+use arbor_sim::scenario::plan::swarm::{Profile, Size};
 use arbor_sim::scenario::{Options, Report};
 use std::sync::Mutex;
 

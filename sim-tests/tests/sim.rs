@@ -6,7 +6,7 @@
 //! a failing run's report prints the command).
 
 use arbor_sim::cli::{run_seed_announced, run_sweep};
-use arbor_sim::scenario::swarm::Profile;
+use arbor_sim::scenario::plan::swarm::Profile;
 use arbor_sim::scenario::Options;
 use arbor_sim::world::Network;
 
@@ -73,7 +73,7 @@ fn standard_seeds() {
         summary.faults_injected
     );
     // Every situation the standard profile claims came up at least once
-    // (scenario::claims; tests/claims.rs holds every profile to its own).
+    // (scenario::check::claims; tests/claims.rs holds every profile to its own).
     println!("coverage: {}", summary.coverage);
     let missing: Vec<&str> = Profile::Standard
         .unreached_claims(options.size, &summary.coverage)

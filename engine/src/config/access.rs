@@ -18,9 +18,9 @@
 //!       readers: []
 //! ```
 
-use super::parse::{container_items, public_key_hex, Section};
 use crate::error::{Error, Result};
 use crate::types::ContainerId;
+use serde::{Deserialize, Deserializer};
 use std::collections::BTreeSet;
 
 /// What a client may do with a container's trees; each role includes the
@@ -48,10 +48,14 @@ impl Role {
 
 /// The clients holding each role on one container (or on the unlisted
 /// ones).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Grants {
+    #[serde(deserialize_with = "names")]
     pub owners: Vec<String>,
+    #[serde(deserialize_with = "names")]
     pub writers: Vec<String>,
+    #[serde(deserialize_with = "names")]
     pub readers: Vec<String>,
 }
 
@@ -83,7 +87,8 @@ impl Grants {
 }
 
 /// The rights of one listed container.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "ContainerFile")]
 pub struct ContainerAccess {
     pub cid: ContainerId,
     pub grants: Grants,
@@ -91,7 +96,8 @@ pub struct ContainerAccess {
 
 /// `access:` section. Empty by default: no client and no anonymous
 /// caller may do anything but `Healthcheck`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "AccessFile")]
 pub struct AccessConfig {
     /// The role every caller without credentials holds on every container
     /// (plaintext listeners); `None`: nothing.
@@ -158,58 +164,88 @@ impl AccessConfig {
     }
 }
 
-pub(super) fn parse_access(mut s: Section) -> Result<AccessConfig> {
-    let (anonymous, anonymous_replicates) = match s.string("anonymous")?.as_deref() {
-        None | Some("none") => (None, false),
-        Some("reader") => (Some(Role::Reader), false),
-        Some("writer") => (Some(Role::Writer), false),
-        Some("owner") => (Some(Role::Owner), false),
-        Some("trusted") => (Some(Role::Owner), true),
-        Some(_) => {
-            return Err(Error::Config(format!(
-                "{}: expected none, reader, writer, owner or trusted",
-                s.key("anonymous")
-            )))
-        }
-    };
-    let default = parse_grants(s.section("default")?)?;
-    let mut containers = Vec::new();
-    for (cid, c) in container_items(&mut s)? {
-        let grants = parse_grants(c)?;
-        containers.push(ContainerAccess { cid, grants });
-    }
-    s.finish()?;
-    Ok(AccessConfig {
-        anonymous,
-        anonymous_replicates,
-        default,
-        containers,
-    })
+/// `access:` as the file writes it.
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct AccessFile {
+    anonymous: Anonymous,
+    default: Grants,
+    containers: Vec<ContainerAccess>,
 }
 
-/// `owners`, `writers` and `readers` of one mapping, which must hold
-/// nothing else.
-fn parse_grants(mut s: Section) -> Result<Grants> {
-    let grants = Grants {
-        owners: names(&mut s, "owners")?,
-        writers: names(&mut s, "writers")?,
-        readers: names(&mut s, "readers")?,
-    };
-    s.finish()?;
-    Ok(grants)
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Anonymous {
+    #[default]
+    None,
+    Reader,
+    Writer,
+    Owner,
+    Trusted,
+}
+
+impl From<AccessFile> for AccessConfig {
+    fn from(file: AccessFile) -> Self {
+        let (anonymous, anonymous_replicates) = match file.anonymous {
+            Anonymous::None => (None, false),
+            Anonymous::Reader => (Some(Role::Reader), false),
+            Anonymous::Writer => (Some(Role::Writer), false),
+            Anonymous::Owner => (Some(Role::Owner), false),
+            Anonymous::Trusted => (Some(Role::Owner), true),
+        };
+        Self {
+            anonymous,
+            anonymous_replicates,
+            default: file.default,
+            containers: file.containers,
+        }
+    }
+}
+
+/// `access.containers[]`: a cid beside the grants.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ContainerFile {
+    #[serde(deserialize_with = "super::parse::cid")]
+    cid: ContainerId,
+    #[serde(default, deserialize_with = "names")]
+    owners: Vec<String>,
+    #[serde(default, deserialize_with = "names")]
+    writers: Vec<String>,
+    #[serde(default, deserialize_with = "names")]
+    readers: Vec<String>,
+}
+
+impl From<ContainerFile> for ContainerAccess {
+    fn from(c: ContainerFile) -> Self {
+        let (owners, writers, readers) = (c.owners, c.writers, c.readers);
+        let grants = Grants {
+            owners,
+            writers,
+            readers,
+        };
+        Self { cid: c.cid, grants }
+    }
 }
 
 /// The client names of one role; public keys are kept in lowercase.
-fn names(s: &mut Section, role: &str) -> Result<Vec<String>> {
-    let key = s.key(role);
-    s.strings(role)?
+fn names<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<String>, D::Error> {
+    struct Name(String);
+    impl<'de> Deserialize<'de> for Name {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            let name = String::deserialize(d)?;
+            match crate::grpc::looks_like_key(&name) {
+                true => super::parse::public_key_hex(&name)
+                    .map(Name)
+                    .map_err(serde::de::Error::custom),
+                false => Ok(Name(name)),
+            }
+        }
+    }
+    Ok(Vec::<Name>::deserialize(d)?
         .into_iter()
-        .enumerate()
-        .map(|(i, name)| match crate::grpc::looks_like_key(&name) {
-            true => public_key_hex(&format!("{key}[{i}]"), &name),
-            false => Ok(name),
-        })
-        .collect()
+        .map(|n| n.0)
+        .collect())
 }
 
 #[cfg(test)]

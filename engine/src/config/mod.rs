@@ -2,10 +2,11 @@
 //! plus this node's identity, peers and container membership.
 //!
 //! The file is YAML. Every key is optional except `node.replica_id`;
-//! missing keys take the docs/design.md §7 values. Unknown keys and bad
-//! values are refused with `Error::Config` naming the key
-//! (`tree.replication_timeout: ...`), so a typo never silently falls back to
-//! a default.
+//! missing keys, and keys given no value, take the docs/design.md §7
+//! values. Unknown keys and bad values are refused with `Error::Config`
+//! naming the key's full path (`tree.replication_timeout: ...`,
+//! `node.peers[1].address: missing`), so a typo never silently falls back
+//! to a default.
 
 mod access;
 mod parse;
@@ -17,25 +18,33 @@ use crate::forest::ForestOptions;
 use crate::types::{ContainerId, ReplicaId};
 use crate::validate::InputLimits;
 pub use access::{AccessConfig, ContainerAccess, Grants, Role};
+use serde::Deserialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
+    #[serde(default)]
     pub tree: TreeConfig,
+    #[serde(default)]
     pub pilorama: PiloramaConfig,
     pub node: NodeConfig,
+    #[serde(default)]
     pub limits: Limits,
     /// Who may call what (docs/design.md §9).
+    #[serde(default)]
     pub access: AccessConfig,
     /// The gRPC front (docs/grpc.md).
+    #[serde(default)]
     pub grpc: GrpcConfig,
 }
 
 /// `grpc:` section: the gRPC `tree.TreeService` front that gateways and
 /// loaders call (docs/grpc.md).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct GrpcConfig {
     /// Where the front listens; `None` (absent): no gRPC front.
     pub listen: Option<String>,
@@ -61,7 +70,8 @@ pub struct GrpcConfig {
 /// `grpc.tls`: PEM files of the certificate (chain) and key of the gRPC
 /// port. Gateways check it against their own trust store and host name,
 /// so it may differ from the node's `arbor://` certificate.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GrpcTlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -81,14 +91,17 @@ impl Default for GrpcConfig {
 }
 
 /// `tree:` section.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TreeConfig {
     pub enabled: bool,
     pub cache_size: usize,
     pub replication_worker_count: usize,
     pub replication_channel_capacity: usize,
+    #[serde(deserialize_with = "parse::duration")]
     pub replication_timeout: Duration,
     /// `None` (0 or absent in the file): background sync off.
+    #[serde(deserialize_with = "parse::sync_interval")]
     pub sync_interval: Option<Duration>,
     /// Replicas that must hold a local write before it is answered: this
     /// node's commit plus `ack_replicas - 1` peers that acknowledged its
@@ -97,8 +110,10 @@ pub struct TreeConfig {
 }
 
 /// `pilorama:` section.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PiloramaConfig {
+    #[serde(deserialize_with = "parse::duration")]
     pub max_batch_delay: Duration,
     pub max_batch_size: usize,
     /// How long a batch holding only replicated ops (Apply, sync pages) may
@@ -106,6 +121,7 @@ pub struct PiloramaConfig {
     /// brings its own, shorter deadline. Replicated ops have no client
     /// waiting, so grouping them saves a durable commit per push. 0: they
     /// batch like local writes.
+    #[serde(deserialize_with = "parse::duration")]
     pub replicated_batch_delay: Duration,
     pub path: PathBuf,
     /// Acknowledge before the batch is durable (operator's choice).
@@ -115,6 +131,7 @@ pub struct PiloramaConfig {
     pub reopen_attempts_max: u32,
     /// Longest wait between two reopen tries (the wait doubles from 1/32
     /// of it).
+    #[serde(deserialize_with = "parse::duration")]
     pub reopen_backoff_max: Duration,
     /// redb's page cache, in bytes. Pages beyond it are read again from
     /// the file (and so from the OS page cache).
@@ -125,6 +142,7 @@ pub struct PiloramaConfig {
     pub wal: bool,
     /// The longest time between two checkpoints (durable database commits
     /// that let log segments go) while batches come in.
+    #[serde(deserialize_with = "parse::duration")]
     pub checkpoint_interval: Duration,
     /// Log bytes after which the next batch is a checkpoint: bounds the
     /// log kept and what an open replays.
@@ -134,32 +152,45 @@ pub struct PiloramaConfig {
 }
 
 /// `node:` section: who this node is and who its peers are.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     pub replica_id: ReplicaId,
+    #[serde(default = "parse::default_listen")]
     pub listen: String,
+    #[serde(default)]
     pub peers: Vec<PeerConfig>,
     /// Containers with an explicit replica set. A container not listed is
     /// replicated on this node and every peer.
+    #[serde(default)]
     pub containers: Vec<ContainerConfig>,
     /// The cluster this node belongs to: named in every certificate and
     /// exchanged in `Hello`, so that nodes of two clusters never mix.
+    #[serde(default = "parse::default_cluster_id")]
     pub cluster_id: String,
     /// Mutual TLS on every connection; `None`: plaintext.
+    #[serde(default)]
     pub tls: Option<TlsFiles>,
     /// Allows a plaintext listener on an address other than loopback.
+    #[serde(default)]
     pub insecure_plaintext: bool,
     /// This node's disk was replaced: at every start it takes no local
     /// write until a sync round pulled every tree of every container it
     /// replicates from every peer (docs/design.md §6). Needs
     /// `tree.sync_interval`.
+    #[serde(default)]
     pub rejoin: bool,
     /// Where the Prometheus metrics endpoint listens (plaintext HTTP:
     /// loopback only unless `insecure_plaintext`); `None`: no endpoint.
+    #[serde(default)]
     pub metrics_listen: Option<String>,
     /// A node whose own certificate (`node.tls.cert`, `grpc.tls.cert`)
     /// expires within this time warns at start; an expired or not yet
     /// valid one stops it.
+    #[serde(
+        default = "parse::default_tls_expiry_warning",
+        deserialize_with = "parse::duration"
+    )]
     pub tls_expiry_warning: Duration,
 }
 
@@ -172,7 +203,8 @@ pub const METRICS_CONNECTIONS_MAX: usize = 4;
 
 /// `node.tls`: PEM files of the cluster's CA and this node's certificate
 /// (which must name `node.cluster_id` and `node.replica_id`) and key.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TlsFiles {
     pub ca: PathBuf,
     pub cert: PathBuf,
@@ -182,13 +214,15 @@ pub struct TlsFiles {
 /// `node.cluster_id` when the file does not name one.
 pub const DEFAULT_CLUSTER_ID: &str = "arbor";
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PeerConfig {
     pub replica_id: ReplicaId,
     pub address: String,
     /// The public key this replica signs gRPC calls with (66 hex digits,
     /// compressed P-256, lowercase): a gRPC `Apply` or `GetOpLog` signed
     /// by it comes from this replica (docs/grpc.md).
+    #[serde(default, deserialize_with = "parse::public_key")]
     pub public_key: Option<String>,
 }
 
@@ -203,14 +237,18 @@ impl PeerConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ContainerConfig {
+    #[serde(deserialize_with = "parse::cid")]
     pub cid: ContainerId,
+    #[serde(deserialize_with = "parse::replicas")]
     pub replicas: Vec<ReplicaId>,
     /// Replicas that held the container once and left it
     /// (docs/design.md §6, membership): neither peers nor served, but the
     /// ops they stamped while members are still the container's, so a
     /// pull accepts them.
+    #[serde(default)]
     pub retired: Vec<ReplicaId>,
 }
 
@@ -226,7 +264,8 @@ impl ContainerConfig {
 }
 
 /// `limits:` section: bounds on everything that could grow.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest frame or message, in bytes.
     pub max_message_bytes: usize,
@@ -273,10 +312,13 @@ pub struct Limits {
     /// Concurrent inbound connections (TCP).
     pub max_connections: usize,
     /// Connect timeout for outbound calls (TCP).
+    #[serde(deserialize_with = "parse::duration")]
     pub connect_timeout: Duration,
     /// An inbound connection that starts no frame for this long is closed.
+    #[serde(deserialize_with = "parse::duration")]
     pub idle_connection_timeout: Duration,
     /// Time an inbound TLS handshake may take.
+    #[serde(deserialize_with = "parse::duration")]
     pub handshake_timeout: Duration,
     /// Bytes of frames being received, over all inbound connections; a
     /// frame waits for room (then gets `Overloaded`), never allocates past it.

@@ -118,7 +118,7 @@ fn errors_name_the_key() {
             "tree: { replication_worker_count: 0 }",
             "tree.replication_worker_count:",
         ),
-        ("tree: { typo: 1 }", "tree.typo: unknown key"),
+        ("tree: { typo: 1 }", "tree.typo: unknown field"),
         (
             "pilorama: { max_batch_delay: [1] }",
             "pilorama.max_batch_delay:",
@@ -140,8 +140,10 @@ fn errors_name_the_key() {
             "limits: { max_tracked_trees: 0 }",
             "limits.max_tracked_trees:",
         ),
-        ("extra: 1", "extra: unknown key"),
-        ("tree: 3", "tree: expected a mapping"),
+        ("extra: 1", "extra: unknown field"),
+        ("tree: 3", "tree: invalid type: integer"),
+        ("tree: { enabled: \"yes\" }", "tree.enabled:"),
+        ("grpc: { listen: 7000 }", "grpc.listen:"),
     ];
     for (text, want) in cases {
         let m = err(&format!("{base}{text}"));
@@ -154,7 +156,8 @@ fn errors_name_the_key() {
 
 #[test]
 fn node_section_errors() {
-    assert!(err("tree: {}").starts_with("node.replica_id: missing"));
+    assert!(err("tree: {}").starts_with("node: missing"));
+    assert!(err("node: { listen: a }").starts_with("node.replica_id: missing"));
     assert!(err("node: { replica_id: 70000 }").starts_with("node.replica_id:"));
     let dup = "node: { replica_id: 1, peers: [ { replica_id: 1, address: a } ] }";
     assert!(err(dup).starts_with("node.peers:"));
@@ -292,7 +295,7 @@ fn bad_grpc_keys_are_refused_by_name() {
             .unwrap_err()
             .to_string()
     };
-    assert!(error("grpc:\n  listne: x\n").contains("grpc.listne: unknown key"));
+    assert!(error("grpc:\n  listne: x\n").contains("grpc.listne: unknown field"));
     assert!(error("grpc:\n  stream_page_nodes: 0\n").contains("grpc.stream_page_nodes"));
     assert!(error("grpc:\n  max_connections: 0\n").contains("grpc.max_connections"));
     assert!(error("grpc:\n  tls: { cert: c }\n").contains("grpc.tls.key: missing"));
@@ -381,4 +384,53 @@ fn plaintext_access_rules_naming_clients_are_refused_unless_told() {
         .unwrap()
         .unwrap()
         .contains("Hello claims a configured peer"));
+}
+
+/// Every error names the full path of its key, however deep: an unknown
+/// key, a wrong type inside a list, a duration that is not one.
+#[test]
+fn errors_name_the_full_key_path() {
+    let cid = "01".repeat(32);
+    let deep = format!(
+        "node:\n  replica_id: 1\n  containers:\n    - cid: \"{cid}\"\n      replicas: [1]\n      spare: 2\n"
+    );
+    assert!(err(&deep).starts_with("node.containers[0].spare: unknown field"));
+    assert!(
+        err("node:\n  replica_id: 1\n  tls: { ca: a, cert: b, key: c, pin: d }\n")
+            .starts_with("node.tls.pin: unknown field")
+    );
+    let peers = "node:\n  replica_id: 1\n  peers:\n    - { replica_id: 2, address: a }\n    - { replica_id: x, address: b }\n";
+    let m = err(peers);
+    assert!(
+        m.starts_with("node.peers[1].replica_id: invalid type"),
+        "{m}"
+    );
+    let replicas = format!(
+        "node:\n  replica_id: 1\n  containers:\n    - cid: \"{cid}\"\n      replicas: [1, 70000]\n"
+    );
+    let m = err(&replicas);
+    assert!(
+        m.starts_with("node.containers[0].replicas[1]: invalid value"),
+        "{m}"
+    );
+    let m =
+        err("node: { replica_id: 1, peers: [ { replica_id: 2, address: a }, { replica_id: 3 } ] }");
+    assert_eq!(m, "node.peers[1].address: missing");
+    for bad in ["5 parsecs", "-1s", "1.5", "[1s]"] {
+        let m = err(&format!(
+            "node: {{ replica_id: 1 }}\nlimits: {{ handshake_timeout: {bad} }}"
+        ));
+        assert!(m.starts_with("limits.handshake_timeout: "), "{bad}: {m}");
+        assert!(m.contains("a duration like 5"), "{bad}: {m}");
+    }
+}
+
+/// A key with no value takes its default, as if it were absent.
+#[test]
+fn a_key_without_a_value_is_absent() {
+    let text = "node:\n  replica_id: 1\n  listen:\n  tls: ~\ntree:\n  cache_size: ~\npilorama:\naccess:\n  anonymous:\n";
+    let c = Config::from_yaml_str(text).unwrap();
+    let defaults = Config::from_yaml_str("node: { replica_id: 1 }").unwrap();
+    assert_eq!(c, defaults);
+    assert_eq!(c.node.listen, "127.0.0.1:7000");
 }

@@ -14,7 +14,9 @@
 //! is then emptied.
 
 use super::records::name_hash;
+#[cfg(feature = "canary")]
 use crate::canary::{self, Canary};
+#[cfg(feature = "probes")]
 use crate::probe::{self, Probe};
 use crate::types::NodeId;
 use std::collections::BTreeMap;
@@ -38,41 +40,48 @@ pub(super) struct DirCache {
     name_bytes: usize,
     /// Whether the planted path-resolution bug was on when the entries
     /// were computed (it changes which directory a lookup picks).
+    #[cfg(feature = "canary")]
     canary_path: bool,
-    /// Trees in which an undo/redo pass ran since the cache was emptied,
-    /// kept only when probes are compiled in (`Probe::DirCacheHitAfterUndo`);
-    /// at most `DIR_CACHE_UNDONE_TREES_MAX`.
+    /// Trees in which an undo/redo pass ran since the cache was emptied
+    /// (`Probe::DirCacheHitAfterUndo`); at most `DIR_CACHE_UNDONE_TREES_MAX`.
+    #[cfg(feature = "probes")]
     undone: std::collections::BTreeSet<u64>,
 }
 
 /// Trees `DirCache::undone` remembers before it starts over.
+#[cfg(feature = "probes")]
 const DIR_CACHE_UNDONE_TREES_MAX: usize = 1024;
 
 impl DirCache {
     /// Empties the cache if the path-resolution canary was switched since
     /// the entries were computed.
     pub fn align_with_canary(&mut self) {
-        let on = canary::active(Canary::PathByArrivalOrder);
-        if on != self.canary_path {
-            self.clear();
-            self.canary_path = on;
+        #[cfg(feature = "canary")]
+        {
+            let on = canary::active(Canary::PathByArrivalOrder);
+            if on != self.canary_path {
+                self.clear();
+                self.canary_path = on;
+            }
         }
     }
 
     pub fn clear(&mut self) {
         self.entries.clear();
         self.name_bytes = 0;
+        #[cfg(feature = "probes")]
         self.undone.clear();
     }
 
     /// An undo/redo pass ran in `tree`: later hits there count for
     /// `Probe::DirCacheHitAfterUndo`.
-    pub fn note_undo(&mut self, tree: u64) {
-        if probe::ENABLED {
+    pub fn note_undo(&mut self, _tree: u64) {
+        #[cfg(feature = "probes")]
+        {
             if self.undone.len() >= DIR_CACHE_UNDONE_TREES_MAX {
                 self.undone.clear();
             }
-            self.undone.insert(tree);
+            self.undone.insert(_tree);
         }
     }
 
@@ -80,6 +89,7 @@ impl DirCache {
     pub fn get(&self, tree: u64, parent: NodeId, name_key: &[u8]) -> Option<Option<NodeId>> {
         let (name, found) = self.entries.get(&(tree, parent, name_hash(name_key)))?;
         let hit = **name == *name_key;
+        #[cfg(feature = "probes")]
         if hit && self.undone.contains(&tree) {
             probe::hit(Probe::DirCacheHitAfterUndo);
         }

@@ -49,7 +49,14 @@ fn need_of(request: &Request) -> (&'static str, Need) {
             ("GetSubTreePage", Need::Client(tree.cid, Role::Reader))
         }
         Request::TreeList { cid } => ("TreeList", Need::ReplicaOrClient(*cid, Role::Reader)),
-        Request::Drop { cid, .. } => ("Drop", Need::Client(*cid, Role::Owner)),
+        Request::Drop { cid, .. } => {
+            let needed = if canary::active(Canary::WriterMayDrop) {
+                Role::Writer // planted bug: the role one below
+            } else {
+                Role::Owner
+            };
+            ("Drop", Need::Client(*cid, needed))
+        }
         Request::Apply { tree, .. } => ("Apply", Need::Replica(tree.cid)),
         Request::GetOpLog { tree, .. } => {
             ("GetOpLog", Need::ReplicaOrClient(tree.cid, Role::Owner))

@@ -326,7 +326,10 @@ impl Service {
             }
             None => {
                 let guards = self.core.locks.drop_every_tree().await;
-                let names = self.core.forest.tree_list(&cid)?;
+                let names = self
+                    .core
+                    .storage(move |forest| forest.tree_list(&cid))
+                    .await?;
                 let trees: Vec<TreeKey> = names.into_iter().map(|t| TreeKey::new(cid, t)).collect();
                 (trees, guards)
             }
@@ -345,7 +348,7 @@ impl Service {
         // good. Forgetting costs at most a re-pull from the durable cursor;
         // the pusher tracks again a tree that a write created meanwhile.
         let dropped: BTreeSet<TreeKey> = trees.into_iter().collect();
-        self.pusher.forget(&dropped);
+        self.pusher.forget(&dropped).await;
         if !canary::active(Canary::DropKeepsPullCursors) {
             self.puller.forget(&dropped);
         }

@@ -200,6 +200,17 @@ struct Core {
 }
 
 impl Core {
+    /// Runs `work` on the forest through the blocking pool: redb's reads
+    /// and writes block, and the async workers serve requests.
+    async fn storage<R, F>(&self, work: F) -> R
+    where
+        R: Send + 'static,
+        F: FnOnce(&Forest) -> R + Send + 'static,
+    {
+        let forest = self.forest.clone();
+        blocking(&*self.env.runtime, move || work(&forest)).await
+    }
+
     /// This database's log epoch, stored first if it has none yet (a
     /// write, off the async workers like every read).
     fn log_epoch(&self) -> Result<u64> {
@@ -285,6 +296,7 @@ impl Service {
             book: book.clone(),
             windows: windows.clone(),
             storage_failed: storage_failed.clone(),
+            #[cfg(feature = "canary")]
             forest: forest.clone(),
         });
         let batcher = start_batcher(&config, &forest, &env, observer);
@@ -509,6 +521,6 @@ async fn sync_round(puller: &Puller, pusher: &Pusher) {
     }
     if !outcome.dropped.is_empty() {
         // Only the planted bug `SyncDropsTreeOnPeerError` drops trees here.
-        pusher.forget(&outcome.dropped);
+        pusher.forget(&outcome.dropped).await;
     }
 }

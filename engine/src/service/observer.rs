@@ -3,9 +3,12 @@
 use super::push::book::PushBook;
 use super::push::window::PushWindows;
 use crate::batcher::CommitObserver;
+#[cfg(feature = "canary")]
 use crate::canary::{self, Canary};
 use crate::error::Error;
-use crate::forest::{CommitSummary, Forest};
+use crate::forest::CommitSummary;
+#[cfg(feature = "canary")]
+use crate::forest::Forest;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -19,6 +22,7 @@ pub(super) struct CommitWatch {
     pub windows: Arc<PushWindows>,
     pub storage_failed: Arc<Notify>,
     /// Read by the planted bug `ReplicationDropsOnFullQueue` only.
+    #[cfg(feature = "canary")]
     pub forest: Arc<Forest>,
 }
 
@@ -38,6 +42,7 @@ impl CommitObserver for CommitWatch {
         counters
             .hints_dropped
             .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+        #[cfg(feature = "canary")]
         if canary::active(Canary::ReplicationDropsOnFullQueue) {
             // Planted bug: treat the ops behind a dropped hint as sent.
             for tree in &dropped {

@@ -5,6 +5,9 @@
 //! `proto::encode` output. The length is checked against the message limit
 //! before anything is read, and a body is read as it arrives rather than
 //! allocated from the claimed length, so a lying header costs nothing.
+//! (That is why frames are not read with tokio-util's
+//! `LengthDelimitedCodec`: it reserves the claimed length as soon as it
+//! decodes a header, before the server's `FrameBudget` could refuse it.)
 //! A malformed, truncated or oversized frame gets one error response (id 0)
 //! and the connection is closed: after a bad frame the byte stream cannot be
 //! trusted to be in step. Other connections are unaffected.

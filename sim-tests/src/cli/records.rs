@@ -5,7 +5,7 @@
 
 use super::SeedRun;
 use crate::failure::Failure;
-use crate::scenario::swarm::Size;
+use crate::files::create_file;
 use crate::scenario::Options;
 use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
 use serde::Serialize;
@@ -48,7 +48,7 @@ impl SeedRecord {
             seed: report.seed,
             commit: commit.to_string(),
             profile: options.profile.name().to_string(),
-            size: size_name(options.size).to_string(),
+            size: options.size.name().to_string(),
             faults: options.faults,
             canary: report.canary.map(|c| format!("{c:?}")),
             verdict: if report.passed() { "pass" } else { "fail" }.to_string(),
@@ -70,17 +70,6 @@ impl SeedRecord {
 /// The failure's kind as a short word ("divergence", "panic").
 pub fn failure_kind(failure: &Failure) -> String {
     failure.kind.to_string()
-}
-
-/// "small", "standard" or "custom".
-pub fn size_name(size: Size) -> &'static str {
-    if size == Size::TEST {
-        "small"
-    } else if size == Size::STANDARD {
-        "standard"
-    } else {
-        "custom"
-    }
 }
 
 /// The CLI command that reruns this seed with a readable trace.
@@ -115,14 +104,6 @@ impl JsonLines {
         self.file.write_all(b"\n")?;
         self.file.flush()
     }
-}
-
-/// Creates `path` and its directory.
-pub fn create_file(path: &Path) -> std::io::Result<std::fs::File> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::File::create(path)
 }
 
 /// What a JUnit file says about the sweep as a whole.

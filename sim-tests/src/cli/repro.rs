@@ -3,10 +3,12 @@
 //! keeps with `--keep-failures`.
 
 use super::{announce_seed, init_replay_log, usage_error, ScenarioArgs, EXIT_SEED_FAILED};
+use crate::scenario::capsule::shrink::{
+    shrink_to_capsule, Accept, Counts, Shrunk, SHRINK_TRIALS_MAX,
+};
 use crate::scenario::capsule::{replay_command, Capsule, Missed};
+use crate::scenario::plan::swarm::Swarm;
 use crate::scenario::plan::Plan;
-use crate::scenario::shrink::{shrink_to_capsule, Accept, Counts, Shrunk, SHRINK_TRIALS_MAX};
-use crate::scenario::swarm::Swarm;
 use crate::scenario::{run_seed, Options, Report};
 use crate::world::Network;
 use std::path::{Path, PathBuf};

@@ -757,8 +757,8 @@ fn page(report: &Report, svg: &str, events: &[Event], named: &BTreeSet<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::plan::swarm::{Profile, Size, Swarm};
     use crate::scenario::plan::Plan;
-    use crate::scenario::swarm::{Profile, Size, Swarm};
 
     /// The page zooms: every element placed in time is in the plot group
     /// the script rescales, the script and its controls are there, and

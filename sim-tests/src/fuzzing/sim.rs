@@ -5,7 +5,7 @@
 //! steers the fault schedule, where the seed sweep of the scenario only
 //! samples it. After the script the cluster goes through the scenario's own
 //! lifecycle (`scenario::lifecycle`): it heals, the supervisor restarts
-//! what is down or had disk errors, and the checkers (`scenario::checkers`)
+//! what is down or had disk errors, and the checkers (`scenario::check`)
 //! hold it to the tree invariant on every replica, convergence by sync
 //! alone (when sync is on) and by push, every acknowledged write present
 //! everywhere, reads agreeing, nothing lost across a restart and nobody
@@ -16,7 +16,7 @@
 
 use crate::disk::DiskConfig;
 use crate::failure::{Failure, Verdict};
-use crate::scenario::ledger::{Ledger, MOVE_TAG_KEY};
+use crate::scenario::check::ledger::{Ledger, MOVE_TAG_KEY};
 use crate::scenario::lifecycle::{self, LeakProbe, CALL_TIMEOUT};
 use crate::trace::Trace;
 use crate::world::clock::ClockSkew;

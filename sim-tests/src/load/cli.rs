@@ -7,7 +7,7 @@ use super::metrics::recovery_after_s;
 use super::real::{self, RealOptions};
 use super::report::{write_creating_dirs, PathSummary, RunReport};
 use super::scenario::{Requests, Stage};
-use super::sim::{self, SimOptions};
+use super::sim_mode::{self, SimOptions};
 use super::target::GatewayTransport;
 use super::threshold::{check_scopes, evaluate_all, Threshold, EXIT_THRESHOLDS_FAILED};
 use arbor::config::Config;
@@ -352,7 +352,7 @@ impl Common {
     }
 
     fn sim_options(&self, config: Config) -> SimOptions {
-        let mut disk = sim::CALIBRATED_DISK;
+        let mut disk = sim_mode::CALIBRATED_DISK;
         if let Some(d) = self.disk_sync {
             disk.per_sync = d;
         }
@@ -394,7 +394,7 @@ impl Common {
             Mode::Sim => {
                 let mut options = self.sim_options(config);
                 options.verify |= verify;
-                let mut report = sim::run(spec, &options).map_err(Stop::Failed)?;
+                let mut report = sim_mode::run(spec, &options).map_err(Stop::Failed)?;
                 report.gateway = format!("{} (simulated)", gateway.name());
                 report.replicas = self.replicas;
                 Ok(report)
@@ -745,7 +745,7 @@ fn finish_run(common: &Common, report: &RunReport, html: &Path) -> Result<ExitCo
     println!("{}", report.summary_text());
     if common.timeline {
         let user = report.scenario("user").map_or(&[][..], |s| &s.windows[..]);
-        println!("{}", super::timeline::text(&report.timeline, user));
+        println!("{}", super::node_timeline::text(&report.timeline, user));
     }
     if let Some(path) = &common.json {
         report

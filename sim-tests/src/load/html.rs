@@ -3,8 +3,8 @@
 //! network: the file opens anywhere.
 
 use super::metrics::{ScenarioSummary, WindowStats};
+use super::node_timeline::NodeSecond;
 use super::report::{fmt_ms, PathSummary, RunReport};
-use super::timeline::NodeSecond;
 use arbor::types::ReplicaId;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -297,7 +297,7 @@ type NodeMeasure = fn(&NodeSecond) -> f64;
 /// Colors of the nodes' series, by position.
 const NODE_COLORS: [&str; 5] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"];
 
-/// Each node's timeline (`timeline::NodeSecond`): the share of time its
+/// Each node's timeline (`node_timeline::NodeSecond`): the share of time its
 /// batcher spent committing, its queue, and what it pushed.
 fn node_charts(timeline: &[NodeSecond]) -> String {
     if timeline.is_empty() {

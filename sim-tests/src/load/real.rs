@@ -7,10 +7,10 @@ use super::cpu::{self, CpuUse, ThreadGroup};
 use super::driver::{self, RunSpec};
 use super::grpc::{self, GrpcTarget};
 use super::metrics::ScenarioSummary;
+use super::node_timeline::{self, Watched};
 use super::report::{RunReport, ServiceCounters, Verification};
 use super::scenario::{Scenario, LOAD_CID};
 use super::target::{GatewayTransport, NoPeers, ServiceTarget, Target, TransportTarget};
-use super::timeline::{self, Watched};
 use arbor::certs::{self, Validity};
 use arbor::config::{Config, PeerConfig, Role, TlsFiles};
 use arbor::forest::Forest;
@@ -190,7 +190,7 @@ fn run_nodes(
     let sampler = {
         let stop = stop.clone();
         let interval = spec.window;
-        std::thread::spawn(move || timeline::sample(watched, interval, stop))
+        std::thread::spawn(move || node_timeline::sample(watched, interval, stop))
     };
     let span = Instant::now();
     let start = CpuMark::now(groups);

@@ -4,8 +4,8 @@
 use super::cpu::CpuUse;
 use super::driver::{RunOutput, Sample};
 use super::metrics::{CallSummary, LatencySummary, ScenarioSummary};
+use super::node_timeline::NodeSecond;
 use super::threshold::{results_text, ThresholdResult};
-use super::timeline::NodeSecond;
 use arbor::service::ServiceStats;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -3,9 +3,9 @@
 //! fuzz target and the load evaluator's sim mode all go through it, so
 //! they hold a cluster to the same checkers within the same deadlines.
 
-use super::checkers::invariants::{InvariantSweep, Sweep};
-use super::checkers::{self, convergence, liveness};
-use super::ledger::Ledger;
+use super::check::invariants::{InvariantSweep, Sweep};
+use super::check::ledger::Ledger;
+use super::check::{self, convergence, liveness};
 use crate::disk::WeakDisk;
 use crate::failure::{Failure, FailureKind};
 use crate::world::supervisor::Supervisor;
@@ -107,7 +107,7 @@ pub async fn heal_and_check(
 /// each followed by the checkpoint checkers; nobody left waiting.
 async fn check(world: &World, ledger: &Ledger) -> Result {
     InvariantSweep::default().check(world, Sweep::Full)?;
-    let checkers = checkers::standard();
+    let checkers = check::standard();
     if world.sync_configured() {
         // Sync must converge the cluster on its own: pushes are blocked
         // before the quiet period, so no push in flight can help.
@@ -120,7 +120,7 @@ async fn check(world: &World, ledger: &Ledger) -> Result {
         liveness::client_requests_end(world).await?;
     }
     convergence::push_converges(world, ledger, &checkers).await?;
-    checkers::answers::count_situations(world)?;
+    check::answers::count_situations(world)?;
     liveness::nobody_waits(world)
 }
 

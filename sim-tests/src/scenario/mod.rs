@@ -1,24 +1,24 @@
 //! One seed in, one verdict out: builds the world the seed describes, runs
 //! the object-gateway workload under the seed's faults, heals, and checks.
+//!
+//! By concern: `plan` is what a run reads (the configuration the seed
+//! draws, its faults and its clients' op streams); `workload` the clients
+//! (the object gateway and the intruder); `nemesis` what strikes the
+//! cluster meanwhile (crashes, partitions, disk errors, membership
+//! changes, replaced disks, a replica id twice); `check` what the run is
+//! held to (the ledger, the checkers, the answer oracle, each profile's
+//! claims); `lifecycle` the boot, heal, check and end every simulated run
+//! shares; `capsule` a run kept in a file, replayed and shrunk. This
+//! module ties them together for one seed.
 
 pub mod capsule;
-pub mod checkers;
-pub mod claims;
-pub mod coverage;
-pub mod gateway;
-pub mod intruder;
-pub mod ledger;
+pub mod check;
 pub mod lifecycle;
-pub mod members;
-pub mod misconfig;
 pub mod nemesis;
-pub mod oracle;
 pub mod plan;
-pub mod replace;
-pub mod shrink;
-pub mod swarm;
 pub mod workload;
 
+use crate::coverage;
 use crate::disk::DiskConfig;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::trace::{Event, Trace};
@@ -30,12 +30,12 @@ use arbor::config::ContainerConfig;
 use arbor::{ContainerId, ReplicaId};
 use lifecycle::{LeakProbe, CALL_TIMEOUT};
 use nemesis::Nemesis;
+use plan::swarm::{Profile, Size, Swarm};
 use plan::Plan;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
-use swarm::{Profile, Size, Swarm};
 use workload::Workload;
 
 /// Simulated time beyond the workload after which a run is declared hung.
@@ -198,6 +198,19 @@ pub fn canary_test_name(canary: Canary) -> &'static str {
     canary.into()
 }
 
+/// Accepts the variant name in any case, with or without dashes.
+pub fn parse_canary(name: &str) -> Result<Canary, String> {
+    let wanted: String = name.chars().filter(|c| *c != '-' && *c != '_').collect();
+    Canary::ALL
+        .iter()
+        .copied()
+        .find(|c| format!("{c:?}").eq_ignore_ascii_case(&wanted))
+        .ok_or_else(|| {
+            let names: Vec<String> = Canary::ALL.iter().map(|c| format!("{c:?}")).collect();
+            format!("unknown canary {name:?}; one of {}", names.join(", "))
+        })
+}
+
 /// The containers of the workload and their replica sets: with four
 /// replicas the second container lives on three of them only.
 pub(crate) fn replica_sets(replicas: usize) -> Vec<(ContainerId, Vec<ReplicaId>)> {
@@ -293,7 +306,9 @@ fn build_world(swarm: &Swarm, trace: &Trace, network: Network) -> World {
         .map(|(cid, replicas)| ContainerConfig::new(cid, replicas))
         .collect();
     let mut configs = cluster_configs_with(swarm.replicas, &swarm.knobs, &containers);
-    let access = intruder::access_config(swarm.size.clients);
+    let intruder = format!("client-{}", intruder_index(swarm));
+    let access =
+        workload::intruder::access_config(swarm.size.clients, &intruder, &swarm.intruder_roles);
     for config in &mut configs {
         config.pilorama.replicated_batch_delay = swarm.replicated_batch_delay;
         config.pilorama.wal = swarm.wal.enabled;
@@ -329,14 +344,14 @@ async fn simulate(
         .map(|c| world.client_numbered(c.index))
         .collect();
     // Numbered after every client the size allows, whatever the plan
-    // keeps: it holds no right (`intruder::access_config`).
+    // keeps: it holds no right (`workload::intruder::access_config`).
     let intruder = world.client_numbered(intruder_index(swarm));
     // Only a run with misconfiguration windows has the misled client.
     let misled = plan
         .faults
         .iter()
         .any(|f| matches!(f.kind, plan::FaultKind::Misconfig { .. }))
-        .then(|| world.misled_client(misconfig::misled_client_index(swarm.size.clients)));
+        .then(|| world.misled_client(nemesis::misconfig::misled_client_index(swarm.size.clients)));
     let world = Arc::new(world);
     let verdict = Verdict::new(trace.clone());
     watch(&world, &verdict, swarm);
@@ -345,7 +360,7 @@ async fn simulate(
         world.clone(),
         verdict.clone(),
         CALL_TIMEOUT,
-        swarm.profile == Profile::Gateway,
+        swarm.gateway_clients || swarm.profile == Profile::Gateway,
     ));
     workload.ledger.lock().unwrap().replaced.ack_replicas = swarm.ack_replicas;
     let faults = plan.faults.clone();
@@ -383,7 +398,7 @@ async fn simulate(
     (counts, result.and(ended))
 }
 
-/// Sets the oracles that watch the run (`oracle::watch`) and drops the
+/// Sets the oracles that watch the run (`check::oracle::watch`) and drops the
 /// pushes the seed cuts for the whole run.
 /// The intruder's client number: after every client the size allows,
 /// whatever the plan keeps, so no planned client shares its identity.
@@ -396,13 +411,13 @@ fn watch(world: &Arc<World>, verdict: &Verdict, swarm: &Swarm) {
     let intruder = format!("client-{}", intruder_index(swarm));
     let misled = format!(
         "client-{}",
-        misconfig::misled_client_index(swarm.size.clients)
+        nemesis::misconfig::misled_client_index(swarm.size.clients)
     );
-    let answers = oracle::watch::AnswerOracle::new(verdict.clone(), coverage.clone())
+    let answers = check::oracle::watch::AnswerOracle::new(verdict.clone(), coverage.clone())
         .ignoring(intruder)
         .ignoring(misled);
     world.hooks.watch_answers(Arc::new(answers));
-    let pulls = oracle::watch::SyncWatch::new(world, verdict.clone(), coverage.clone());
+    let pulls = check::oracle::watch::SyncWatch::new(world, verdict.clone(), coverage.clone());
     world.hooks.watch_pulls(Arc::new(pulls));
     let blocked = swarm.pushes_blocked();
     if !blocked.is_empty() {
@@ -453,17 +468,18 @@ async fn run_workload(
         tasks.push(madsim::task::spawn(run));
     }
     let span = size.workload_duration.mul_f64(0.6);
-    tasks.push(madsim::task::spawn(intruder::run_intruder(
+    tasks.push(madsim::task::spawn(workload::intruder::run_intruder(
         workload.clone(),
         intruder,
         span,
+        plan.swarm.intruder_roles.clone(),
     )));
     let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
     // A task more changes the schedule of the whole run: spawned only when
     // there is a change to carry out, so a seed without one runs (and its
     // capsules replay) as before membership changes existed.
     if !plan.changes.is_empty() {
-        tasks.push(madsim::task::spawn(members::run(
+        tasks.push(madsim::task::spawn(nemesis::members::run(
             plan.changes.clone(),
             supervisor.clone(),
             workload.clone(),

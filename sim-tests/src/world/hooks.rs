@@ -3,7 +3,7 @@
 //! node), the other each pull pass once it ended. The world only carries
 //! them; what they check is the scenario's business.
 
-use crate::scenario::coverage::CoverageCounter;
+use crate::coverage::CoverageCounter;
 use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::service::{PullObserver, PullPass, Service};

@@ -4,12 +4,12 @@
 //! refuses writes after an I/O error until the database is reopened; and
 //! when the run heals it starts what is down. Around each restart it
 //! measures what the replica had stored, and before a drained restart how
-//! many callers still wait; the checkers judge both, and a failure goes to
-//! the run's verdict.
+//! many callers still wait; it judges both itself (`kept_across_restart`,
+//! `drained`), so every run that has a supervisor is held to them, and a
+//! failure goes to the run's verdict.
 
 use super::{poll_until, Heights, StandIn, World, BOOT_DEADLINE};
 use crate::failure::{Failure, FailureKind, Verdict};
-use crate::scenario::checkers::{durability, liveness};
 use arbor::ReplicaId;
 use madsim::net::NetSim;
 use std::collections::{BTreeMap, BTreeSet};
@@ -223,7 +223,7 @@ impl Supervisor {
     /// must have had its answer by then.
     async fn drain_and_restart_now(&self, replica: ReplicaId) {
         let (pending, waited) = self.drain(replica).await;
-        if let Err(failure) = liveness::drained(replica, pending, waited) {
+        if let Err(failure) = drained(replica, pending, waited) {
             self.verdict.fail(failure);
         }
         let before = self.world.stored_heights(replica);
@@ -266,7 +266,7 @@ impl Supervisor {
         let Some(after) = self.world.stored_heights(replica) else {
             return;
         };
-        if let Err(failure) = durability::kept_across_restart(replica, &before, &after, cause) {
+        if let Err(failure) = kept_across_restart(replica, &before, &after, cause) {
             self.verdict.fail(failure);
         }
     }
@@ -407,5 +407,63 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A replica whose inbound traffic stopped `waited` ago (the drain before
+/// a supervised restart after disk errors) has answered every caller.
+pub fn drained(replica: ReplicaId, pending: u64, waited: Duration) -> Result<(), Failure> {
+    if pending == 0 {
+        return Ok(());
+    }
+    Err(Failure::new(
+        FailureKind::HungCallers,
+        format!("replica-{replica} still has {pending} writes pending {waited:?} after its inbound traffic stopped (disk errors before)"),
+    ))
+}
+
+/// No tree of `replica` holds fewer ops after a restart (`cause`) than
+/// before it.
+pub fn kept_across_restart(
+    replica: ReplicaId,
+    before: &Heights,
+    after: &Heights,
+    cause: &str,
+) -> Result<(), Failure> {
+    for (tree, &height) in before {
+        let now = after.get(tree).copied().unwrap_or(0);
+        if now < height {
+            return Err(Failure::new(
+                FailureKind::LostWrite,
+                format!(
+                    "replica-{replica} {:?}/{} stored {height} ops before a {cause}, {now} after",
+                    tree.cid, tree.tree
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor::{ContainerId, TreeKey};
+
+    /// A tree that lost ops across a restart fails; one that gained or
+    /// kept them does not.
+    #[test]
+    fn a_restart_may_not_lose_stored_ops() {
+        let tree = |name: &str| TreeKey::new(ContainerId([3; 32]), name);
+        let before = Heights::from([(tree("a"), 5), (tree("b"), 2)]);
+        let grown = Heights::from([(tree("a"), 7), (tree("b"), 2)]);
+        assert_eq!(kept_across_restart(1, &before, &grown, "crash"), Ok(()));
+        let shrunk = Heights::from([(tree("a"), 5)]);
+        let lost = kept_across_restart(1, &before, &shrunk, "crash").unwrap_err();
+        assert_eq!(lost.kind, FailureKind::LostWrite);
+        assert!(
+            lost.detail.contains("stored 2 ops before a crash, 0 after"),
+            "{lost}"
+        );
     }
 }

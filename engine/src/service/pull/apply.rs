@@ -18,10 +18,10 @@ impl Puller {
     ) -> Result<Pulled> {
         assert_eq!(stamps[0].height, from, "a stamp page starts at its cursor");
         let timestamps: Vec<Timestamp> = stamps.iter().map(|s| s.ts).collect();
-        let held = self
-            .core
-            .forest
-            .held_digests(tree, &timestamps)
+        let key = tree.clone();
+        let held = (self.core)
+            .storage(move |forest| forest.held_digests(&key, &timestamps))
+            .await
             .inspect_err(|error| self.core.note_error(error))?;
         assert_eq!(held.len(), stamps.len(), "one answer per stamp");
         let mut missing = Vec::new();
@@ -132,7 +132,7 @@ impl Puller {
             heights.windows(2).all(|w| w[1] == w[0] + 1),
             "a page has no gaps"
         );
-        let submit = self.ops_to_submit(tree, &entries)?;
+        let (entries, submit) = self.ops_to_submit(tree, entries).await?;
         let requests: Vec<WriteRequest> = entries
             .into_iter()
             .zip(&submit)
@@ -214,11 +214,15 @@ impl Puller {
     /// Which entries of a pulled page go to the batcher: the valid ones the
     /// local log does not hold yet. Most of a peer's log came here by push
     /// already; submitting it again would cost a lookup and a write
-    /// transaction per page for nothing.
-    fn ops_to_submit(&self, tree: &TreeKey, entries: &[LogEntry]) -> Result<Vec<bool>> {
+    /// transaction per page for nothing. Gives the entries back.
+    async fn ops_to_submit(
+        &self,
+        tree: &TreeKey,
+        entries: Vec<LogEntry>,
+    ) -> Result<(Vec<LogEntry>, Vec<bool>)> {
         let limits = self.core.config.limits.input();
         let mut submit = Vec::with_capacity(entries.len());
-        for entry in entries {
+        for entry in &entries {
             let valid =
                 validate::replicated(&entry.op, limits).and(self.check_origin(tree, &entry.op));
             if let Err(error) = &valid {
@@ -226,16 +230,19 @@ impl Puller {
             }
             submit.push(valid.is_ok());
         }
-        let ops: Vec<&Move> = entries.iter().map(|e| &e.op).collect();
-        let stored = self
-            .core
-            .forest
-            .stored_ops(tree, &ops)
-            .inspect_err(|error| self.core.note_error(error))?;
+        let key = tree.clone();
+        let (entries, stored) = (self.core)
+            .storage(move |forest| {
+                let ops: Vec<&Move> = entries.iter().map(|e| &e.op).collect();
+                let stored = forest.stored_ops(&key, &ops);
+                (entries, stored)
+            })
+            .await;
+        let stored = stored.inspect_err(|error| self.core.note_error(error))?;
         assert_eq!(stored.len(), entries.len(), "one answer per op");
         for (submit, stored) in submit.iter_mut().zip(stored) {
             *submit = *submit && !stored;
         }
-        Ok(submit)
+        Ok((entries, submit))
     }
 }

@@ -82,7 +82,7 @@ impl Puller {
                 .insert(peer, epoch);
             return Ok(());
         }
-        let trees = self.core.forest.all_trees()?;
+        let trees = self.core.storage(|forest| forest.all_trees()).await?;
         for tree in &trees {
             self.forget_cursor(tree, peer).await?;
         }

@@ -208,7 +208,8 @@ pub(super) struct Puller {
     pub counters: PullCounters,
     observer: Mutex<Option<Arc<dyn PullObserver>>>,
     /// The (tree, peer) pairs the planted bug `JoinerStopsAfterFirstPage`
-    /// stopped pulling; always empty without it.
+    /// stopped pulling.
+    #[cfg(feature = "canary")]
     stalled: Mutex<BTreeSet<(TreeKey, ReplicaId)>>,
 }
 
@@ -220,6 +221,7 @@ impl Puller {
             log_epochs: Mutex::default(),
             counters: PullCounters::default(),
             observer: Mutex::default(),
+            #[cfg(feature = "canary")]
             stalled: Mutex::default(),
         }
     }
@@ -298,7 +300,8 @@ impl Puller {
     /// names per peer and round, a different stretch each round).
     async fn sync_trees(&self, failed_peers: &mut BTreeSet<ReplicaId>) -> BTreeSet<TreeKey> {
         let membership = &self.core.membership;
-        let mut trees: BTreeSet<TreeKey> = match self.core.forest.all_trees() {
+        let listed = self.core.storage(|forest| forest.all_trees()).await;
+        let mut trees: BTreeSet<TreeKey> = match listed {
             Ok(trees) => trees
                 .into_iter()
                 .filter(|t| membership.replicates(&t.cid))
@@ -387,11 +390,14 @@ impl Puller {
         let known = self.cursors.lock().expect("pull cursors").get(&key);
         let mut cursor = match known {
             Some(cursor) => cursor,
-            None => LazyCursor::loaded(self.core.forest.cursor(
-                tree,
-                CursorKind::Pull,
-                cursor_peer,
-            )?),
+            None => {
+                let tree = tree.clone();
+                let durable = self
+                    .core
+                    .storage(move |forest| forest.cursor(&tree, CursorKind::Pull, cursor_peer))
+                    .await?;
+                LazyCursor::loaded(durable)
+            }
         };
         let start = cursor.position();
         let log_epoch = self
@@ -473,6 +479,7 @@ impl Puller {
     /// The planted bug `JoinerStopsAfterFirstPage`: true when this pass
     /// pulls at most one page, for a tree not held here when its first
     /// pass from `peer` began; a stalled pair pulls nothing more.
+    #[cfg(feature = "canary")]
     fn joiner_stalls(&self, tree: &TreeKey, peer: ReplicaId, start: u64) -> Result<bool> {
         if !canary::active(Canary::JoinerStopsAfterFirstPage) {
             return Ok(false);
@@ -487,6 +494,11 @@ impl Puller {
             stalled.insert(key);
         }
         Ok(joining)
+    }
+
+    #[cfg(not(feature = "canary"))]
+    fn joiner_stalls(&self, _tree: &TreeKey, _peer: ReplicaId, _start: u64) -> Result<bool> {
+        Ok(false)
     }
 
     /// Forgets the in-memory pull cursors of dropped trees (their durable

@@ -55,6 +55,7 @@ pub(crate) struct PassStart {
     /// full, and only durable pairs can leave it.
     pub pressure: bool,
     /// Canary `ReplicationDropsOnFullQueue`: the height to skip to.
+    #[cfg(feature = "canary")]
     pub skip: Option<u64>,
 }
 
@@ -202,6 +203,7 @@ struct Book {
     settled: BTreeMap<u64, TreeKey>,
     settled_seen: u64,
     /// Canary `ReplicationDropsOnFullQueue`: heights pushers skip to.
+    #[cfg(feature = "canary")]
     skips: BTreeMap<TreeKey, u64>,
 }
 
@@ -280,6 +282,7 @@ impl PushBook {
                 },
                 settled: BTreeMap::new(),
                 settled_seen: 0,
+                #[cfg(feature = "canary")]
                 skips: BTreeMap::new(),
             }),
             limits,
@@ -455,6 +458,7 @@ impl PushBook {
     pub fn begin_pass(&self, key: &PushKey, ticket: u64) -> Option<PassStart> {
         let mut book = self.lock();
         let pressure = book.unsettled() * 4 >= self.limits.trees_max * 3;
+        #[cfg(feature = "canary")]
         let skip = book.skips.get(&key.0).copied();
         let tree = book.trees.get_mut(&key.0)?;
         let changes = tree.changes;
@@ -471,6 +475,7 @@ impl PushBook {
             changes,
             cursor: pair.cursor,
             pressure,
+            #[cfg(feature = "canary")]
             skip,
         })
     }
@@ -561,6 +566,7 @@ impl PushBook {
             if let Some(seen) = book.trees.remove(tree).and_then(|t| t.settled_at) {
                 book.settled.remove(&seen);
             }
+            #[cfg(feature = "canary")]
             book.skips.remove(tree);
         }
         book.ready.retain(|key| !trees.contains(&key.0));
@@ -608,6 +614,7 @@ impl PushBook {
 
     /// Canary `ReplicationDropsOnFullQueue`: pushers of `tree` skip to
     /// `height`.
+    #[cfg(feature = "canary")]
     pub fn set_skip(&self, tree: &TreeKey, height: u64) {
         self.lock().skips.insert(tree.clone(), height);
     }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::forest::{CursorKind, OpLogPage};
 use crate::probe::{self, Probe};
 use crate::proto::{Request, Response};
-use crate::runtime::BoxFuture;
+use crate::runtime::{blocking, BoxFuture};
 use crate::types::*;
 use book::{PassEnd, PassStart, PassVerdict, PushBook, PushKey};
 use std::sync::atomic::Ordering;
@@ -125,7 +125,7 @@ impl Pusher {
 
     /// One pass of a pair, under its tree's lock (no Drop meanwhile): the
     /// ops that originated here from its cursor on, page by page.
-    async fn pass(&self, key: &PushKey, ticket: u64) {
+    async fn pass(self: &Arc<Self>, key: &PushKey, ticket: u64) {
         let counters = &self.book.counters;
         counters.push_passes.fetch_add(1, Ordering::Relaxed);
         let _no_drop = self.core.locks.no_drop(&key.0).await;
@@ -166,13 +166,13 @@ impl Pusher {
     /// Sends what the peer has not acknowledged and writes the cursor when
     /// it is due; returns the cursor as the pass leaves it.
     async fn push_from(
-        &self,
+        self: &Arc<Self>,
         (tree, peer): &PushKey,
         start: &PassStart,
     ) -> (Option<LazyCursor>, Result<()>) {
         let mut cursor = match start.cursor {
             Some(cursor) => cursor,
-            None => match self.core.forest.cursor(tree, CursorKind::Push, *peer) {
+            None => match self.durable_cursor(tree, *peer).await {
                 Ok(durable) => LazyCursor::loaded(durable),
                 Err(error) => {
                     self.core.note_error(&error);
@@ -180,6 +180,7 @@ impl Pusher {
                 }
             },
         };
+        #[cfg(feature = "canary")]
         if let Some(skip) = start.skip.filter(|&skip| skip > cursor.position()) {
             cursor.advance(skip); // planted bug: the skipped ops count as sent
         }
@@ -206,7 +207,7 @@ impl Pusher {
     /// Sends `peer` every op that originated here from `cursor` on, one
     /// page at a time; the cursor moves only over acknowledged pages.
     async fn push_pages(
-        &self,
+        self: &Arc<Self>,
         tree: &TreeKey,
         peer: ReplicaId,
         cursor: &mut LazyCursor,
@@ -214,7 +215,14 @@ impl Pusher {
         let mut page_max = self.core.config.limits.sync_page_size;
         loop {
             let from = cursor.position();
-            let (ops, next) = self.next_page(tree, from, page_max)?;
+            let (ops, next) = {
+                // A window miss reads the log: off the async workers.
+                let (this, tree) = (Arc::clone(self), tree.clone());
+                blocking(&*self.core.env.runtime, move || {
+                    this.next_page(&tree, from, page_max)
+                })
+                .await?
+            };
             if next == from {
                 return Ok(());
             }
@@ -331,7 +339,8 @@ impl Pusher {
         let timeout = self.core.config.tree.replication_timeout;
         let period = persist_period(timeout);
         loop {
-            self.walk_step();
+            let this = Arc::clone(&self);
+            blocking(&*self.core.env.runtime, move || this.walk_step()).await;
             if self.book.sweep(self.core.env.clock.now(), period) > 0 {
                 self.book.wake.notify_one();
             }
@@ -358,8 +367,18 @@ impl Pusher {
         }
     }
 
+    /// The durable cursor of a pair, read on the blocking pool.
+    async fn durable_cursor(&self, tree: &TreeKey, peer: ReplicaId) -> Result<u64> {
+        let tree = tree.clone();
+        (self.core)
+            .storage(move |forest| forest.cursor(&tree, CursorKind::Push, peer))
+            .await
+    }
+
     /// True when every locally stored op that originated here has been
-    /// acknowledged by every peer that should receive it.
+    /// acknowledged by every peer that should receive it. Reads the log on
+    /// the calling thread: an inspection for checks and tests, never on
+    /// the path of a request or a pass.
     pub fn idle(&self) -> Result<bool> {
         for tree in self.core.forest.all_trees()? {
             if !self.core.membership.replicates(&tree.cid) {
@@ -407,14 +426,18 @@ impl Pusher {
     /// the hint of its commit went to the state forgotten here (a drop
     /// whose commit failed may also have left its tree). An untracked tree
     /// must have nothing unsent (see `book`).
-    pub fn forget(&self, trees: &std::collections::BTreeSet<TreeKey>) {
+    pub async fn forget(&self, trees: &std::collections::BTreeSet<TreeKey>) {
         self.book.forget(trees);
         self.windows.forget(trees);
-        let held: Vec<TreeKey> = trees
-            .iter()
-            .filter(|tree| self.core.forest.tree_exists(tree).unwrap_or(true))
-            .cloned()
-            .collect();
+        let dropped = trees.clone();
+        let held: Vec<TreeKey> = (self.core)
+            .storage(move |forest| {
+                dropped
+                    .into_iter()
+                    .filter(|tree| forest.tree_exists(tree).unwrap_or(true))
+                    .collect()
+            })
+            .await;
         if self.book.track_again(&held) > 0 {
             self.book.wake.notify_one();
         }
