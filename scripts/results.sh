@@ -157,6 +157,8 @@ readonly CANARIES=(
     "LatestPicksOldest|gateway|a latest-only lookup answers the oldest version of a key"
     "AnswerBudgetEighth|standard|node reads count their answers against an eighth of the byte budget"
     "WriterMayDrop|standard|Drop asks for the writer role instead of the owner's"
+    "ReplicaOfAnyContainer|standard|a replica of any container counts as a replica of every one"
+    "RemoveMissingDone|standard|Remove of a node the tree does not hold answers Done"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 

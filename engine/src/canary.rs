@@ -102,6 +102,12 @@ pub enum Canary {
     /// `Drop` asks for the writer role instead of the owner's: a writer
     /// may drop trees and whole containers.
     WriterMayDrop = 27,
+    /// A replica of any container counts as a replica of every one: it
+    /// may push ops into and read the logs of containers it does not hold.
+    ReplicaOfAnyContainer = 28,
+    /// `Remove` of a node the tree does not hold answers `Done` instead of
+    /// `NodeNotFound`: the caller believes it removed something.
+    RemoveMissingDone = 29,
 }
 
 impl Canary {

@@ -134,6 +134,27 @@ impl Request {
         }
     }
 
+    /// The container the request is about; `None` for `Healthcheck` and
+    /// `Hello`, which are about no container.
+    pub fn container(&self) -> Option<ContainerId> {
+        match self {
+            Request::Drop { cid, .. } | Request::TreeList { cid } => Some(*cid),
+            Request::Add { tree, .. }
+            | Request::AddByPath { tree, .. }
+            | Request::Move { tree, .. }
+            | Request::Remove { tree, .. }
+            | Request::GetNodeByPath { tree, .. }
+            | Request::GetMeta { tree, .. }
+            | Request::GetSubTree { tree, .. }
+            | Request::ListChildren { tree, .. }
+            | Request::GetSubTreePage { tree, .. }
+            | Request::Apply { tree, .. }
+            | Request::GetOpLog { tree, .. }
+            | Request::GetOpLogStamps { tree, .. } => Some(tree.cid),
+            Request::Healthcheck | Request::Hello { .. } => None,
+        }
+    }
+
     /// The request's name (a label of the latency metrics).
     pub fn kind(&self) -> &'static str {
         match self {

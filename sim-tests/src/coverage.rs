@@ -107,6 +107,24 @@ pub enum Coverage {
     /// Calls of the intruder that the role the swarm gave it allows,
     /// served (`scenario::workload::intruder`, `scenario::check::rights`).
     RightsAllowed,
+    /// Calls of the caller at a replica's address (`scenario::workload::rogue`)
+    /// its replication rights allow, served as the model predicted.
+    ReplicaCallerServed,
+    /// Its replication calls for a container it does not hold (it holds
+    /// the other), refused.
+    OtherContainerReplicaRefused,
+    /// Calls the rights allow, refused with the typed error the model of
+    /// the input rules predicted (`scenario::check::outcome`): a missing
+    /// parent or node, `ROOT` or `TRASH` moved, a bad path, a counter
+    /// beyond reach, a reserved child, a replica that does not hold the
+    /// container.
+    RefusedAsModelled,
+    /// Moves of a node under its own descendant, accepted and found to
+    /// leave the node where it was.
+    CycleMoveSkipped,
+    /// Writes acknowledged once three replicas held them
+    /// (`tree.ack_replicas: 3`).
+    AckedByThree,
     /// Branches inside the engine, counted by its probes
     /// (`arbor::probe::Probe`, whose variant of the same name says which).
     PullStampPageNext,
@@ -128,7 +146,7 @@ pub enum Coverage {
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 59] = [
+    pub const ALL: [Coverage; 64] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -175,6 +193,11 @@ impl Coverage {
         Coverage::MultipartPart,
         Coverage::AddByPathResolved,
         Coverage::RightsAllowed,
+        Coverage::ReplicaCallerServed,
+        Coverage::OtherContainerReplicaRefused,
+        Coverage::RefusedAsModelled,
+        Coverage::CycleMoveSkipped,
+        Coverage::AckedByThree,
         Coverage::PullStampPageNext,
         Coverage::PullOpPageNext,
         Coverage::PullSeveralRuns,
@@ -238,6 +261,11 @@ impl Coverage {
             Coverage::MultipartPart => "multipart parts",
             Coverage::AddByPathResolved => "AddByPath directories checked",
             Coverage::RightsAllowed => "calls a drawn role allowed, served",
+            Coverage::ReplicaCallerServed => "calls as a replica allowed, served",
+            Coverage::OtherContainerReplicaRefused => "replica calls for another container refused",
+            Coverage::RefusedAsModelled => "allowed calls refused as the input rules predict",
+            Coverage::CycleMoveSkipped => "moves under a descendant left as they were",
+            Coverage::AckedByThree => "writes acked by ack_replicas 3",
             Coverage::PullStampPageNext => "pulls past one stamp page",
             Coverage::PullOpPageNext => "pull runs past one op page",
             Coverage::PullSeveralRuns => "stamp pages with several runs",

@@ -47,10 +47,14 @@ pub enum FailureKind {
     ImpostorOp,
     /// A call its caller's role allows was refused with `PermissionDenied`.
     WrongRefusal,
+    /// A call whose rights hold got another answer than the input rules
+    /// predict (docs/design.md §4): refused with another error, or
+    /// accepted where a refusal was due, or the reverse.
+    WrongOutcome,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 17] = [
+    pub const ALL: [FailureKind; 18] = [
         FailureKind::Liveness,
         FailureKind::TreeInvariant,
         FailureKind::Divergence,
@@ -68,6 +72,7 @@ impl FailureKind {
         FailureKind::StampConflict,
         FailureKind::ImpostorOp,
         FailureKind::WrongRefusal,
+        FailureKind::WrongOutcome,
     ];
 
     /// The kind `name` (the words `name` gives) names.
@@ -95,6 +100,7 @@ impl FailureKind {
             FailureKind::StampConflict => "stamp conflict",
             FailureKind::ImpostorOp => "impostor op",
             FailureKind::WrongRefusal => "wrong refusal",
+            FailureKind::WrongOutcome => "wrong outcome",
         }
     }
 }

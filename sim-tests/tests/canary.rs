@@ -226,3 +226,13 @@ fn every_canary_has_its_test_here() {
         assert!(source.contains(&test), "no test {test:?}");
     }
 }
+
+#[test]
+fn replica_of_any_container() {
+    caught(Canary::ReplicaOfAnyContainer);
+}
+
+#[test]
+fn remove_missing_done() {
+    caught(Canary::RemoveMissingDone);
+}

@@ -169,6 +169,10 @@ impl Access {
 /// True when `caller` is one of the container's other configured replicas.
 fn is_replica_of(members: &Membership, caller: &Caller, cid: &ContainerId) -> bool {
     match caller {
+        Caller::Peer(id) if canary::active(Canary::ReplicaOfAnyContainer) => {
+            // Planted bug: a replica of any container passes.
+            members.peers_of(cid).contains(id) || members.all_peers().any(|p| p == *id)
+        }
         Caller::Peer(id) => members.peers_of(cid).contains(id),
         Caller::Client(_) | Caller::Key(_) | Caller::Anonymous => false,
     }

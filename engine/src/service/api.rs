@@ -110,7 +110,13 @@ impl Service {
             Request::Remove { tree, node } => {
                 validate::movable(node)?;
                 let op = WriteOp::Remove { node };
-                self.write(tree, op).await.map(|_| Response::Done)
+                let removed = self.write(tree, op).await;
+                if canary::active(Canary::RemoveMissingDone)
+                    && matches!(removed, Err(Error::NodeNotFound(_)))
+                {
+                    return Ok(Response::Done); // planted bug
+                }
+                removed.map(|_| Response::Done)
             }
             Request::Apply { tree, ops } => self.apply(caller, tree, ops).await,
             Request::Drop { cid, tree } => self.drop_trees(cid, tree).await,

@@ -346,6 +346,7 @@ async fn simulate(
     // Numbered after every client the size allows, whatever the plan
     // keeps: it holds no right (`workload::intruder::access_config`).
     let intruder = world.client_numbered(intruder_index(swarm));
+    let rogue = swarm.rogue_replica.map(|id| world.caller_as_replica(id));
     // Only a run with misconfiguration windows has the misled client.
     let misled = plan
         .faults
@@ -376,7 +377,7 @@ async fn simulate(
     let result = async {
         lifecycle::boot(&world).await?;
         let drivers = (&workload, &nemesis, &supervisor);
-        run_workload(plan, drivers, clients, intruder).await;
+        run_workload(plan, drivers, clients, (intruder, rogue)).await;
         let ledger = async { workload.ledger.lock().unwrap().clone() };
         lifecycle::heal_and_check(&supervisor, ledger).await
     }
@@ -450,7 +451,7 @@ async fn run_workload(
     plan: &Plan,
     (workload, nemesis, supervisor): (&Arc<Workload>, &Arc<Nemesis>, &Arc<Supervisor>),
     clients: Vec<crate::world::Client>,
-    intruder: crate::world::Client,
+    (intruder, rogue): (crate::world::Client, Option<crate::world::Client>),
 ) {
     let size = plan.swarm.size;
     let start = crate::world::clock::global_now();
@@ -473,7 +474,17 @@ async fn run_workload(
         intruder,
         span,
         plan.swarm.intruder_roles.clone(),
+        (plan.swarm.sets_stay_whole()).then(|| replica_sets(plan.swarm.replicas)),
     )));
+    if let (Some(client), Some(me)) = (rogue, plan.swarm.rogue_replica) {
+        tasks.push(madsim::task::spawn(workload::rogue::run_rogue(
+            workload.clone(),
+            client,
+            span,
+            me,
+            replica_sets(plan.swarm.replicas),
+        )));
+    }
     let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
     // A task more changes the schedule of the whole run: spawned only when
     // there is a change to carry out, so a seed without one runs (and its

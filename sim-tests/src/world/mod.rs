@@ -313,8 +313,44 @@ impl World {
         let name = format!("client-{index}");
         let ip = config::client_ip(index);
         let node = Handle::current().create_node().name(&name).ip(ip).build();
+        Client {
+            name,
+            node,
+            transport: self.caller_transport(),
+            rotation: self.rotation.clone(),
+            misled,
+            trace: self.trace.clone(),
+        }
+    }
+
+    /// A caller at the address of replica `replica`, so the replicas
+    /// take it for that replica: its calls run on that replica's machine
+    /// (and die with its process), or, for an id the world has no node
+    /// for, on a machine of its own at the address that id would have.
+    /// It calls replicas in and out of rotation alike.
+    pub fn caller_as_replica(&mut self, replica: ReplicaId) -> Client {
+        let name = format!("as-replica-{replica}");
+        let node = match self.nodes.iter().find(|n| n.replica_id == replica) {
+            Some(own) => own.node.clone(),
+            None => {
+                let ip = config::replica_addr(usize::from(replica) - 1).ip();
+                Handle::current().create_node().name(&name).ip(ip).build()
+            }
+        };
+        Client {
+            name,
+            node,
+            transport: self.caller_transport(),
+            rotation: self.rotation.clone(),
+            misled: true,
+            trace: self.trace.clone(),
+        }
+    }
+
+    /// The transport of a caller that is no replica: it checks no answerer.
+    fn caller_transport(&self) -> Arc<dyn arbor::net::Transport> {
         let clock: Arc<dyn Clock> = Arc::new(SimClock::new(ClockSkew::default()));
-        let transport: Arc<dyn arbor::net::Transport> = match self.network {
+        match self.network {
             Network::Datagram => {
                 let peers = self.nodes.iter().map(|n| (n.replica_id, n.addr)).collect();
                 let max_message_bytes = self
@@ -331,14 +367,6 @@ impl World {
                 ))
             }
             Network::Tcp => self.tcp_client_transport(clock),
-        };
-        Client {
-            name,
-            node,
-            transport,
-            rotation: self.rotation.clone(),
-            misled,
-            trace: self.trace.clone(),
         }
     }
 

@@ -26,6 +26,7 @@ pub mod invariants;
 pub mod ledger;
 pub mod liveness;
 pub mod oracle;
+pub mod outcome;
 pub mod rights;
 pub mod trust;
 

@@ -7,6 +7,7 @@
 
 use crate::scenario::plan::swarm::CallerRole;
 use arbor::proto::Request;
+use arbor::ReplicaId;
 
 /// What a request asks of its caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +53,27 @@ pub fn client_may(role: CallerRole, request: &Request) -> bool {
             role != CallerRole::None && role >= needed
         }
         Needs::Replica => false,
+    }
+}
+
+/// Whether a caller at replica `caller`'s address may send `request` to
+/// replica `target`, the request's container being held by `holders`: a
+/// replica holds no client role, and its replication rights (`Apply`,
+/// op-log reads, `TreeList`) are on the containers it holds, called at
+/// one of their other replicas. An `Apply` it may send must also carry
+/// only ops it stamped itself (docs/security.md); that rule is the
+/// caller's to apply (`workload::rogue`).
+pub fn replica_may(
+    caller: ReplicaId,
+    target: ReplicaId,
+    holders: &[ReplicaId],
+    request: &Request,
+) -> bool {
+    let replicates = caller != target && holders.contains(&caller);
+    match needs(request) {
+        Needs::Nobody => true,
+        Needs::Role(_) => false,
+        Needs::RoleOrReplica(_) | Needs::Replica => replicates,
     }
 }
 
@@ -101,5 +123,17 @@ mod tests {
         assert_eq!(may(CallerRole::Writer), writer);
         let owner = [true, true, true, true, false, true];
         assert_eq!(may(CallerRole::Owner), owner);
+        // A replica of the container, calling another of its replicas,
+        // may replicate and read the log, and nothing a client may.
+        let as_replica = |caller, target, holders: &[ReplicaId]| {
+            [&read, &write, &drop, &log, &apply, &Request::Healthcheck]
+                .map(|r| replica_may(caller, target, holders, r))
+        };
+        let replica = [false, false, false, true, true, true];
+        assert_eq!(as_replica(2, 1, &[1, 2, 3]), replica);
+        // Not at itself, and not for a container it does not hold.
+        let stranger = [false, false, false, false, false, true];
+        assert_eq!(as_replica(2, 2, &[1, 2, 3]), stranger);
+        assert_eq!(as_replica(4, 1, &[1, 2, 3]), stranger);
     }
 }

@@ -1,6 +1,9 @@
-//! Trust: the intruder (`scenario::workload::intruder`) got nothing its
-//! roles do not allow and left nothing of it, it was refused nothing they
-//! allow, and no two replicas hold different ops under one timestamp.
+//! Trust: the intruder (`scenario::workload::intruder`) and the caller at
+//! a replica's address (`scenario::workload::rogue`) got nothing their
+//! rights do not allow and left nothing of it, they were refused nothing
+//! those allow, every call was answered as the input rules predict
+//! (`check::outcome`), and no two replicas hold different ops under one
+//! timestamp.
 //! Every call its roles do not allow was refused or went unanswered; no replica's log
 //! holds an op it forged or wrote (each carries `INTRUDER_TAG_KEY`); a
 //! Drop it sent would show as lost acknowledged writes
@@ -24,6 +27,7 @@ impl Checker for IntruderLeftNoTrace {
         Box::pin(async move {
             nothing_served(at)?;
             nothing_wrongly_refused(at)?;
+            outcomes_as_modelled(at)?;
             no_forged_op(at)?;
             no_stamp_conflict(at)
         })
@@ -56,6 +60,22 @@ fn nothing_wrongly_refused(at: &Checkpoint) -> Result {
                 "{} of the {} calls the intruder's roles allow were refused, first: {first}",
                 record.wrongly_refused.len(),
                 record.allowed
+            ),
+        )),
+    }
+}
+
+/// Every answer the input rules predict (`check::outcome`) was that
+/// answer.
+fn outcomes_as_modelled(at: &Checkpoint) -> Result {
+    let record = &at.ledger.intruder;
+    match record.wrong_outcomes.first() {
+        None => Ok(()),
+        Some(first) => Err(Failure::new(
+            FailureKind::WrongOutcome,
+            format!(
+                "{} calls were not answered as the input rules predict, first: {first}",
+                record.wrong_outcomes.len()
             ),
         )),
     }

@@ -189,6 +189,9 @@ pub fn validate(swarm: &Swarm, changes: &[PlannedChange]) -> Result<(), PlanErro
             ChangeKind::Leave { .. } if set.len() <= MEMBERS_MIN => {
                 return Err(bad("would leave too few replicas"))
             }
+            ChangeKind::Leave { .. } if set.len() <= swarm.ack_replicas => {
+                return Err(bad("would leave fewer replicas than tree.ack_replicas"))
+            }
             ChangeKind::Leave { .. } => set.retain(|&r| r != replica),
         }
     }
@@ -585,5 +588,39 @@ mod tests {
             validate(&swarm, &two),
             Err(PlanError::BadChange { index: 1, .. })
         ));
+        // A leave that would leave fewer replicas than acknowledge a
+        // write: the nodes' configs could not serve the container.
+        let one = &two[..1];
+        assert_eq!(validate(&swarm, one), Ok(()));
+        let mut acked_by_three = swarm.clone();
+        acked_by_three.ack_replicas = 3;
+        assert!(matches!(
+            validate(&acked_by_three, one),
+            Err(PlanError::BadChange { index: 0, .. })
+        ));
+    }
+
+    /// `tree.ack_replicas` 3 and the caller at a replica's address are
+    /// drawn only where every container keeps its replica set, and both
+    /// are drawn in some seeds.
+    #[test]
+    fn three_acks_and_the_replica_caller_need_whole_sets() {
+        let (mut three, mut rogue) = (0, 0);
+        for seed in 1..400 {
+            for profile in Profile::ALL {
+                let swarm = Swarm::draw(seed, profile, Size::TEST, true);
+                let whole = swarm.sets_stay_whole();
+                if swarm.ack_replicas == 3 {
+                    assert!(whole, "seed {seed} {profile:?}");
+                    three += 1;
+                }
+                if let Some(id) = swarm.rogue_replica {
+                    assert!(whole && swarm.knobs.sync_interval.is_some());
+                    assert!((1..=swarm.replicas + 1).contains(&usize::from(id)));
+                    rogue += 1;
+                }
+            }
+        }
+        assert!(three > 0 && rogue > 0, "{three} {rogue}");
     }
 }

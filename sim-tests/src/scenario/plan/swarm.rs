@@ -114,6 +114,7 @@ impl Profile {
             Canary::LatestPicksOldest => Profile::Gateway,
             Canary::AnswerBudgetEighth => Profile::Standard,
             Canary::WriterMayDrop => Profile::Standard,
+            Canary::ReplicaOfAnyContainer | Canary::RemoveMissingDone => Profile::Standard,
         }
     }
 
@@ -217,6 +218,14 @@ pub struct Swarm {
     /// everything else.
     #[serde(default)]
     pub intruder_roles: Vec<CallerRole>,
+    /// A caller at a replica's address, so the replicas take it for that
+    /// replica (`workload::rogue`): `1..=replicas` one of the cluster's
+    /// own (in four-replica seeds the fourth, which holds only the first
+    /// container), `replicas + 1` a replica id no container lists.
+    /// `None`: no such caller (every capsule written before it existed).
+    /// Drawn after everything else.
+    #[serde(default)]
+    pub rogue_replica: Option<ReplicaId>,
     /// The clients issue the object gateway's call sequences
     /// (`workload::gateway_mix`) in one seed of `GATEWAY_MIX_ONE_IN` of
     /// the standard profile, as in every seed of the gateway profile.
@@ -224,6 +233,11 @@ pub struct Swarm {
     #[serde(default)]
     pub gateway_clients: bool,
 }
+
+/// One three-replica seed in `ROGUE_ONE_IN` of those whose replica sets
+/// stay as configured has a caller at a replica's address
+/// (`Swarm::rogue_replica`).
+const ROGUE_ONE_IN: u64 = 2;
 
 /// One standard seed in `GATEWAY_MIX_ONE_IN` runs the gateway's clients.
 const GATEWAY_MIX_ONE_IN: u64 = 4;
@@ -320,6 +334,7 @@ const REPLACE_ACK_TWO_PROBABILITY: f64 = 0.5;
 /// replicas hold them (`Swarm::draw_ack_replicas`).
 const ACK_DRAWN_ONE_IN: u64 = 4;
 const ACK_DRAWN: usize = 2;
+const ACK_DRAWN_MAX: usize = 3;
 
 /// One seed in `TIGHT_MESSAGE_ONE_IN` draws each byte budget of
 /// `TIGHT_MESSAGE_BUDGETS` (what a message may carry besides its framing):
@@ -451,6 +466,7 @@ impl Swarm {
             ack_replicas: 1,
             wal: WalKnobs::default(),
             intruder_roles: Vec::new(),
+            rogue_replica: None,
             gateway_clients: false,
         };
         let pair_roll = rng.next_u64();
@@ -497,6 +513,10 @@ impl Swarm {
         if swarm.profile == Profile::Standard && gateway_roll % GATEWAY_MIX_ONE_IN == 0 {
             swarm.gateway_clients = true;
         }
+        // Drawn after everything else, so it left the other draws as
+        // they were.
+        let rogue_roll = rng.next_u64();
+        swarm.draw_rogue_replica(rogue_roll);
         swarm
     }
 
@@ -523,18 +543,50 @@ impl Swarm {
             .unwrap_or(CallerRole::None)
     }
 
-    /// `tree.ack_replicas` 2 in one seed of `ACK_DRAWN_ONE_IN` of every
-    /// profile but members. Not more: a replica leaving a container of
-    /// three (the standard profile's membership changes) and a stand-in
-    /// process that lists one peer fewer (misconfig) leave sets of two
-    /// replicas, which a config with 3 cannot serve. The replace profile
-    /// draws its own 2 in half its seeds before this.
+    /// `tree.ack_replicas` above 1 in one seed of `ACK_DRAWN_ONE_IN` of
+    /// every profile but members: 2, or in half of those 3 (the smallest
+    /// replica set of a container) where the replica sets stay whole. A
+    /// replica leaving a container of three (the members profile) and a
+    /// stand-in process that lists one peer fewer (misconfiguration
+    /// windows) leave sets of two, which a config with 3 cannot serve.
+    /// The replace profile draws its own 2 in half its seeds before this.
     fn draw_ack_replicas(&mut self, roll: u64) {
         if self.profile == Profile::Members || self.ack_replicas != 1 {
             return;
         }
         if roll % ACK_DRAWN_ONE_IN == 0 {
-            self.ack_replicas = ACK_DRAWN;
+            self.ack_replicas = if self.sets_stay_whole() && (roll >> 8) % 2 == 1 {
+                ACK_DRAWN_MAX
+            } else {
+                ACK_DRAWN
+            };
+        }
+    }
+
+    /// True when every container keeps the replica set it was configured
+    /// with all run long: no membership change is drawn and no
+    /// misconfiguration window (whose stand-in lists one peer fewer).
+    pub fn sets_stay_whole(&self) -> bool {
+        self.faults.misconfig == 0.0 && crate::scenario::nemesis::members::draw(self).is_empty()
+    }
+
+    /// The caller at a replica's address, in the seeds whose replica sets
+    /// stay as configured (`sets_stay_whole`: the model of who replicates
+    /// what holds all run, and no stand-in shares a replica's address)
+    /// with sync on (what it may store reaches the replica it
+    /// impersonates by pull alone): with four replicas, always the
+    /// fourth, a replica of the first container only; with three, in one
+    /// seed of `ROGUE_ONE_IN`, any of them or the id after them, which no
+    /// container lists.
+    fn draw_rogue_replica(&mut self, roll: u64) {
+        if !self.sets_stay_whole() || self.knobs.sync_interval.is_none() {
+            return;
+        }
+        if self.replicas == 4 {
+            self.rogue_replica = Some(4);
+        } else if roll % ROGUE_ONE_IN == 0 {
+            let ids = self.replicas as u64 + 1;
+            self.rogue_replica = Some(((roll >> 8) % ids + 1) as ReplicaId);
         }
     }
 
@@ -689,7 +741,7 @@ impl Swarm {
              latency {:.2}, crash {:.2}, disk {:.2} (write errors {}, sync errors {}, torn writes {}), \
              push-blackout {:.2}, disk replaced {:.2}, misconfig {:.2}; gap {}; torn writes at power failure {}\n  \
              clocks: {}; disk latency {} a write, {} a sync, {}ns a byte; replicated_batch_delay {}; \
-             pushes blocked all run {}; ack_replicas {}; intruder roles {}; gateway clients {}",
+             pushes blocked all run {}; ack_replicas {}; intruder roles {}; caller as replica {}; gateway clients {}",
             self.seed,
             self.profile.name(),
             duration(self.size.workload_duration),
@@ -736,6 +788,7 @@ impl Swarm {
                 let roles: Vec<String> = self.intruder_roles.iter().map(|r| format!("{r:?}").to_lowercase()).collect();
                 roles.join(", ")
             },
+            self.rogue_replica.map_or_else(|| "none".to_string(), |id| id.to_string()),
             self.gateway_clients || self.profile == Profile::Gateway,
         )
     }

@@ -16,6 +16,7 @@
 //! replica kept a trace of a refused one (docs/design.md §9).
 
 use crate::coverage::Coverage;
+use crate::scenario::check::outcome::{self, Expect, Judged, Refusal};
 use crate::scenario::check::rights;
 use crate::scenario::plan::swarm::CallerRole;
 use crate::scenario::workload::{containers, system_tree, version_tree, Workload};
@@ -23,7 +24,8 @@ use crate::world::Client;
 use arbor::forest::ListOrder;
 use arbor::proto::{Request, Response};
 use arbor::types::{make_timestamp, COUNTER_MAX};
-use arbor::{Error, KeyValue, Meta, Move, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT};
+use arbor::{ContainerId, Error, KeyValue, Meta, Move, NodeId, ReplicaId, TreeKey};
+use arbor::{ATTR_FILE_NAME, ROOT, TRASH};
 use madsim::rand::{thread_rng, Rng};
 use std::time::Duration;
 
@@ -60,6 +62,10 @@ pub struct IntruderRecord {
     pub allowed: u64,
     /// Calls its role allows answered with `PermissionDenied`.
     pub wrongly_refused: Vec<String>,
+    /// Calls whose answer was not the outcome the input rules predict
+    /// (`check::outcome`), here and from the caller at a replica's
+    /// address (`workload::rogue`).
+    pub wrong_outcomes: Vec<String>,
 }
 
 /// The rights of the scenario: the workload's clients (`client-1` ..
@@ -92,12 +98,17 @@ pub fn access_config(
     access
 }
 
-/// Runs the intruder's calls spread over about `span`.
+/// Runs the intruder's calls spread over about `span`. With `holders`
+/// (the replica sets of the workload's containers, given where they stay
+/// as configured all run long), the writes its role allows are shaped so
+/// that the input rules predict their outcome (`check::outcome`), and
+/// each answer is held to it.
 pub async fn run_intruder(
     workload: std::sync::Arc<Workload>,
     client: Client,
     span: Duration,
     roles: Vec<CallerRole>,
+    holders: Option<Vec<(ContainerId, Vec<ReplicaId>)>>,
 ) {
     let think_ms = (span.as_millis() as u64 / INTRUDER_CALLS).max(1);
     for n in 0..INTRUDER_CALLS {
@@ -118,7 +129,23 @@ pub async fn run_intruder(
                 continue;
             }
             let request = within_matrix(request);
-            allowed_call(&workload, &client, target, request, role).await;
+            let holds = holders.as_ref().map(|sets| {
+                let cid = request
+                    .container()
+                    .expect("a call a role allows names a container");
+                sets.iter()
+                    .any(|(c, set)| *c == cid && set.contains(&target))
+            });
+            match holds.map(|holds| shape(request.clone(), holds)) {
+                Some(Shaped::Cycle) => cycle(&workload, &client, target, &request).await,
+                Some(Shaped::Call(request, expect)) => {
+                    let call = (target, request, role);
+                    let _ = allowed_call(&workload, &client, call, Some(expect)).await;
+                }
+                None => {
+                    let _ = allowed_call(&workload, &client, (target, request, role), None).await;
+                }
+            }
         } else {
             call(&workload, &client, target, request).await;
         }
@@ -127,21 +154,8 @@ pub async fn run_intruder(
 
 /// The intruder's role on the container `request` names.
 fn role_on(roles: &[CallerRole], request: &Request) -> CallerRole {
-    let cid = match request {
-        Request::Drop { cid, .. } | Request::TreeList { cid } => *cid,
-        Request::Add { tree, .. }
-        | Request::AddByPath { tree, .. }
-        | Request::Move { tree, .. }
-        | Request::Remove { tree, .. }
-        | Request::GetNodeByPath { tree, .. }
-        | Request::GetMeta { tree, .. }
-        | Request::GetSubTree { tree, .. }
-        | Request::ListChildren { tree, .. }
-        | Request::GetSubTreePage { tree, .. }
-        | Request::Apply { tree, .. }
-        | Request::GetOpLog { tree, .. }
-        | Request::GetOpLogStamps { tree, .. } => tree.cid,
-        Request::Healthcheck | Request::Hello { .. } => return CallerRole::None,
+    let Some(cid) = request.container() else {
+        return CallerRole::None;
     };
     containers()
         .iter()
@@ -154,15 +168,7 @@ fn role_on(roles: &[CallerRole], request: &Request) -> CallerRole {
 /// `MATRIX_TREE` with its tag renamed; reads stay as they are.
 fn within_matrix(request: Request) -> Request {
     let matrix = |tree: TreeKey| TreeKey::new(tree.cid, MATRIX_TREE);
-    let retag = |items: Vec<KeyValue>| -> Vec<KeyValue> {
-        items
-            .into_iter()
-            .map(|kv| match kv.key.as_str() {
-                INTRUDER_TAG_KEY => KeyValue::new(MATRIX_TAG_KEY, kv.value),
-                _ => kv,
-            })
-            .collect()
-    };
+    let retag = |items| renamed(items, INTRUDER_TAG_KEY, MATRIX_TAG_KEY);
     match request {
         Request::Drop { cid, .. } => Request::Drop {
             cid,
@@ -207,25 +213,30 @@ fn within_matrix(request: Request) -> Request {
     }
 }
 
-/// A call the intruder's role allows: anything but a refusal for rights.
+/// A call the intruder's role allows: anything but a refusal for rights,
+/// and with `expect`, the outcome the input rules predict.
 async fn allowed_call(
     workload: &Workload,
     client: &Client,
-    target: ReplicaId,
-    request: Request,
-    role: CallerRole,
-) {
+    (target, request, role): (ReplicaId, Request, CallerRole),
+    expect: Option<Expect>,
+) -> Result<Response, Error> {
     let what = summarize(&request);
+    let expecting = expect.map_or_else(String::new, |e| format!(", expects {e:?}"));
     workload.trace.record(
         &client.name,
-        format!("as {role:?} {what} -> replica-{target}"),
+        format!("as {role:?} {what} -> replica-{target}{expecting}"),
     );
-    let answer = client.call(target, request, workload.call_timeout).await;
+    let answer = client
+        .call(target, request.clone(), workload.call_timeout)
+        .await;
+    let coverage = &workload.world.hooks.coverage;
     let mut ledger = workload.ledger.lock().unwrap();
     let record = &mut ledger.intruder;
     record.sent += 1;
     record.allowed += 1;
-    match answer {
+    let judged = expect.map(|expect| outcome::judge(expect, &request, &answer));
+    match &answer {
         Ok(Response::Error(error @ Error::PermissionDenied { .. })) => {
             let refused = format!("{what} as {role:?} on replica-{target}: {error}");
             workload
@@ -233,8 +244,258 @@ async fn allowed_call(
                 .record(&client.name, format!("WRONGLY REFUSED {refused}"));
             record.wrongly_refused.push(refused);
         }
-        Ok(_) => workload.world.hooks.coverage.hit(Coverage::RightsAllowed),
+        Ok(_) => coverage.hit(Coverage::RightsAllowed),
         Err(_) => record.unanswered += 1,
+    }
+    match judged {
+        Some(Judged::Disagrees(why)) => {
+            let wrong = format!("{what} as {role:?} on replica-{target}: {why}");
+            workload
+                .trace
+                .record(&client.name, format!("WRONG OUTCOME {wrong}"));
+            record.wrong_outcomes.push(wrong);
+        }
+        Some(Judged::Agrees) if matches!(expect, Some(Expect::Refused(_))) => {
+            coverage.hit(Coverage::RefusedAsModelled)
+        }
+        _ => {}
+    }
+    answer
+}
+
+/// Ids no op of a run ever creates (their replica part is no replica's),
+/// and ids the intruder's moves create (another such part).
+const MISSING_ID_MARK: u64 = 0xfff0;
+const MOVED_ID_MARK: u64 = 0xff00;
+
+fn marked_id(mark: u64) -> NodeId {
+    (thread_rng().gen_range(1..1u64 << 24) << 16) | mark
+}
+
+/// A write a role allows, as sent.
+enum Shaped {
+    /// One call and the outcome the input rules predict for it.
+    Call(Request, Expect),
+    /// A move of a node under its own child (`cycle`).
+    Cycle,
+}
+
+/// Reshapes a write its role allows (already in `MATRIX_TREE`) into one
+/// of the cases of docs/design.md §4 whose outcome is known beforehand,
+/// at a replica that `holds` the container or not; reads are served. A
+/// write predicted refused carries `INTRUDER_TAG_KEY`, which no replica
+/// may hold afterwards.
+fn shape(request: Request, holds: bool) -> Shaped {
+    use Refusal::*;
+    let pick = |n: u32| thread_rng().gen_range(0..n);
+    let (request, expect) = match request {
+        Request::Add { tree, items, .. } => match pick(2) {
+            0 => (
+                Request::Add {
+                    tree,
+                    parent: ROOT,
+                    items,
+                },
+                Expect::Accepted,
+            ),
+            _ => {
+                let parent = marked_id(MISSING_ID_MARK);
+                (
+                    Request::Add {
+                        tree,
+                        parent,
+                        items,
+                    },
+                    Expect::Refused(ParentNotLive),
+                )
+            }
+        },
+        Request::Move { tree, items, .. } => {
+            let (parent, node, expect) = match pick(5) {
+                0 => (ROOT, marked_id(MOVED_ID_MARK), Expect::Accepted),
+                1 => (ROOT, ROOT, Expect::Refused(RootImmutable)),
+                2 => (ROOT, TRASH, Expect::Refused(InvalidOp)),
+                3 => {
+                    let parent = marked_id(MISSING_ID_MARK);
+                    (
+                        parent,
+                        marked_id(MOVED_ID_MARK),
+                        Expect::Refused(ParentNotLive),
+                    )
+                }
+                _ if holds => return Shaped::Cycle,
+                _ => (ROOT, marked_id(MOVED_ID_MARK), Expect::Accepted),
+            };
+            let request = Request::Move {
+                tree,
+                parent,
+                node,
+                items,
+            };
+            (request, expect)
+        }
+        Request::Remove { tree, .. } => {
+            let (node, expect) = match pick(3) {
+                0 => (marked_id(MISSING_ID_MARK), Expect::Refused(NodeNotFound)),
+                1 => (ROOT, Expect::Refused(RootImmutable)),
+                _ => (TRASH, Expect::Refused(InvalidOp)),
+            };
+            (Request::Remove { tree, node }, expect)
+        }
+        Request::AddByPath {
+            tree, path, items, ..
+        } => {
+            let (attr, path, expect) = match pick(3) {
+                0 => (ATTR_FILE_NAME.to_string(), path, Expect::Accepted),
+                1 => (
+                    ATTR_FILE_NAME.to_string(),
+                    Vec::new(),
+                    Expect::Refused(EmptyPath),
+                ),
+                _ => (
+                    "Name".to_string(),
+                    path,
+                    Expect::Refused(UnsupportedAttribute),
+                ),
+            };
+            let request = Request::AddByPath {
+                tree,
+                attr,
+                path,
+                items,
+            };
+            (request, expect)
+        }
+        Request::Drop { .. } => (request, Expect::Served),
+        read => (read, Expect::Served),
+    };
+    let expect = expect.at(holds);
+    let request = if expect.refused() {
+        untag(request)
+    } else {
+        request
+    };
+    Shaped::Call(request, expect)
+}
+
+/// A write's `MATRIX_TAG_KEY` turned back into `INTRUDER_TAG_KEY`.
+fn untag(request: Request) -> Request {
+    with_items(request, |items| {
+        renamed(items, MATRIX_TAG_KEY, INTRUDER_TAG_KEY)
+    })
+}
+
+/// `items` with the key `from` renamed `to`.
+pub fn renamed(items: Vec<KeyValue>, from: &str, to: &str) -> Vec<KeyValue> {
+    items
+        .into_iter()
+        .map(|kv| match kv.key == from {
+            true => KeyValue::new(to, kv.value),
+            false => kv,
+        })
+        .collect()
+}
+
+/// A local write with `change` applied to its meta; other requests as
+/// they are.
+fn with_items(request: Request, change: impl Fn(Vec<KeyValue>) -> Vec<KeyValue>) -> Request {
+    match request {
+        Request::Add {
+            tree,
+            parent,
+            items,
+        } => Request::Add {
+            tree,
+            parent,
+            items: change(items),
+        },
+        Request::Move {
+            tree,
+            parent,
+            node,
+            items,
+        } => Request::Move {
+            tree,
+            parent,
+            node,
+            items: change(items),
+        },
+        Request::AddByPath {
+            tree,
+            attr,
+            path,
+            items,
+        } => Request::AddByPath {
+            tree,
+            attr,
+            path,
+            items: change(items),
+        },
+        other => other,
+    }
+}
+
+/// A move that would make a cycle, at a replica holding the container:
+/// `a` under ROOT, `b` under `a`, then `a` under `b`. The move is
+/// accepted (an op the tree logs, docs/design.md §2) and must leave `a`
+/// under ROOT, which a read of `a` at the same replica shows. (A drop of
+/// the tree meanwhile can refuse the later calls for a missing parent.)
+async fn cycle(workload: &Workload, client: &Client, target: ReplicaId, request: &Request) {
+    let Request::Move { tree, items, .. } = request else {
+        unreachable!("a cycle is shaped from a Move");
+    };
+    let tree = tree.clone();
+    let call = |request: Request| (target, request, CallerRole::Writer);
+    let add = |parent| Request::Add {
+        tree: tree.clone(),
+        parent,
+        items: items.clone(),
+    };
+    let added = |answer: Result<Response, Error>| match answer {
+        Ok(Response::Added { node }) => Some(node),
+        _ => None,
+    };
+    let first = allowed_call(workload, client, call(add(ROOT)), Some(Expect::Accepted)).await;
+    let Some(a) = added(first) else { return };
+    let gone = Expect::AcceptedOr(Refusal::ParentNotLive);
+    let Some(b) = added(allowed_call(workload, client, call(add(a)), Some(gone)).await) else {
+        return;
+    };
+    let back = Request::Move {
+        tree: tree.clone(),
+        parent: b,
+        node: a,
+        items: items.clone(),
+    };
+    match allowed_call(workload, client, call(back), Some(gone)).await {
+        Ok(Response::Done | Response::Error(Error::NotReplicated { .. })) => {}
+        _ => return,
+    }
+    let read = Request::GetMeta {
+        tree: tree.clone(),
+        node: a,
+    };
+    let answer = client.call(target, read, workload.call_timeout).await;
+    let Ok(Response::Nodes(nodes)) = answer else {
+        return;
+    };
+    let mut ledger = workload.ledger.lock().unwrap();
+    match nodes.first() {
+        Some(node) if node.parent == ROOT => workload
+            .world
+            .hooks
+            .coverage
+            .hit(Coverage::CycleMoveSkipped),
+        other => {
+            let wrong = format!(
+                "Move of {a} under its child {b} on replica-{target} left it at {:?}",
+                other.map(|n| n.parent)
+            );
+            workload
+                .trace
+                .record(&client.name, format!("WRONG OUTCOME {wrong}"));
+            ledger.intruder.wrong_outcomes.push(wrong);
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod gateway_mix;
 pub mod intruder;
+pub mod rogue;
 
 use super::check::invariants;
 use super::check::ledger::{self, Ledger, MOVE_TAG_KEY};
@@ -341,10 +342,11 @@ fn acknowledged(
     }
     if ledger.replaced.ack_replicas >= 2 {
         let coverage = &workload.world.hooks.coverage;
-        coverage.add(
-            Coverage::AckedByReplicas,
-            (ledger.acked.len() - first) as u64,
-        );
+        let acked = (ledger.acked.len() - first) as u64;
+        coverage.add(Coverage::AckedByReplicas, acked);
+        if ledger.replaced.ack_replicas >= 3 {
+            coverage.add(Coverage::AckedByThree, acked);
+        }
     }
 }
 
