@@ -991,7 +991,12 @@ impl Client {
         let call = self.transport.call(replica, request, timeout);
         let result = match self.node.spawn(call).await {
             Ok(result) => result,
-            Err(e) => Err(Error::Network(format!("client task failed: {e}"))),
+            // The call's machine stopped (a caller at a replica's address
+            // shares the replica's). Not `JoinError`'s words: they name
+            // the task by a number madsim counts process-wide, which the
+            // outcome's fingerprint would take in.
+            Err(e) if e.is_panic() => Err(Error::Network("client task panicked".into())),
+            Err(_) => Err(Error::Network("client task cancelled".into())),
         };
         let outcome = postcard::to_allocvec(&result).expect("an outcome always encodes");
         self.trace.fingerprint(
