@@ -5,13 +5,24 @@
 //! generator `G` and the signer's key `Q`, with `u1 = z/s`, `u2 = r/s`.
 //! A general double-and-add costs ~256 doublings and additions per
 //! scalar. With a table of `j·256^i·P` for every byte position `i` and
-//! byte value `j`, a scalar times `P` is one addition per non-zero byte of
-//! the scalar: 64 additions for both products, no doubling. A table costs
-//! 32 × 255 affine points (about half a megabyte) and a few hundred
-//! milliseconds to build, so only the generator's (built once) and those
+//! digit `j`, a scalar times `P` is one addition per non-zero digit of the
+//! scalar in base 256: about 64 additions for both products, no doubling.
+//! Digits are signed (`-128..=127`, the negation of a point costs nothing
+//! in affine form), so a table holds 33 × 128 affine points (about 270
+//! KB) and takes a few hundred milliseconds to build, so only the generator's (built once) and those
 //! of keys the configuration names (`access:`, `node.peers[].public_key`,
 //! at most `grpc.key_tables_max`) are built; every other key is verified
 //! by `p256`'s own routine.
+//!
+//! The sum is kept in Jacobian coordinates (`x = X/Z²`, `y = Y/Z³`) and
+//! grown by the mixed addition of an affine table point (8 multiplications
+//! and 3 squarings); the check `x mod n = r` is made as `X = r·Z²`, so no
+//! field inversion is needed, and `1/s` is taken in variable time by a
+//! GCD. That
+//! addition is incomplete: it cannot add a point to itself or to its
+//! negation. When one of those cases comes up (inputs chosen to reach it,
+//! or a chance of about 2^-200 otherwise) the answer comes from `p256`'s
+//! complete routine instead, so every input gets `p256`'s answer.
 //!
 //! The table lookups depend on the scalars, so this runs in variable time:
 //! fine for verification, whose inputs are all public. [`VariableTimeSigner`]
@@ -19,24 +30,41 @@
 //! it exists for load generators with throwaway keys, never for a key that
 //! matters.
 
-use p256::ecdsa::{Signature, SigningKey};
+use p256::ecdsa::signature::hazmat::PrehashVerifier;
+use p256::ecdsa::{Signature, SigningKey, VerifyingKey};
+use p256::elliptic_curve::bigint::{CheckedAdd, Encoding};
 use p256::elliptic_curve::group::Curve;
 use p256::elliptic_curve::ops::Reduce;
 use p256::elliptic_curve::point::AffineCoordinates;
+use p256::elliptic_curve::sec1::ToEncodedPoint;
 use p256::elliptic_curve::FieldBytesEncoding;
 use p256::elliptic_curve::PrimeField;
-use p256::{AffinePoint, FieldBytes, NistP256, ProjectivePoint, Scalar, U256};
+use p256::{
+    AffinePoint, FieldBytes, FieldElement, NistP256, NonZeroScalar, ProjectivePoint, Scalar, U256,
+};
 use std::sync::LazyLock;
 
-/// Byte positions of a scalar.
-const WINDOWS: usize = 32;
-/// Non-zero values of one byte.
-const DIGITS: usize = 255;
+/// Digit positions of a scalar in base 256 with signed digits: its 32
+/// bytes and a carry out of the last.
+const WINDOWS: usize = 33;
+/// Absolute values of a non-zero signed digit, `-128..=127`.
+const DIGITS: usize = 128;
 
-/// `j·256^i·P` for `i < 32`, `1 <= j <= 255`, at `i·255 + j - 1`.
-pub struct CombTable(Vec<AffinePoint>);
+/// The coordinates of an affine point other than the identity.
+#[derive(Clone, Copy)]
+struct Affine {
+    x: FieldElement,
+    y: FieldElement,
+}
+
+/// `j·256^i·P` for `i <= 32`, `1 <= j <= 128`, at `i·128 + j - 1`, and `P`.
+pub struct CombTable {
+    points: Vec<Affine>,
+    base: AffinePoint,
+}
 
 impl CombTable {
+    /// The table of `point`, which must not be the identity.
     pub fn new(point: ProjectivePoint) -> Self {
         let mut points = Vec::with_capacity(WINDOWS * DIGITS);
         let mut base = point;
@@ -46,24 +74,132 @@ impl CombTable {
                 points.push(multiple);
                 multiple += base;
             }
-            // 256·base: the next byte position's base.
-            base = multiple;
+            // 256·base, the next position's base: 129·base + 127·base.
+            base = multiple + points[points.len() - 2];
         }
         let mut affine = vec![AffinePoint::IDENTITY; points.len()];
         ProjectivePoint::batch_normalize(&points, &mut affine);
-        Self(affine)
-    }
-
-    /// Adds `scalar·P` to `sum`.
-    fn add_multiple(&self, sum: &mut ProjectivePoint, scalar: &Scalar) {
-        let bytes = scalar.to_repr();
-        for (i, &digit) in bytes.iter().rev().enumerate() {
-            if digit != 0 {
-                *sum += self.0[i * DIGITS + usize::from(digit) - 1];
-            }
+        let points = affine.iter().map(coordinates).collect();
+        Self {
+            points,
+            base: point.to_affine(),
         }
     }
+
+    /// Adds `scalar·P` to `sum`; `Err` when an addition is one the
+    /// incomplete formula does not cover.
+    ///
+    /// The scalar is written with digits `d_i` in `-128..=127`,
+    /// `scalar = Σ d_i·256^i`: a byte of 128 or more becomes that minus
+    /// 256 and carries one into the next byte. A negative digit adds the
+    /// negation of the table's point, whose `y` is negated.
+    fn add_multiple(&self, sum: &mut Jacobian, scalar: &Scalar) -> Result<(), Exceptional> {
+        let bytes = scalar.to_repr();
+        let mut digits = [0i16; WINDOWS];
+        let mut carry = 0i16;
+        for (digit, &byte) in digits.iter_mut().zip(bytes.iter().rev()) {
+            let value = i16::from(byte) + carry;
+            carry = i16::from(value >= 128);
+            *digit = value - 256 * carry;
+        }
+        digits[WINDOWS - 1] = carry;
+        for (i, digit) in digits.into_iter().enumerate() {
+            if digit != 0 {
+                let entry = &self.points[i * DIGITS + usize::from(digit.unsigned_abs()) - 1];
+                match digit > 0 {
+                    true => sum.add(entry)?,
+                    false => sum.add(&Affine {
+                        x: entry.x,
+                        y: -entry.y,
+                    })?,
+                }
+            }
+        }
+        Ok(())
+    }
 }
+
+/// The affine coordinates of `point` (no identity in a table: every entry
+/// is a non-zero multiple, below the group order, of a point of prime
+/// order).
+fn coordinates(point: &AffinePoint) -> Affine {
+    let encoded = point.to_encoded_point(false);
+    let field = |bytes: Option<&FieldBytes>| {
+        let bytes = bytes.expect("a table point is not the identity");
+        Option::<FieldElement>::from(FieldElement::from_bytes(bytes))
+            .expect("a point's coordinate is below the field's modulus")
+    };
+    Affine {
+        x: field(encoded.x()),
+        y: field(encoded.y()),
+    }
+}
+
+/// An addition of a point to itself or to its negation.
+#[derive(Debug)]
+struct Exceptional;
+
+/// A sum of table points in Jacobian coordinates; `None`: the identity
+/// (nothing added yet).
+#[derive(Default)]
+struct Jacobian(Option<(FieldElement, FieldElement, FieldElement)>);
+
+impl Jacobian {
+    /// Adds the affine point `q` (mixed addition with `Z2 = 1`).
+    fn add(&mut self, q: &Affine) -> Result<(), Exceptional> {
+        let Some((x1, y1, z1)) = self.0 else {
+            self.0 = Some((q.x, q.y, FieldElement::ONE));
+            return Ok(());
+        };
+        let z1z1 = z1.square();
+        let u2 = q.x * z1z1;
+        let s2 = q.y * z1 * z1z1;
+        let h = u2 - x1;
+        let r = s2 - y1;
+        if bool::from(h.is_zero()) {
+            // Same x: q is the sum itself (a doubling) or its negation.
+            return Err(Exceptional);
+        }
+        let hh = h.square();
+        let hhh = h * hh;
+        let v = x1 * hh;
+        let x3 = r.square() - hhh - v.double();
+        let y3 = r * (v - x3) - y1 * hhh;
+        let z3 = z1 * h;
+        self.0 = Some((x3, y3, z3));
+        Ok(())
+    }
+
+    /// Whether the sum's x coordinate, reduced mod the group order, is
+    /// `r` (not zero). The identity has no x and matches nothing.
+    fn x_reduces_to(&self, r: &Scalar) -> bool {
+        let Some((x, _, z)) = self.0 else {
+            return false;
+        };
+        let zz = z.square();
+        // x < p and p < 2n, so x mod n = r means x = r or x = r + n.
+        let r_uint = U256::from_be_slice(&r.to_repr());
+        let candidates = [
+            Some(r_uint),
+            Option::from(r_uint.checked_add(&NistP256_ORDER)),
+        ];
+        candidates.into_iter().flatten().any(|candidate| {
+            Option::<FieldElement>::from(FieldElement::from_uint(candidate))
+                .is_some_and(|candidate| candidate * zz == x)
+        })
+    }
+
+    /// The affine x coordinate (`None`: the identity).
+    fn affine_x(&self) -> Option<FieldBytes> {
+        let (x, _, z) = self.0?;
+        let z_inv = Option::<FieldElement>::from(z.invert())?;
+        Some((x * z_inv.square()).to_bytes())
+    }
+}
+
+/// The group order as an integer.
+#[allow(non_upper_case_globals)]
+const NistP256_ORDER: U256 = <NistP256 as p256::elliptic_curve::Curve>::ORDER;
 
 /// The generator's table, built at its first use.
 static GENERATOR: LazyLock<CombTable> =
@@ -85,19 +221,47 @@ fn digest_scalar(digest: &[u8; 64]) -> Scalar {
 /// Checks `signature` over `digest` (SHA-512) for the key whose table is
 /// `key`; the same answer as `p256`'s verification.
 pub fn verify(key: &CombTable, digest: &[u8; 64], signature: &Signature) -> bool {
+    fast_verify(key, digest, signature)
+        .unwrap_or_else(|Exceptional| complete_verify(key, digest, signature))
+}
+
+/// [`verify`] with the comb tables and the incomplete addition; `Err` when
+/// an addition is one it does not cover.
+fn fast_verify(
+    key: &CombTable,
+    digest: &[u8; 64],
+    signature: &Signature,
+) -> Result<bool, Exceptional> {
     let (r, s) = signature.split_scalars();
-    // `s` is not zero (a signature of zeros does not parse).
-    let Some(s_inv) = Option::<Scalar>::from(s.invert()) else {
-        return false;
-    };
+    let s_inv = invert_public(&s);
     let u1 = digest_scalar(digest) * s_inv;
     let u2 = *r * s_inv;
-    let mut sum = ProjectivePoint::IDENTITY;
-    GENERATOR.add_multiple(&mut sum, &u1);
-    key.add_multiple(&mut sum, &u2);
-    let x = sum.to_affine().x();
-    // The identity has x = 0, which no non-zero r equals.
-    <Scalar as Reduce<U256>>::reduce_bytes(&x) == *r
+    let mut sum = Jacobian::default();
+    GENERATOR.add_multiple(&mut sum, &u1)?;
+    key.add_multiple(&mut sum, &u2)?;
+    Ok(sum.x_reduces_to(&r))
+}
+
+/// `1/s` mod the group order, in variable time (`s` is public): Lehmer's
+/// extended GCD of `ruint`, several times faster than `p256`'s
+/// variable-time inversion and tens of times faster than its constant-time
+/// one.
+fn invert_public(s: &NonZeroScalar) -> Scalar {
+    type Uint = ruint::aliases::U256;
+    let value = Uint::from_be_bytes::<32>(s.to_repr().into());
+    let order = Uint::from_be_bytes::<32>(NistP256_ORDER.to_be_bytes());
+    let inverse = value
+        .inv_mod(order)
+        .expect("a non-zero scalar is invertible mod the prime group order");
+    let inverse = Scalar::from_repr(inverse.to_be_bytes::<32>().into());
+    Option::<Scalar>::from(inverse).expect("an inverse mod the order is below it")
+}
+
+/// `p256`'s own verification of the table's key.
+fn complete_verify(key: &CombTable, digest: &[u8; 64], signature: &Signature) -> bool {
+    VerifyingKey::from_affine(key.base)
+        .and_then(|key| key.verify_prehash(digest, signature))
+        .is_ok()
 }
 
 /// An ECDSA signer whose nonce point comes from the generator's comb
@@ -119,7 +283,7 @@ impl VariableTimeSigner {
     pub fn sign(&self, digest: &[u8; 64]) -> Signature {
         let secret = self.key.as_nonzero_scalar();
         let z = digest_bits(digest);
-        let order = <NistP256 as p256::elliptic_curve::Curve>::ORDER.encode_field_bytes();
+        let order = NistP256_ORDER.encode_field_bytes();
         let mut extra = 0u64;
         loop {
             // A retry (a nonce, r or s of zero: about never) mixes a
@@ -131,16 +295,160 @@ impl VariableTimeSigner {
             let Some(k) = Option::<Scalar>::from(Scalar::from_repr(k_bytes)) else {
                 continue;
             };
-            let Some(k_inv) = Option::<Scalar>::from(k.invert()) else {
+            let Some(k) = Option::<NonZeroScalar>::from(NonZeroScalar::new(k)) else {
                 continue;
             };
-            let mut point = ProjectivePoint::IDENTITY;
-            GENERATOR.add_multiple(&mut point, &k);
-            let r = <Scalar as Reduce<U256>>::reduce_bytes(&point.to_affine().x());
+            let k_inv = invert_public(&k);
+            let mut point = Jacobian::default();
+            let x = match GENERATOR.add_multiple(&mut point, &k) {
+                Ok(()) => point.affine_x(),
+                Err(Exceptional) => Some((ProjectivePoint::GENERATOR * *k).to_affine().x()),
+            };
+            let Some(x) = x else {
+                continue;
+            };
+            let r = <Scalar as Reduce<U256>>::reduce_bytes(&x);
             let s = k_inv * (digest_scalar(digest) + r * **secret);
             if let Ok(signature) = Signature::from_scalars(r, s) {
                 return signature;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use p256::elliptic_curve::sec1::FromEncodedPoint;
+    use p256::EncodedPoint;
+
+    /// A digest whose leftmost 256 bits are `scalar`.
+    fn digest_of(scalar: &Scalar) -> [u8; 64] {
+        let mut digest = [0u8; 64];
+        digest[..32].copy_from_slice(&scalar.to_repr());
+        digest
+    }
+
+    fn p256_says(key: &AffinePoint, digest: &[u8; 64], signature: &Signature) -> bool {
+        VerifyingKey::from_affine(*key)
+            .unwrap()
+            .verify_prehash(digest, signature)
+            .is_ok()
+    }
+
+    /// Inputs chosen so that the incomplete addition meets a doubling or
+    /// a point and its negation: the fast path gives up and the answer is
+    /// `p256`'s, valid or not. The key is the generator itself (secret 1),
+    /// so `u1·G + u2·Q` is `(u1 + u2)·G`.
+    #[test]
+    fn additions_the_formula_cannot_make_get_p256s_answer() {
+        let key = CombTable::new(ProjectivePoint::GENERATOR);
+        let z = digest_scalar(&[0x5a; 64]);
+        let cases = [
+            // u1 = u2 = 1: G + G, a doubling; x(2G) is not z, so invalid.
+            (z, z, z, false),
+            // u1 = 1, u2 = -1: the sum is the identity; invalid.
+            (z, -z, z, false),
+        ];
+        let x_2g = <Scalar as Reduce<U256>>::reduce_bytes(
+            &(ProjectivePoint::GENERATOR + ProjectivePoint::GENERATOR)
+                .to_affine()
+                .x(),
+        );
+        // u1 = u2 = 1 over a digest of x(2G): a valid signature whose
+        // check needs a doubling.
+        let cases = cases.into_iter().chain([(x_2g, x_2g, x_2g, true)]);
+        for (digest, r, s, valid) in cases {
+            let digest = digest_of(&digest);
+            let signature = Signature::from_scalars(r, s).unwrap();
+            assert!(fast_verify(&key, &digest, &signature).is_err());
+            assert_eq!(p256_says(&key.base, &digest, &signature), valid);
+            assert_eq!(verify(&key, &digest, &signature), valid);
+        }
+    }
+
+    /// A point whose x coordinate is at least the group order: its
+    /// signature's `r` is `x - n`, and the check must try `r + n`.
+    /// The table's multiples are `p256`'s, for scalars whose signed digits
+    /// carry (bytes of 128 and more, runs of 0xff, the order minus one)
+    /// and for pseudo-random ones.
+    #[test]
+    fn the_table_multiplies_as_p256_does() {
+        let point = ProjectivePoint::GENERATOR * Scalar::from(0x1234_5678u64);
+        let table = CombTable::new(point);
+        let from_bytes =
+            |bytes: [u8; 32]| <Scalar as Reduce<U256>>::reduce_bytes(&FieldBytes::from(bytes));
+        let mut scalars = vec![
+            Scalar::ONE,
+            Scalar::from(127u64),
+            Scalar::from(128u64),
+            Scalar::from(255u64),
+            Scalar::from(256u64),
+            Scalar::from(0x80ff_7f80u64),
+            from_bytes([0x80; 32]),
+            from_bytes([0xff; 32]),
+            from_bytes([0x7f; 32]),
+            -Scalar::ONE,
+            -Scalar::from(128u64),
+        ];
+        let mut x = Scalar::from(3u64);
+        for _ in 0..50 {
+            x = x * x + Scalar::from(7u64);
+            scalars.push(x);
+        }
+        for scalar in scalars {
+            let mut sum = Jacobian::default();
+            table.add_multiple(&mut sum, &scalar).unwrap();
+            let (jx, jy, jz) = sum.0.unwrap();
+            let z_inv = jz.invert().unwrap();
+            let expected = coordinates(&(point * scalar).to_affine());
+            assert!(jx * z_inv.square() == expected.x);
+            assert!(jy * z_inv.square() * z_inv == expected.y);
+        }
+    }
+
+    /// The GCD inversion agrees with `p256`'s.
+    #[test]
+    fn the_public_inversion_inverts() {
+        let mut x = Scalar::from(0x9e37_79b9_7f4a_7c15u64);
+        for _ in 0..200 {
+            let s = NonZeroScalar::new(x).unwrap();
+            let inverse = invert_public(&s);
+            assert_eq!(inverse * x, Scalar::ONE);
+            assert_eq!(inverse, x.invert().unwrap());
+            x = x * x + Scalar::ONE;
+        }
+        let minus_one = NonZeroScalar::new(-Scalar::ONE).unwrap();
+        assert_eq!(invert_public(&minus_one), -Scalar::ONE);
+    }
+
+    #[test]
+    fn an_x_above_the_group_order_is_matched_as_r_plus_n() {
+        // The curve is y² = x³ - 3x + b; b from the generator's coordinates.
+        let g = coordinates(&AffinePoint::GENERATOR);
+        let b = g.y.square() - g.x.square() * g.x + g.x.double() + g.x;
+        let point = (1u64..)
+            .find_map(|t| {
+                let x_uint = NistP256_ORDER.checked_add(&U256::from_u64(t)).unwrap();
+                let x = Option::<FieldElement>::from(FieldElement::from_uint(x_uint))?;
+                let y2 = x.square() * x - x.double() - x + b;
+                let y = Option::<FieldElement>::from(y2.sqrt())?;
+                let encoded =
+                    EncodedPoint::from_affine_coordinates(&x.to_bytes(), &y.to_bytes(), false);
+                Option::<AffinePoint>::from(AffinePoint::from_encoded_point(&encoded))
+            })
+            .unwrap();
+        let key = CombTable::new(point.into());
+        // z = 0 and r = s: u1 = 0, u2 = 1, so the sum is the key itself.
+        let r = <Scalar as Reduce<U256>>::reduce_bytes(&point.x());
+        let signature = Signature::from_scalars(r, r).unwrap();
+        let digest = [0u8; 64];
+        assert!(p256_says(&point, &digest, &signature));
+        assert!(fast_verify(&key, &digest, &signature).unwrap());
+        // The same without the r + n candidate would fail: x is not r.
+        assert_ne!(FieldBytes::from(r.to_repr()), point.x());
+        let other = Signature::from_scalars(r + Scalar::ONE, r).unwrap();
+        assert!(!verify(&key, &digest, &other));
+        assert!(!p256_says(&point, &digest, &other));
     }
 }
