@@ -166,51 +166,18 @@ fn role_on(roles: &[CallerRole], request: &Request) -> CallerRole {
 
 /// An allowed call that changes data, moved to the container's
 /// `MATRIX_TREE` with its tag renamed; reads stay as they are.
-fn within_matrix(request: Request) -> Request {
-    let matrix = |tree: TreeKey| TreeKey::new(tree.cid, MATRIX_TREE);
-    let retag = |items| renamed(items, INTRUDER_TAG_KEY, MATRIX_TAG_KEY);
-    match request {
-        Request::Drop { cid, .. } => Request::Drop {
-            cid,
-            tree: Some(MATRIX_TREE.to_string()),
-        },
-        Request::Add {
-            tree,
-            parent,
-            items,
-        } => Request::Add {
-            tree: matrix(tree),
-            parent,
-            items: retag(items),
-        },
-        Request::Move {
-            tree,
-            parent,
-            node,
-            items,
-        } => Request::Move {
-            tree: matrix(tree),
-            parent,
-            node,
-            items: retag(items),
-        },
-        Request::Remove { tree, node } => Request::Remove {
-            tree: matrix(tree),
-            node,
-        },
-        Request::AddByPath {
-            tree,
-            attr,
-            path,
-            items,
-        } => Request::AddByPath {
-            tree: matrix(tree),
-            attr,
-            path,
-            items: retag(items),
-        },
-        other => other,
+fn within_matrix(mut request: Request) -> Request {
+    match &mut request {
+        Request::Drop { tree, .. } => *tree = Some(MATRIX_TREE.to_string()),
+        Request::Add { tree, .. }
+        | Request::Move { tree, .. }
+        | Request::Remove { tree, .. }
+        | Request::AddByPath { tree, .. } => *tree = TreeKey::new(tree.cid, MATRIX_TREE),
+        _ => return request,
     }
+    with_items(request, |items| {
+        renamed(items, INTRUDER_TAG_KEY, MATRIX_TAG_KEY)
+    })
 }
 
 /// A call the intruder's role allows: anything but a refusal for rights,
@@ -639,7 +606,9 @@ fn random_request(replicas: &[ReplicaId], n: u64) -> Request {
     }
 }
 
-fn summarize(request: &Request) -> String {
+/// A hostile call in brief for the trace: its kind, and the stamps of an
+/// Apply or the tree of a Drop.
+pub(super) fn summarize(request: &Request) -> String {
     match request {
         Request::Drop { cid, tree } => format!("Drop {cid:?} {tree:?}"),
         Request::Apply { tree, ops } => {

@@ -19,7 +19,7 @@
 //! replica accepted to the others, the impersonated one included (so the
 //! swarm draws it only with sync on).
 
-use super::intruder::{renamed, INTRUDER_TAG_KEY, MATRIX_TAG_KEY};
+use super::intruder::{renamed, summarize, INTRUDER_TAG_KEY, MATRIX_TAG_KEY};
 use super::{version_tree, Workload};
 use crate::coverage::Coverage;
 use crate::scenario::check::outcome::{self, Expect, Judged, Refusal};
@@ -378,18 +378,3 @@ fn is_replication(request: &Request) -> bool {
     )
 }
 
-fn summarize(request: &Request) -> String {
-    match request {
-        Request::Apply { tree, ops } => {
-            let stamps: Vec<u64> = ops.iter().map(Move::ts).collect();
-            format!("Apply {:?}/{} stamps {stamps:?}", tree.cid, tree.tree)
-        }
-        other => {
-            let name = format!("{other:?}");
-            name.split([' ', '{'])
-                .next()
-                .unwrap_or_default()
-                .to_string()
-        }
-    }
-}
