@@ -9,10 +9,11 @@
 //! scalar in base 256: about 64 additions for both products, no doubling.
 //! Digits are signed (`-128..=127`, the negation of a point costs nothing
 //! in affine form), so a table holds 33 × 128 affine points (about 270
-//! KB) and takes a few hundred milliseconds to build, so only the generator's (built once) and those
+//! KB) and takes tens of milliseconds to build, so only the generator's (built once) and those
 //! of keys the configuration names (`access:`, `node.peers[].public_key`,
 //! at most `grpc.key_tables_max`) are built; every other key is verified
-//! by `p256`'s own routine.
+//! by `p256`'s own routine. The generator's table, one per process, has
+//! 12-bit windows: 2.9 MiB, and 22 additions for `u1·G` instead of 33.
 //!
 //! The sum is kept in Jacobian coordinates (`x = X/Z²`, `y = Y/Z³`) and
 //! grown by the mixed addition of an affine table point (8 multiplications
@@ -44,11 +45,12 @@ use p256::{
 };
 use std::sync::LazyLock;
 
-/// Digit positions of a scalar in base 256 with signed digits: its 32
-/// bytes and a carry out of the last.
-const WINDOWS: usize = 33;
-/// Absolute values of a non-zero signed digit, `-128..=127`.
-const DIGITS: usize = 128;
+/// Window width, in bits, of the tables of configured keys: 33 × 128
+/// points, about a quarter MiB each.
+pub const KEY_BITS: u32 = 8;
+/// Window width of the generator's table, of which a process has one: 22 ×
+/// 2048 points, about 2.9 MiB, and a third fewer additions for `u1·G`.
+const GENERATOR_BITS: u32 = 12;
 
 /// The coordinates of an affine point other than the identity.
 #[derive(Clone, Copy)]
@@ -57,24 +59,35 @@ struct Affine {
     y: FieldElement,
 }
 
-/// `j·256^i·P` for `i <= 32`, `1 <= j <= 128`, at `i·128 + j - 1`, and `P`.
-pub struct CombTable {
+/// A configured key's table.
+pub type CombTable = Comb<KEY_BITS>;
+
+/// `j·2^(B·i)·P` for `B = BITS`, every window `i < WINDOWS` and
+/// `1 <= j <= 2^(B-1)`, at `i·DIGITS + j - 1`; and `P`.
+pub struct Comb<const BITS: u32> {
     points: Vec<Affine>,
     base: AffinePoint,
 }
 
-impl CombTable {
+impl<const BITS: u32> Comb<BITS> {
+    /// Digit positions of a scalar in base `2^BITS` with signed digits:
+    /// enough for 256 bits and a carry out of the top.
+    const WINDOWS: usize = 256 / BITS as usize + 1;
+    /// Absolute values of a non-zero signed digit, `-2^(B-1)..2^(B-1)`.
+    const DIGITS: usize = 1 << (BITS - 1);
+
     /// The table of `point`, which must not be the identity.
     pub fn new(point: ProjectivePoint) -> Self {
-        let mut points = Vec::with_capacity(WINDOWS * DIGITS);
+        let mut points = Vec::with_capacity(Self::WINDOWS * Self::DIGITS);
         let mut base = point;
-        for _ in 0..WINDOWS {
+        for _ in 0..Self::WINDOWS {
             let mut multiple = base;
-            for _ in 0..DIGITS {
+            for _ in 0..Self::DIGITS {
                 points.push(multiple);
                 multiple += base;
             }
-            // 256·base, the next position's base: 129·base + 127·base.
+            // The next window's base, 2^BITS·base: (DIGITS + 1)·base plus
+            // (DIGITS - 1)·base.
             base = multiple + points[points.len() - 2];
         }
         let mut affine = vec![AffinePoint::IDENTITY; points.len()];
@@ -89,23 +102,28 @@ impl CombTable {
     /// Adds `scalar·P` to `sum`; `Err` when an addition is one the
     /// incomplete formula does not cover.
     ///
-    /// The scalar is written with digits `d_i` in `-128..=127`,
-    /// `scalar = Σ d_i·256^i`: a byte of 128 or more becomes that minus
-    /// 256 and carries one into the next byte. A negative digit adds the
-    /// negation of the table's point, whose `y` is negated.
+    /// The scalar is written with digits `d_i` in `-2^(B-1)..2^(B-1)`,
+    /// `scalar = Σ d_i·2^(B·i)`: a window of `2^(B-1)` or more becomes that
+    /// minus `2^B` and carries one into the next window. A negative digit
+    /// adds the negation of the table's point, whose `y` is negated.
     fn add_multiple(&self, sum: &mut Jacobian, scalar: &Scalar) -> Result<(), Exceptional> {
-        let bytes = scalar.to_repr();
-        let mut digits = [0i16; WINDOWS];
-        let mut carry = 0i16;
-        for (digit, &byte) in digits.iter_mut().zip(bytes.iter().rev()) {
-            let value = i16::from(byte) + carry;
-            carry = i16::from(value >= 128);
-            *digit = value - 256 * carry;
+        // Little-endian, with zero bytes past the top for the last window.
+        let mut bytes = [0u8; 36];
+        for (to, from) in bytes.iter_mut().zip(scalar.to_repr().iter().rev()) {
+            *to = *from;
         }
-        digits[WINDOWS - 1] = carry;
-        for (i, digit) in digits.into_iter().enumerate() {
+        let mask = (1u32 << BITS) - 1;
+        let half = 1i32 << (BITS - 1);
+        let mut carry = 0i32;
+        for i in 0..Self::WINDOWS {
+            let bit = i * BITS as usize;
+            let word =
+                u32::from_le_bytes([bytes[bit / 8], bytes[bit / 8 + 1], bytes[bit / 8 + 2], 0]);
+            let value = ((word >> (bit % 8)) & mask) as i32 + carry;
+            carry = i32::from(value >= half);
+            let digit = value - (carry << BITS);
             if digit != 0 {
-                let entry = &self.points[i * DIGITS + usize::from(digit.unsigned_abs()) - 1];
+                let entry = &self.points[i * Self::DIGITS + digit.unsigned_abs() as usize - 1];
                 match digit > 0 {
                     true => sum.add(entry)?,
                     false => sum.add(&Affine {
@@ -115,6 +133,7 @@ impl CombTable {
                 }
             }
         }
+        assert_eq!(carry, 0, "the top window of a 256-bit scalar carries out");
         Ok(())
     }
 }
@@ -202,8 +221,8 @@ impl Jacobian {
 const NistP256_ORDER: U256 = <NistP256 as p256::elliptic_curve::Curve>::ORDER;
 
 /// The generator's table, built at its first use.
-static GENERATOR: LazyLock<CombTable> =
-    LazyLock::new(|| CombTable::new(ProjectivePoint::GENERATOR));
+static GENERATOR: LazyLock<Comb<GENERATOR_BITS>> =
+    LazyLock::new(|| Comb::new(ProjectivePoint::GENERATOR));
 
 /// The digest's leftmost 256 bits, as ECDSA takes a digest longer than
 /// the group order.
@@ -375,13 +394,21 @@ mod tests {
     #[test]
     fn the_table_multiplies_as_p256_does() {
         let point = ProjectivePoint::GENERATOR * Scalar::from(0x1234_5678u64);
-        let table = CombTable::new(point);
+        check_multiples(&CombTable::new(point), point);
+        check_multiples(&Comb::<GENERATOR_BITS>::new(point), point);
+        check_multiples(&Comb::<5>::new(point), point);
+    }
+
+    fn check_multiples<const BITS: u32>(table: &Comb<BITS>, point: ProjectivePoint) {
         let from_bytes =
             |bytes: [u8; 32]| <Scalar as Reduce<U256>>::reduce_bytes(&FieldBytes::from(bytes));
         let mut scalars = vec![
             Scalar::ONE,
             Scalar::from(127u64),
             Scalar::from(128u64),
+            Scalar::from(2047u64),
+            Scalar::from(2048u64),
+            Scalar::from(0x800u64 << 12),
             Scalar::from(255u64),
             Scalar::from(256u64),
             Scalar::from(0x80ff_7f80u64),

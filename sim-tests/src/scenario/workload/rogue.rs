@@ -377,4 +377,3 @@ fn is_replication(request: &Request) -> bool {
         Request::Apply { .. } | Request::GetOpLog { .. } | Request::GetOpLogStamps { .. }
     )
 }
-
