@@ -4,26 +4,26 @@
 //! Verifying `(r, s)` over a digest `z` computes `u1·G + u2·Q` for the
 //! generator `G` and the signer's key `Q`, with `u1 = z/s`, `u2 = r/s`.
 //! A general double-and-add costs ~256 doublings and additions per
-//! scalar. With a table of `j·256^i·P` for every byte position `i` and
-//! digit `j`, a scalar times `P` is one addition per non-zero digit of the
-//! scalar in base 256: about 64 additions for both products, no doubling.
-//! Digits are signed (`-128..=127`, the negation of a point costs nothing
-//! in affine form), so a table holds 33 × 128 affine points (about 270
-//! KB) and takes tens of milliseconds to build, so only the generator's (built once) and those
-//! of keys the configuration names (`access:`, `node.peers[].public_key`,
-//! at most `grpc.key_tables_max`) are built; every other key is verified
-//! by `p256`'s own routine. The generator's table, one per process, has
-//! 12-bit windows: 2.9 MiB, and 22 additions for `u1·G` instead of 33.
+//! scalar. With a table of `j·2^(B·i)·P` for every window `i` of `B`
+//! bits and digit `j`, a scalar times `P` is one addition per non-zero
+//! digit of the scalar, and no doubling. Digits are signed (`-2^(B-1)`
+//! up to `2^(B-1) - 1`; the negation of an affine point costs nothing), so
+//! a table holds half the multiples. A configured key's table has 8-bit
+//! windows: 33 × 128 affine points, about a quarter MiB, 33 additions.
+//! The generator's, one per process, has 12-bit windows: 2.9 MiB, 22
+//! additions. Tables cost time to build, so only the generator's (built
+//! once) and those of keys the configuration names (`access:`,
+//! `node.peers[].public_key`, at most `grpc.key_tables_max`) are built;
+//! every other key is verified by `p256`'s own routine.
 //!
 //! The sum is kept in Jacobian coordinates (`x = X/Z²`, `y = Y/Z³`) and
 //! grown by the mixed addition of an affine table point (8 multiplications
 //! and 3 squarings); the check `x mod n = r` is made as `X = r·Z²`, so no
 //! field inversion is needed, and `1/s` is taken in variable time by a
-//! GCD. That
-//! addition is incomplete: it cannot add a point to itself or to its
-//! negation. When one of those cases comes up (inputs chosen to reach it,
-//! or a chance of about 2^-200 otherwise) the answer comes from `p256`'s
-//! complete routine instead, so every input gets `p256`'s answer.
+//! GCD. That addition is incomplete: it cannot add a point to itself or
+//! to its negation. When one of those cases comes up (inputs chosen to
+//! reach it, or a chance of about 2^-200 otherwise) the answer comes from
+//! `p256`'s complete routine instead, so every input gets `p256`'s answer.
 //!
 //! The table lookups depend on the scalars, so this runs in variable time:
 //! fine for verification, whose inputs are all public. [`VariableTimeSigner`]
@@ -45,11 +45,9 @@ use p256::{
 };
 use std::sync::LazyLock;
 
-/// Window width, in bits, of the tables of configured keys: 33 × 128
-/// points, about a quarter MiB each.
+/// Window width, in bits, of the tables of configured keys.
 pub const KEY_BITS: u32 = 8;
-/// Window width of the generator's table, of which a process has one: 22 ×
-/// 2048 points, about 2.9 MiB, and a third fewer additions for `u1·G`.
+/// Window width of the generator's table, of which a process has one.
 const GENERATOR_BITS: u32 = 12;
 
 /// The coordinates of an affine point other than the identity.
@@ -198,10 +196,7 @@ impl Jacobian {
         let zz = z.square();
         // x < p and p < 2n, so x mod n = r means x = r or x = r + n.
         let r_uint = U256::from_be_slice(&r.to_repr());
-        let candidates = [
-            Some(r_uint),
-            Option::from(r_uint.checked_add(&NistP256_ORDER)),
-        ];
+        let candidates = [Some(r_uint), Option::from(r_uint.checked_add(&ORDER))];
         candidates.into_iter().flatten().any(|candidate| {
             Option::<FieldElement>::from(FieldElement::from_uint(candidate))
                 .is_some_and(|candidate| candidate * zz == x)
@@ -217,8 +212,7 @@ impl Jacobian {
 }
 
 /// The group order as an integer.
-#[allow(non_upper_case_globals)]
-const NistP256_ORDER: U256 = <NistP256 as p256::elliptic_curve::Curve>::ORDER;
+const ORDER: U256 = <NistP256 as p256::elliptic_curve::Curve>::ORDER;
 
 /// The generator's table, built at its first use.
 static GENERATOR: LazyLock<Comb<GENERATOR_BITS>> =
@@ -268,7 +262,7 @@ fn fast_verify(
 fn invert_public(s: &NonZeroScalar) -> Scalar {
     type Uint = ruint::aliases::U256;
     let value = Uint::from_be_bytes::<32>(s.to_repr().into());
-    let order = Uint::from_be_bytes::<32>(NistP256_ORDER.to_be_bytes());
+    let order = Uint::from_be_bytes::<32>(ORDER.to_be_bytes());
     let inverse = value
         .inv_mod(order)
         .expect("a non-zero scalar is invertible mod the prime group order");
@@ -302,7 +296,7 @@ impl VariableTimeSigner {
     pub fn sign(&self, digest: &[u8; 64]) -> Signature {
         let secret = self.key.as_nonzero_scalar();
         let z = digest_bits(digest);
-        let order = NistP256_ORDER.encode_field_bytes();
+        let order = ORDER.encode_field_bytes();
         let mut extra = 0u64;
         loop {
             // A retry (a nonce, r or s of zero: about never) mixes a
@@ -311,10 +305,7 @@ impl VariableTimeSigner {
             let ad: &[u8] = if extra == 0 { &[] } else { &extra_bytes };
             extra += 1;
             let k_bytes = rfc6979::generate_k::<sha2::Sha256, _>(&secret.to_repr(), &order, &z, ad);
-            let Some(k) = Option::<Scalar>::from(Scalar::from_repr(k_bytes)) else {
-                continue;
-            };
-            let Some(k) = Option::<NonZeroScalar>::from(NonZeroScalar::new(k)) else {
+            let Some(k) = Option::<NonZeroScalar>::from(NonZeroScalar::from_repr(k_bytes)) else {
                 continue;
             };
             let k_inv = invert_public(&k);
@@ -456,7 +447,7 @@ mod tests {
         let b = g.y.square() - g.x.square() * g.x + g.x.double() + g.x;
         let point = (1u64..)
             .find_map(|t| {
-                let x_uint = NistP256_ORDER.checked_add(&U256::from_u64(t)).unwrap();
+                let x_uint = ORDER.checked_add(&U256::from_u64(t)).unwrap();
                 let x = Option::<FieldElement>::from(FieldElement::from_uint(x_uint))?;
                 let y2 = x.square() * x - x.double() - x + b;
                 let y = Option::<FieldElement>::from(y2.sqrt())?;
