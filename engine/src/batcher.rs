@@ -29,7 +29,7 @@
 
 use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
-use crate::forest::{CommitSummary, Committed, Forest, WriteOp, WriteOutcome, WriteRequest};
+use crate::forest::{CommitSummary, Committed, Forest, WriteOutcome, WriteRequest};
 use crate::probe::{self, Probe};
 use crate::runtime::{blocking, Env};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -148,7 +148,7 @@ struct Job {
     /// When the job was queued, on the node's clock: the batch's delay
     /// window starts at its oldest job.
     queued_at: Duration,
-    /// Every request is a replicated op (`WriteOp::Apply`).
+    /// Every request is a replicated op (`WriteOp::Apply`, `Pulled`).
     replicated: bool,
 }
 
@@ -304,9 +304,7 @@ impl Batcher {
             sender,
             _pending: pending,
         };
-        let replicated = requests
-            .iter()
-            .all(|r| matches!(r.op, WriteOp::Apply { .. }));
+        let replicated = requests.iter().all(|r| r.op.replicated().is_some());
         let job = Job {
             requests,
             reply,

@@ -46,7 +46,7 @@ pub enum Error {
     /// container or its trees was looked at.
     #[error("permission denied: {caller} may not {operation}")]
     PermissionDenied { operation: String, caller: String },
-    /// A replicated op whose counter is more than `limits.counter_jump_max`
+    /// A pushed op whose counter is more than `limits.counter_jump_max`
     /// ahead of the tree's: refused until the tree has caught up.
     #[error("counter {counter} is more than {limit} ahead of the tree's counter {known}")]
     CounterTooFar {

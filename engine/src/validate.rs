@@ -124,7 +124,7 @@ pub fn write(tree: &TreeKey, op: &WriteOp, limits: InputLimits) -> Result<()> {
             items(meta, limits)
         }
         WriteOp::Remove { node } => movable(*node),
-        WriteOp::Apply { op } => replicated(op, limits),
+        WriteOp::Apply { op } | WriteOp::Pulled { op } => replicated(op, limits),
     }
 }
 

@@ -498,6 +498,73 @@ fn local_timestamps_follow_the_largest_counter_seen() {
     );
 }
 
+/// A tree dropped and written again starts above its dropped
+/// incarnation's counter, so a replica that never held the old ops meets
+/// a jump with nothing below it to arrive. Such an op pushed (`Apply`) is
+/// held to `counter_jump_max`; pulled from the writer's log (`Pulled`) it
+/// is taken, and the pushes after it are within reach again.
+#[test]
+fn a_log_above_a_drop_is_pulled_at_any_counter() {
+    let options = |replica_id| ForestOptions {
+        replica_id,
+        counter_jump_max: 4,
+        ..ForestOptions::default()
+    };
+    let writer = Forest::in_memory(options(1)).unwrap();
+    let local = |f: &Forest, x: &str| match write_one(
+        f,
+        WriteOp::Move {
+            parent: ROOT,
+            child: None,
+            items: name(x),
+        },
+    ) {
+        Ok(WriteOutcome::Moved { ts, .. }) => ts,
+        other => panic!("local write: {other:?}"),
+    };
+    for i in 0..10 {
+        local(&writer, &format!("old-{i}"));
+    }
+    writer.tree_drop(&tree().cid, Some(&tree().tree)).unwrap();
+    let first = local(&writer, "new-0");
+    assert_eq!(timestamp_counter(first), 11, "starts above the drop");
+    let log: Vec<Move> = writer
+        .get_op_log(&tree(), 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|entry| entry.op)
+        .collect();
+    assert_eq!(log.len(), 1);
+
+    let reader = Forest::in_memory(options(2)).unwrap();
+    let pushed = apply(&reader, &log);
+    assert!(
+        matches!(
+            pushed[0],
+            Err(Error::CounterTooFar {
+                counter: 11,
+                known: 0,
+                limit: 4
+            })
+        ),
+        "{pushed:?}"
+    );
+    let pulled = write_one(&reader, WriteOp::Pulled { op: log[0].clone() });
+    assert_eq!(pulled.unwrap(), WriteOutcome::Applied { fresh: true });
+    let next = local(&writer, "new-1");
+    let next_op = op(next, ROOT, next, name("new-1"));
+    assert_eq!(
+        apply(&reader, &[next_op]),
+        vec![Ok(WriteOutcome::Applied { fresh: true })]
+    );
+    // Far past everything, a push is still refused.
+    let far = ts(100, 1);
+    assert!(matches!(
+        apply(&reader, &[op(far, ROOT, far, name("far"))])[0],
+        Err(Error::CounterTooFar { .. })
+    ));
+}
+
 /// Recognises the expected error of one bad request.
 type ErrorCheck = fn(&Error) -> bool;
 

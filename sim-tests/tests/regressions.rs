@@ -98,6 +98,33 @@ fn standard_seed_100738_stale_answer_after_a_restart() {
     assert!(report.passed(), "seed 100738 failed");
 }
 
+/// Seed 194 of the standard scenario, once the swarm drew
+/// `limits.counter_jump_max` small (here 1 or 2), diverged: after the
+/// final sync round replica-2 lacked five ops of a system tree. The tree
+/// had been dropped and written again; its new incarnation's counters
+/// start above what the dropped one reached on the replica that wrote
+/// it, the ops below went with the drop, and replica-2 refused every
+/// op of the new log, pushed or pulled, as `CounterTooFar`, waiting for
+/// ops between that no replica held any more. Seeds 201, 217, 235, 257
+/// and 274 failed the same way. Ops a replica pulls from a peer's log
+/// (`WriteOp::Pulled`) are now taken at any counter; pushes and `Apply`
+/// calls keep the bound.
+#[test]
+fn standard_seed_194_a_log_above_a_drop_is_pulled() {
+    let report = run_seed_announced(194, &Options::standard());
+    println!("{report}");
+    assert!(report.passed(), "seed 194 failed");
+    let jump = report.swarm.knobs.counter_jump_max;
+    assert!(
+        jump.is_some_and(|j| j <= 16),
+        "the seed draws a tight jump: {jump:?}"
+    );
+    let refused = report
+        .coverage
+        .get(arbor_sim::coverage::Coverage::CounterTooFar);
+    assert!(refused > 0, "honest pushes met the bound");
+}
+
 /// Storage-errors seed 200385 reported a broken tree invariant that was a
 /// storage error: the full check folded an error reading the log (redb's
 /// "Previous I/O error occurred" on a database an injected write error had

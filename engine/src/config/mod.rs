@@ -323,11 +323,11 @@ pub struct Limits {
     /// Bytes of frames being received, over all inbound connections; a
     /// frame waits for room (then gets `Overloaded`), never allocates past it.
     pub partial_frames_bytes_max: usize,
-    /// How far the counter of a replicated op may be ahead of the largest
+    /// How far the counter of a pushed op may be ahead of the largest
     /// counter its tree holds here (or of the ops before it in the same
     /// batch): ops beyond are refused with `CounterTooFar` until the tree
-    /// has caught up, so that no peer can push a tree's counter to its
-    /// end (docs/design.md §9).
+    /// has caught up, so that no pusher can drive a tree's counter to its
+    /// end. Ops this replica pulls are not bounded (docs/design.md §9).
     pub counter_jump_max: u64,
 }
 

@@ -68,10 +68,12 @@ impl CommitSummary {
         let mut applied = std::collections::BTreeSet::new();
         for (request, result) in requests.iter().zip(results) {
             match (&request.op, result) {
-                (WriteOp::Apply { .. }, Ok(WriteOutcome::Applied { fresh: true })) => {
-                    applied.insert(&request.tree);
+                (WriteOp::Apply { .. } | WriteOp::Pulled { .. }, outcome) => {
+                    if matches!(outcome, Ok(WriteOutcome::Applied { fresh: true })) {
+                        applied.insert(&request.tree);
+                    }
                 }
-                (WriteOp::Apply { .. }, _) | (_, Err(_)) => {}
+                (_, Err(_)) => {}
                 (_, Ok(_)) => {
                     local.insert(&request.tree);
                 }
@@ -242,8 +244,9 @@ fn apply_requests(
 ) -> Result<Vec<Result<WriteOutcome>>> {
     let mut applies: BTreeMap<&TreeKey, Vec<write::Incoming<'_>>> = BTreeMap::new();
     for (index, request) in requests.iter().enumerate() {
-        if let (None, WriteOp::Apply { op }) = (&results[index], &request.op) {
-            let incoming = write::Incoming { index, op };
+        if let (None, Some(op)) = (&results[index], request.op.replicated()) {
+            let bounded = matches!(request.op, WriteOp::Apply { .. });
+            let incoming = write::Incoming { index, op, bounded };
             applies.entry(&request.tree).or_default().push(incoming);
         }
     }
@@ -251,7 +254,7 @@ fn apply_requests(
         writer.apply_remote(tree, ops, &mut results)?;
     }
     for (index, request) in requests.iter().enumerate() {
-        let local = !matches!(request.op, WriteOp::Apply { .. });
+        let local = request.op.replicated().is_none();
         if local && results[index].is_none() {
             results[index] = Some(writer.apply_local(&request.tree, &request.op)?);
         }

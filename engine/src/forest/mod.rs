@@ -54,8 +54,8 @@ pub struct ForestOptions {
     pub max_path_len: usize,
     /// Durable commits (`Durability::Immediate`); false = operator's `no_sync`.
     pub durable: bool,
-    /// How far a replicated op's counter may be ahead of its tree's
-    /// (`limits.counter_jump_max`, docs/design.md §9).
+    /// How far a pushed op's counter (`WriteOp::Apply`) may be ahead of
+    /// its tree's (`limits.counter_jump_max`, docs/design.md §9).
     pub counter_jump_max: u64,
     /// redb's page cache of a file-backed forest (`pilorama.cache_bytes`).
     pub cache_bytes: usize,
@@ -110,8 +110,27 @@ pub enum WriteOp {
     /// Local remove: a move under TRASH keeping the node's meta. Removing ROOT
     /// is an error.
     Remove { node: NodeId },
-    /// A replicated op applied at its own timestamp; idempotent.
+    /// A replicated op applied at its own timestamp; idempotent. Its
+    /// counter may be at most `counter_jump_max` ahead of its tree's.
     Apply { op: Move },
+    /// A replicated op this replica took from a peer's log by its own
+    /// sync: as `Apply`, without the counter bound. A peer's log may
+    /// begin above every counter this replica holds (a tree dropped and
+    /// written again starts above its dropped incarnation's counter,
+    /// and the ops below went with the drop), so the ops between that
+    /// the bound waits for may never come (docs/design.md §9).
+    Pulled { op: Move },
+}
+
+impl WriteOp {
+    /// The op of a replicated write (`Apply`, `Pulled`); `None` for a
+    /// local one.
+    pub fn replicated(&self) -> Option<&Move> {
+        match self {
+            WriteOp::Apply { op } | WriteOp::Pulled { op } => Some(op),
+            _ => None,
+        }
+    }
 }
 
 /// A write addressed to one tree.

@@ -123,6 +123,7 @@ impl Setup {
             sync_page_size: pick(bits, 10, &[3, 256]),
             stamp_page_size: None,
             message_bytes: None,
+            counter_jump_max: None,
         };
         let torn_write_probability = pick(bits, 11, &[0.0, 1.0]);
         // Clocks apart by seconds, so local timestamps of different

@@ -119,6 +119,7 @@ pub fn knobs(config: &Config) -> Knobs {
         sync_page_size: config.limits.sync_page_size,
         stamp_page_size: None,
         message_bytes: None,
+        counter_jump_max: None,
     }
 }
 

@@ -72,6 +72,11 @@ pub struct Knobs {
     /// meet their byte budget; `limits.max_meta_bytes` shrinks with it.
     #[serde(default)]
     pub message_bytes: Option<usize>,
+    /// `limits.counter_jump_max` where it is drawn small (else the
+    /// default), so that honest pushes arriving ahead of the ops between
+    /// are refused and must be taken again once those arrived.
+    #[serde(default)]
+    pub counter_jump_max: Option<u64>,
 }
 
 impl Default for Knobs {
@@ -87,6 +92,7 @@ impl Default for Knobs {
             sync_page_size: 256,
             stamp_page_size: None,
             message_bytes: None,
+            counter_jump_max: None,
         }
     }
 }
@@ -107,6 +113,9 @@ impl Knobs {
             config.limits.max_message_bytes = bytes;
             let budget = bytes - arbor::config::MESSAGE_OVERHEAD_BYTES;
             config.limits.max_meta_bytes = config.limits.max_meta_bytes.min(budget);
+        }
+        if let Some(jump) = self.counter_jump_max {
+            config.limits.counter_jump_max = jump;
         }
     }
 }

@@ -191,7 +191,12 @@ impl Writer<'_, '_> {
         let incoming: Vec<Incoming<'_>> = moves
             .iter()
             .enumerate()
-            .map(|(index, op)| Incoming { index, op })
+            // The batch held them to the limits already.
+            .map(|(index, op)| Incoming {
+                index,
+                op,
+                bounded: false,
+            })
             .collect();
         let mut results = vec![None; moves.len()];
         self.apply_remote(&tree.key, &incoming, &mut results)?;

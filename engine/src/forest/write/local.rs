@@ -71,7 +71,9 @@ impl Writer<'_, '_> {
                 self.local_add_by_path(&mut rec, path, items)?
             }
             WriteOp::Remove { node } => self.local_remove(&mut rec, *node)?,
-            WriteOp::Apply { .. } => unreachable!("replicated ops are applied per tree"),
+            WriteOp::Apply { .. } | WriteOp::Pulled { .. } => {
+                unreachable!("replicated ops are applied per tree")
+            }
         };
         self.store_tree(key, rec);
         Ok(outcome)

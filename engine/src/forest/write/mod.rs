@@ -50,6 +50,8 @@ struct TreeState {
 pub(super) struct Incoming<'a> {
     pub index: usize,
     pub op: &'a Move,
+    /// Held to `counter_jump_max` (`WriteOp::Apply`; not a pulled op).
+    pub bounded: bool,
 }
 
 pub(super) struct Writer<'txn, 'c> {

@@ -73,13 +73,17 @@ impl Writer<'_, '_> {
 
     /// The ops whose counter is at most `counter_jump_max` ahead of the
     /// tree's counter as the ops before them (in timestamp order) leave
-    /// it; the others get `CounterTooFar`. Every local op takes the
-    /// largest counter its replica saw plus one, so the counters of all
-    /// ops ever made form one run from 1 without gaps: a receiver that
-    /// takes ops in any order that brings an op's predecessors first (a
-    /// peer's log in its storage order, say) never meets a jump larger
-    /// than the one the sender saw, and an op refused here is accepted
-    /// once the ops between have arrived (docs/design.md §9).
+    /// it, and every pulled op; the others get `CounterTooFar`. A local op
+    /// takes the largest counter its tree holds plus one, so within one
+    /// incarnation of a tree the counters form a run without gaps, and a
+    /// receiver that takes ops in an order that brings an op's
+    /// predecessors first meets no larger jump than the sender did: a
+    /// pushed op refused here is taken once the ops between have arrived.
+    /// A tree written again after a drop starts above its dropped
+    /// incarnation's counter, with nothing below to arrive; pulled ops,
+    /// which this replica asked a peer's log for, are therefore taken at
+    /// any counter and carry the tree's counter up to theirs
+    /// (docs/design.md §9).
     pub(super) fn within_reach<'a>(
         &self,
         known_counter: u64,
@@ -92,7 +96,7 @@ impl Writer<'_, '_> {
         let mut kept = Vec::with_capacity(ops.len());
         for incoming in order {
             let counter = timestamp_counter(incoming.op.ts());
-            if counter > reach.saturating_add(self.counter_jump_max) {
+            if incoming.bounded && counter > reach.saturating_add(self.counter_jump_max) {
                 probe::hit(Probe::CounterTooFar);
                 results[incoming.index] = Some(Err(Error::CounterTooFar {
                     counter,

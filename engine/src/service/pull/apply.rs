@@ -139,7 +139,7 @@ impl Puller {
             .filter(|(_, submit)| **submit)
             .map(|(entry, _)| WriteRequest {
                 tree: tree.clone(),
-                op: WriteOp::Apply { op: entry.op },
+                op: WriteOp::Pulled { op: entry.op },
             })
             .collect();
         let mut results = self.submit_pulled(requests).await?.into_iter();

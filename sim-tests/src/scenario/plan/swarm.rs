@@ -355,6 +355,13 @@ const TIGHT_STAMP_PAGE_FACTOR: usize = 8;
 /// concurrency.
 const TIGHT_PENDING_ONE_IN: u64 = 8;
 const TIGHT_PENDING_WRITES: usize = 2;
+/// One seed in `TIGHT_JUMP_ONE_IN` (of those with sync on) lets a
+/// replicated op's counter run only one of `TIGHT_JUMPS` ahead of its
+/// tree's (`limits.counter_jump_max`): honest pushes that overtake the
+/// ops before them are refused as `CounterTooFar`, and every op must
+/// still arrive once the ops between have.
+const TIGHT_JUMP_ONE_IN: u64 = 6;
+const TIGHT_JUMPS: [u64; 3] = [1, 2, 16];
 /// The sync interval of the replace profile when the seed drew none.
 const REPLACE_SYNC_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -409,6 +416,7 @@ impl Swarm {
             sync_page_size: pick(&mut rng, &[3, 32, 256]),
             stamp_page_size: None,
             message_bytes: None,
+            counter_jump_max: None,
         };
         let skews = (0..replicas)
             .map(|_| ClockSkew {
@@ -517,7 +525,22 @@ impl Swarm {
         // they were.
         let rogue_roll = rng.next_u64();
         swarm.draw_rogue_replica(rogue_roll);
+        // Drawn after everything else, so it left the other draws as
+        // they were.
+        let jump_roll = rng.next_u64();
+        swarm.draw_counter_jump(jump_roll);
         swarm
+    }
+
+    /// A tight `limits.counter_jump_max`, in seeds whose sync is on: an
+    /// op refused for its jump reaches the replica by a later pull, in
+    /// the order of a log that holds the ops between.
+    fn draw_counter_jump(&mut self, roll: u64) {
+        if self.knobs.sync_interval.is_none() || roll % TIGHT_JUMP_ONE_IN != 0 {
+            return;
+        }
+        let pick = (roll / TIGHT_JUMP_ONE_IN) % TIGHT_JUMPS.len() as u64;
+        self.knobs.counter_jump_max = Some(TIGHT_JUMPS[pick as usize]);
     }
 
     /// The intruder's roles: in one seed of `INTRUDER_ROLES_ONE_IN`, one
@@ -736,7 +759,7 @@ impl Swarm {
             "seed {} profile {} ({ops} client ops, {}, {} clients)\n  \
              replicas {}; max_batch_size {}, max_batch_delay {}, replication_channel_capacity {}, \
              workers {}, replication_timeout {}, sync_interval {}, max_pending_writes {}, sync_page_size {}, \
-             stamp page {}, max_message_bytes {}\n  \
+             stamp page {}, max_message_bytes {}, counter_jump_max {}\n  \
              opening partition {}; faults: partition {:.2}, one-way {:.2}, loss {:.2} (rate {}), \
              latency {:.2}, crash {:.2}, disk {:.2} (write errors {}, sync errors {}, torn writes {}), \
              push-blackout {:.2}, disk replaced {:.2}, misconfig {:.2}; gap {}; torn writes at power failure {}\n  \
@@ -758,6 +781,8 @@ impl Swarm {
             k.stamp_page_size
                 .map_or_else(|| "as sync_page_size".to_string(), |n| n.to_string()),
             k.message_bytes
+                .map_or_else(|| "default".to_string(), |n| n.to_string()),
+            k.counter_jump_max
                 .map_or_else(|| "default".to_string(), |n| n.to_string()),
             maybe(self.opening_partition, "none"),
             fm.partition,

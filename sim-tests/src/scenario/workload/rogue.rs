@@ -41,6 +41,9 @@ pub const ROGUE_CALLS: u64 = 40;
 /// Ops per replicated page it sends.
 const OPS_PER_PAGE_MAX: usize = 3;
 
+/// The most a counter it gives out is past the one before.
+const COUNTER_STEP_MAX: u64 = 3;
+
 /// Its counters: every page takes new ones, so no stamp is used twice.
 struct Counters {
     /// The last counter given out.
@@ -51,7 +54,7 @@ impl Counters {
     /// A new counter a few past the last: pages lost on the way leave
     /// gaps, which a tree's counter window allows.
     fn next(&mut self) -> u64 {
-        self.last += thread_rng().gen_range(1..=3);
+        self.last += thread_rng().gen_range(1..=COUNTER_STEP_MAX);
         self.last
     }
 
@@ -61,6 +64,20 @@ impl Counters {
         let far = self.last.saturating_add(jump_max).saturating_add(1);
         far.saturating_add(thread_rng().gen_range(0..16))
             .min(COUNTER_MAX)
+    }
+}
+
+/// What a page of its own ops gets. A replica that missed its earlier
+/// pages (sent elsewhere, or lost) holds a lower counter of `ROGUE_TREE`
+/// than the page's; under a `counter_jump_max` shorter than every counter
+/// the caller can give out, the page may be refused as `CounterTooFar`
+/// until sync has brought the pages between.
+fn own_ops_expect(jump_max: u64) -> Expect {
+    let span = ROGUE_CALLS * COUNTER_STEP_MAX * OPS_PER_PAGE_MAX as u64;
+    if jump_max >= span {
+        Expect::Accepted
+    } else {
+        Expect::AcceptedOr(Refusal::CounterTooFar)
     }
 }
 
@@ -174,7 +191,7 @@ impl Call<'_> {
             // counter is beyond reach: an ordinary page instead.
             Kind::OwnOps | Kind::FarOps => {
                 let ops = self.page(|| make_timestamp(counters.next(), self.me));
-                (self.apply(rogue_tree, ops), Expect::Accepted)
+                (self.apply(rogue_tree, ops), own_ops_expect(jump_max))
             }
             Kind::ForeignOps => {
                 let ops = self.page(|| make_timestamp(counters.next(), foreign));
@@ -293,9 +310,10 @@ impl Call<'_> {
 }
 
 /// The tag of what a request would store: `MATRIX_TAG_KEY` where it is
-/// predicted accepted, `INTRUDER_TAG_KEY` (as built) elsewhere.
+/// predicted stored or possibly stored, `INTRUDER_TAG_KEY` (as built) where
+/// it is predicted refused.
 fn retag(request: Request, expect: Expect) -> Request {
-    if expect != Expect::Accepted {
+    if expect.refused() {
         return request;
     }
     let matrix = |items| renamed(items, INTRUDER_TAG_KEY, MATRIX_TAG_KEY);
