@@ -6,9 +6,9 @@
 //! that fails either check is never used.
 
 use super::{buffered, encode_frame, read_frame, write_frame, Stream};
-use crate::canary::{self, Canary};
 use crate::config::{Config, DEFAULT_CLUSTER_ID};
 use crate::error::{Error, Result};
+use crate::identity::{self, Dialler};
 use crate::net::{Net, Transport};
 use crate::proto::{self, Request, Response};
 use crate::runtime::{with_timeout, BoxFuture, Clock};
@@ -129,7 +129,7 @@ impl Connection {
                     .first()
                     .ok_or_else(|| Error::IdentityRefused(format!("{address} sent no certificate")))
                     .and_then(|cert| CertIdentity::from_certificate(cert))?;
-                check_answerer(address, &dialer.cluster_id, expect, &named)?;
+                check_answerer(address, dialer, expect, &named)?;
                 Box::new(stream)
             }
         };
@@ -167,13 +167,7 @@ impl Connection {
                     cluster_id,
                     replica_id,
                 };
-                check_answerer(address, &dialer.cluster_id, expect, &named)?;
-                if dialer.replica_id == Some(replica_id) {
-                    return Err(Error::IdentityRefused(format!(
-                        "{address} is replica {replica_id}, this node's own id: two nodes share one node.replica_id"
-                    )));
-                }
-                Ok(())
+                check_answerer(address, dialer, expect, &named)
             }
             Response::Error(error) => Err(error),
             other => Err(Error::Malformed(format!(
@@ -206,32 +200,21 @@ impl Connection {
     }
 }
 
-/// The other end must be a replica of `cluster_id`, and `expect` if given.
+/// Refuses the answering end `named` by the one rule of
+/// `identity::check_answerer`, as an `IdentityRefused` naming `address`.
 fn check_answerer(
     address: &str,
-    cluster_id: &str,
+    dialer: &Dialer,
     expect: Option<ReplicaId>,
     named: &CertIdentity,
 ) -> Result<()> {
-    let refuse = |why: String| Err(Error::IdentityRefused(format!("{address}: {why}")));
-    match named {
-        CertIdentity::Replica {
-            cluster_id: theirs, ..
-        } if theirs != cluster_id => refuse(format!(
-            "{named} is of cluster {theirs:?}, not {cluster_id:?}"
-        )),
-        CertIdentity::Replica { replica_id, .. }
-            if expect.is_some_and(|e| e != *replica_id)
-                && !canary::active(Canary::PeerIdentityUnchecked) =>
-        {
-            refuse(format!(
-                "{named} answered where replica {} was dialled",
-                expect.unwrap_or_default()
-            ))
-        }
-        CertIdentity::Replica { .. } => Ok(()),
-        CertIdentity::Client { .. } => refuse(format!("{named} is a client, not a replica")),
-    }
+    let dialler = Dialler {
+        cluster_id: &dialer.cluster_id,
+        own: dialer.replica_id,
+        expect,
+    };
+    identity::check_answerer(&dialler, named)
+        .map_err(|why| Error::IdentityRefused(format!("{address}: {why}")))
 }
 
 /// A pooled connection and when it was last used.

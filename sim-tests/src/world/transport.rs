@@ -5,15 +5,18 @@
 //! Each answer also carries the replica id its server was configured with,
 //! which a TCP connection's `Hello` would have named (docs/design.md §9):
 //! a replica dialling a peer refuses an answer from another replica id or
-//! its own, as `tcp/client.rs` does, and counts it (`identities_refused`).
+//! its own, by the rule `tcp/client.rs` applies too
+//! (`arbor::identity::check_answerer`), and counts it (`identities_refused`).
 //! There is no connection to check once, so every answer is checked. The
 //! simulated clients do not check (the gateway's check is the engine's).
 
 use crate::trace::{RunEvent, Trace};
-use arbor::canary::{self, Canary};
+use arbor::config::DEFAULT_CLUSTER_ID;
+use arbor::identity::{check_answerer, Dialler};
 use arbor::net::Transport;
 use arbor::proto::{self, Request, Response};
 use arbor::runtime::{with_timeout, BoxFuture, Clock};
+use arbor::tls::CertIdentity;
 use arbor::{Caller, Error, ReplicaId};
 use madsim::net::Endpoint;
 use std::collections::BTreeMap;
@@ -242,18 +245,25 @@ impl SimTransport {
     }
 
     /// A replica refuses an answer that names another replica than the
-    /// one it dialled, or itself: what a `Hello` answer is checked for.
+    /// one it dialled, or itself, by the engine's one rule
+    /// (`arbor::identity::check_answerer`); the answer names a replica of
+    /// this world's one cluster. Clients do not check, and an answer that
+    /// names no replica (0) has nothing to check.
     fn check_answerer(local: ReplicaId, peer: ReplicaId, answered: ReplicaId) -> Result<(), Error> {
-        let unchecked = local == 0 || answered == 0;
-        if unchecked || canary::active(Canary::PeerIdentityUnchecked) {
+        if local == 0 || answered == 0 {
             return Ok(());
         }
-        if answered != peer || answered == local {
-            return Err(Error::IdentityRefused(format!(
-                "replica {answered} answered where replica {peer} was dialled by replica {local}"
-            )));
-        }
-        Ok(())
+        let dialler = Dialler {
+            cluster_id: DEFAULT_CLUSTER_ID,
+            own: Some(local),
+            expect: Some(peer),
+        };
+        let named = CertIdentity::Replica {
+            cluster_id: DEFAULT_CLUSTER_ID.to_string(),
+            replica_id: answered,
+        };
+        check_answerer(&dialler, &named)
+            .map_err(|why| Error::IdentityRefused(format!("replica {local} dialled {peer}: {why}")))
     }
 
     async fn exchange(
