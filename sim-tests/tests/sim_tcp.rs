@@ -420,3 +420,25 @@ fn a_write_that_met_a_broken_connection_is_not_sent_again() {
     assert!(report.passed(), "seed 113 replace over tcp: {report}");
     assert!(report.ops_acked > 0, "nothing acknowledged");
 }
+
+/// The full-size standard profile, seed 183, over TCP, reported a lost
+/// write that the run's faults had taken by design: replica 2 left the
+/// second container, a client dropped the container on replica 3, then
+/// replica 1's disk was destroyed, and with it the last copy any replica
+/// of the container held. The checker counted replica 2's copy, which
+/// nobody pulls any more. A copy on a replica that left a container no
+/// longer keeps a write from being at risk (`nemesis::replace`).
+#[test]
+fn a_copy_on_a_replica_that_left_keeps_no_write() {
+    let options = Options {
+        size: Size::STANDARD,
+        network: Network::Tcp,
+        ..Options::standard()
+    };
+    let report = run_seed(183, &options);
+    assert!(report.passed(), "seed 183 over tcp: {report}");
+    let at_risk = report
+        .coverage
+        .get(arbor_sim::coverage::Coverage::WritesAtRisk);
+    assert!(at_risk > 0, "the destruction put writes at risk");
+}

@@ -289,12 +289,16 @@ impl Nemesis {
         let mut ledger = self.workload.ledger.lock().unwrap();
         let drops_answered = ledger.drops.answered.clone();
         let drops_sent = ledger.drops.sent.clone();
+        let members = (world.view().into_iter())
+            .map(|container| (container.cid, container.replicas))
+            .collect();
         ledger.replaced.destroyed.push(Destruction {
             replica: victim,
             disk,
             held,
             drops_answered,
             drops_sent,
+            members,
         });
         drop(ledger);
         let containers = replicated_containers(world, victim);

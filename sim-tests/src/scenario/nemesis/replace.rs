@@ -30,7 +30,7 @@ use crate::scenario::check::ledger::{Acked, DropScope, Drops, Ledger};
 use crate::scenario::check::Contents;
 use arbor::forest::records::LogView;
 use arbor::forest::ReplicaContent;
-use arbor::{timestamp_replica, NodeId, ReplicaId, TreeKey, TRASH};
+use arbor::{timestamp_replica, ContainerId, NodeId, ReplicaId, TreeKey, TRASH};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One destroyed disk and what every replica held at that moment.
@@ -47,6 +47,11 @@ pub struct Destruction {
     pub drops_answered: BTreeMap<(DropScope, ReplicaId), u64>,
     /// `Drops::sent` then: the drops sent before the disk died.
     pub drops_sent: BTreeMap<(DropScope, ReplicaId), u64>,
+    /// The replica sets then (`World::view`): a copy on a replica that
+    /// no longer replicates the container (it left) is pulled by nobody,
+    /// so it keeps nothing for the rebuilt node or the others. Containers
+    /// not listed are on every replica.
+    pub members: BTreeMap<ContainerId, Vec<ReplicaId>>,
 }
 
 impl Destruction {
@@ -65,15 +70,27 @@ impl Destruction {
             .is_some_and(|held| held.holds(acked));
         let kept_elsewhere = presence.iter().any(|(&replica, held)| {
             replica != self.replica
+                && self.serves(replica, acked.tree())
                 && held.holds(acked)
                 && !drops.dropped_since(acked.tree(), replica, &self.drops_answered)
         });
         victim_held && !kept_elsewhere
     }
 
-    /// Whether a replica other than the victim held `acked` then.
+    /// Whether a replica other than the victim that replicated the
+    /// container held `acked` then.
     fn held_elsewhere(&self, presence: &BTreeMap<ReplicaId, Presence<'_>>, acked: &Acked) -> bool {
-        (presence.iter()).any(|(&replica, held)| replica != self.replica && held.holds(acked))
+        (presence.iter()).any(|(&replica, held)| {
+            replica != self.replica && self.serves(replica, acked.tree()) && held.holds(acked)
+        })
+    }
+
+    /// Whether `replica` replicated `tree`'s container then, so that its
+    /// copy could reach the others by sync.
+    fn serves(&self, replica: ReplicaId, tree: &TreeKey) -> bool {
+        self.members
+            .get(&tree.cid)
+            .is_none_or(|members| members.contains(&replica))
     }
 }
 
@@ -163,11 +180,11 @@ impl Replacements {
             }
             let disk = self.sent_to_disk.get(&index).copied().unwrap_or(0);
             let acker = acker_of(acked);
-            let Some(first) = self
-                .destroyed
-                .iter()
-                .position(|d| d.replica == acker && d.disk == disk)
-            else {
+            // From the first destruction the acker's copy no longer
+            // counted at: its disk went, or it had left the container.
+            let Some(first) = self.destroyed.iter().position(|d| {
+                (d.replica == acker && d.disk == disk) || !d.serves(acker, acked.tree())
+            }) else {
                 continue;
             };
             let mut later = self.destroyed.iter().zip(presences).skip(first);
@@ -339,6 +356,7 @@ mod tests {
             held: Contents::new(),
             drops_answered: BTreeMap::new(),
             drops_sent: BTreeMap::new(),
+            members: BTreeMap::new(),
         }
     }
 
@@ -432,6 +450,49 @@ mod tests {
         assert!(answered_before
             .at_risk_among(&ledger, &presences)
             .is_empty());
+    }
+
+    // Regression (standard seed 183 over TCP): replica 2 left the second
+    // container after its writes had been handed to replicas 1 and 3; a
+    // client dropped the container on replica 3; then replica 1's disk was
+    // destroyed. Two acknowledged writes were gone from every replica of
+    // the container, one acked by replica 1 and one by replica 2, and both
+    // were reported lost: replica 2 still held them, so the destruction
+    // did not count as taking their last copy, and replica 2's own disk
+    // lived. A replica that left the container keeps nothing for the
+    // others: nobody pulls from it.
+    #[test]
+    fn a_copy_on_a_replica_that_left_keeps_nothing() {
+        let by_1 = (13 << 16) | 1;
+        let by_2 = (14 << 16) | 2;
+        let ledger = Ledger {
+            acked: vec![created(by_1, 1), created(by_2, 2)],
+            ..Ledger::default()
+        };
+        let held = BTreeMap::from([
+            (1, holding(&[by_1, by_2])),
+            (2, holding(&[by_1, by_2])),
+            (3, holding(&[])),
+        ]);
+        let member = |members: Vec<ReplicaId>| {
+            let mut destroyed = destruction(1);
+            destroyed.members = BTreeMap::from([(tree().cid, members)]);
+            Replacements {
+                destroyed: vec![destroyed],
+                sent_to_disk: BTreeMap::new(),
+                ack_replicas: 1,
+            }
+        };
+        let presences = [held];
+        // Replica 2 still replicates the container: its copies count.
+        let stayed = member(vec![1, 2, 3]);
+        assert!(stayed.at_risk_among(&ledger, &presences).is_empty());
+        // It left: both writes lost their last copy that counted.
+        let left = member(vec![1, 3]);
+        assert_eq!(
+            left.at_risk_among(&ledger, &presences),
+            BTreeSet::from([0, 1])
+        );
     }
 
     /// Only the disk a write was sent to counts: a write to replica 2's
