@@ -6,6 +6,7 @@ use arbor::canary::Canary;
 use arbor_sim::cli::{run_seed_announced, run_sweep};
 use arbor_sim::scenario::plan::swarm::{Profile, Size};
 use arbor_sim::scenario::{canary_test_name, Options, Report};
+use arbor_sim::world::Network;
 use std::sync::Mutex;
 
 /// At least one of seeds 1..=SEEDS_MAX must fail with the canary on.
@@ -13,14 +14,14 @@ const SEEDS_MAX: u64 = 20;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn options(canary: Option<Canary>, profile: Profile) -> Options {
+fn options(canary: Option<Canary>, profile: Profile, network: Network) -> Options {
     Options {
         profile,
         size: Size::TEST,
         faults: true,
         canary,
         echo_trace: false,
-        network: arbor_sim::world::Network::Datagram,
+        network,
     }
 }
 
@@ -45,18 +46,23 @@ fn first_catch(on: &Options) -> Option<Report> {
 }
 
 fn caught(canary: Canary) {
+    caught_over(canary, Network::Datagram);
+}
+
+/// As `caught`, with every node on `network`.
+fn caught_over(canary: Canary, network: Network) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let profile = Profile::for_canary(canary);
     if let Some(seed) = std::env::var("MADSIM_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
     {
-        let report = run_seed_announced(seed, &options(Some(canary), profile));
+        let report = run_seed_announced(seed, &options(Some(canary), profile, network));
         println!("{report}");
         assert!(!report.passed(), "{canary:?} not caught by seed {seed}");
         return;
     }
-    let Some(report) = first_catch(&options(Some(canary), profile)) else {
+    let Some(report) = first_catch(&options(Some(canary), profile, network)) else {
         panic!(
             "{canary:?} was not caught by seeds 1..={SEEDS_MAX} of profile {}",
             profile.name()
@@ -68,7 +74,7 @@ fn caught(canary: Canary) {
         profile.name(),
         report.failure.as_ref().unwrap()
     );
-    let off = run_sweep(1, needed, jobs(), &options(None, profile), |_| {});
+    let off = run_sweep(1, needed, jobs(), &options(None, profile, network), |_| {});
     for report in &off.failures {
         println!("{report}");
     }
@@ -161,6 +167,13 @@ fn drop_forgets_marks() {
 #[test]
 fn peer_identity_unchecked() {
     caught(Canary::PeerIdentityUnchecked);
+}
+
+/// The same rule over the engine's own TCP stack, where the answering
+/// replica is named by its `Hello` instead of the datagram envelope.
+#[test]
+fn peer_identity_unchecked_over_tcp() {
+    caught_over(Canary::PeerIdentityUnchecked, Network::Tcp);
 }
 
 #[test]
