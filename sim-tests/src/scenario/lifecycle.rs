@@ -121,7 +121,7 @@ async fn check(world: &World, ledger: &Ledger) -> Result {
     }
     convergence::push_converges(world, ledger, &checkers).await?;
     check::answers::count_situations(world)?;
-    liveness::nobody_waits(world)
+    liveness::nobody_waits(world).await
 }
 
 /// Ends the world: the supervisor's pending tasks are aborted and every
