@@ -5,7 +5,7 @@
 
 use crate::failure::{Failure, FailureKind};
 use crate::world::clock::global_now;
-use crate::world::World;
+use crate::world::{SimNode, World};
 use arbor::ReplicaId;
 use std::time::Duration;
 
@@ -32,6 +32,18 @@ async fn until_none<T>(
         }
         madsim::time::sleep(IDLE_POLL).await;
     }
+}
+
+/// The nodes whose `count` is non-zero, each named by `label`, with it
+/// (`None`: nothing to count there).
+fn nonzero<T>(
+    world: &World,
+    label: impl Fn(&SimNode) -> T,
+    count: impl Fn(&SimNode) -> Option<u64>,
+) -> Vec<(T, u64)> {
+    (world.nodes.iter())
+        .filter_map(|n| count(n).filter(|&c| c != 0).map(|c| (label(n), c)))
+        .collect()
 }
 
 /// Waits until every replica reports `replication_idle`, at most
@@ -66,12 +78,11 @@ pub const CLIENT_REQUESTS_DEADLINE: Duration = Duration::from_secs(60);
 /// checks of convergence start once it ran.
 pub async fn client_requests_end(world: &World) -> Result {
     let serving = || {
-        world
-            .nodes
-            .iter()
-            .map(|n| (n.replica_id, n.client_requests_serving()))
-            .filter(|(_, count)| *count > 0)
-            .collect::<Vec<_>>()
+        nonzero(
+            world,
+            |n| n.replica_id,
+            |n| Some(n.client_requests_serving()),
+        )
     };
     until_none(CLIENT_REQUESTS_DEADLINE, serving).await.map_err(|serving| {
         Failure::new(
@@ -92,12 +103,8 @@ pub const PENDING_WRITES_DEADLINE: Duration = Duration::from_secs(15);
 /// write that never finishes stays pending.
 pub async fn nobody_waits(world: &World) -> Result {
     let pending = || {
-        world
-            .nodes
-            .iter()
-            .filter_map(|n| Some((n.name.clone(), n.service()?.stats().pending_writes)))
-            .filter(|(_, pending)| *pending != 0)
-            .collect::<Vec<_>>()
+        let pending_writes = |n: &SimNode| Some(n.service()?.stats().pending_writes);
+        nonzero(world, |n| n.name.clone(), pending_writes)
     };
     until_none(PENDING_WRITES_DEADLINE, pending)
         .await
