@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::tls::{check_client_name, CertIdentity};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    KeyUsagePurpose, SanType, SigningKey,
 };
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -54,14 +54,26 @@ fn params(common_name: &str, validity: Validity) -> CertificateParams {
 
 /// A self-signed CA for `cluster_id`.
 pub fn create_ca(cluster_id: &str, validity: Validity) -> Result<Issued> {
+    let key = KeyPair::generate().map_err(cert_error)?;
+    let key_pem = key.serialize_pem();
+    create_ca_with(cluster_id, validity, &key, key_pem)
+}
+
+/// `create_ca` with a key made by the caller (`key_pem` is its PEM): the
+/// simulator's keys and signatures come from the run's seed.
+pub fn create_ca_with(
+    cluster_id: &str,
+    validity: Validity,
+    key: &impl SigningKey,
+    key_pem: String,
+) -> Result<Issued> {
     let mut params = params(&format!("Arbor CA {cluster_id}"), validity);
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let key = KeyPair::generate().map_err(cert_error)?;
-    let cert = params.self_signed(&key).map_err(cert_error)?;
+    let cert = params.self_signed(key).map_err(cert_error)?;
     Ok(Issued {
         cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        key_pem,
     })
 }
 
@@ -69,7 +81,22 @@ pub fn create_ca(cluster_id: &str, validity: Validity) -> Result<Issued> {
 /// serve and dial (server and client use); client certificates only dial.
 pub fn issue(ca: &Issued, identity: &CertIdentity, validity: Validity) -> Result<Issued> {
     let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(cert_error)?;
-    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(cert_error)?;
+    let key = KeyPair::generate().map_err(cert_error)?;
+    let key_pem = key.serialize_pem();
+    issue_with(&ca.cert_pem, ca_key, identity, validity, &key, key_pem)
+}
+
+/// `issue` by the CA certificate `ca_cert_pem` and its key `ca_key`, for
+/// a key made by the caller (`key_pem` is its PEM).
+pub fn issue_with(
+    ca_cert_pem: &str,
+    ca_key: impl SigningKey,
+    identity: &CertIdentity,
+    validity: Validity,
+    key: &impl SigningKey,
+    key_pem: String,
+) -> Result<Issued> {
+    let issuer = Issuer::from_ca_cert_pem(ca_cert_pem, ca_key).map_err(cert_error)?;
     let (common_name, usages) = match identity {
         CertIdentity::Replica { replica_id, .. } => (
             format!("replica {replica_id}"),
@@ -88,11 +115,10 @@ pub fn issue(ca: &Issued, identity: &CertIdentity, validity: Validity) -> Result
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = usages;
     params.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate().map_err(cert_error)?;
-    let cert = params.signed_by(&key, &issuer).map_err(cert_error)?;
+    let cert = params.signed_by(key, &issuer).map_err(cert_error)?;
     Ok(Issued {
         cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        key_pem,
     })
 }
 

@@ -180,6 +180,12 @@ impl TlsContext {
     /// Builds both configs from PEM text. Errors say which part failed
     /// (`ca: ...`, `cert: ...`, `key: ...`).
     pub fn from_pem(pem: &PemFiles<'_>) -> Result<Self> {
+        Self::from_pem_with(pem, Arc::new(rustls::crypto::ring::default_provider()))
+    }
+
+    /// `from_pem` with the cryptography of `provider`: the simulator's
+    /// draws its randomness from the run's seed.
+    pub fn from_pem_with(pem: &PemFiles<'_>, provider: Arc<CryptoProvider>) -> Result<Self> {
         let bad = |part: &str, why: String| Error::Config(format!("{part}: {why}"));
         let roots = parse_roots(pem.ca).map_err(|why| bad("ca", why))?;
         let chain = parse_certs(pem.cert).map_err(|why| bad("cert", why))?;
@@ -188,7 +194,6 @@ impl TlsContext {
         let identity =
             CertIdentity::from_certificate(&chain[0]).map_err(|e| bad("cert", e.to_string()))?;
         let dates = CertDates::of_der(&chain[0]).map_err(|why| bad("cert", why))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server = server_config(&provider, roots.clone(), chain.clone(), key.clone_key())?;
         let client = client_config(&provider, roots, chain, key)?;
         Ok(Self {

@@ -176,6 +176,13 @@ fn peer_identity_unchecked_over_tcp() {
     caught_over(Canary::PeerIdentityUnchecked, Network::Tcp);
 }
 
+/// And over mutual TLS, where the answerer is named by its certificate
+/// first and by its `Hello` after.
+#[test]
+fn peer_identity_unchecked_over_tls() {
+    caught_over(Canary::PeerIdentityUnchecked, Network::Tls);
+}
+
 #[test]
 fn rejoin_accepts_writes() {
     caught(Canary::RejoinAcceptsWrites);

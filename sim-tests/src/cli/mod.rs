@@ -41,8 +41,9 @@ pub struct ScenarioArgs {
     #[arg(long)]
     pub no_faults: bool,
     /// How simulated nodes reach each other: datagram (one madsim
-    /// datagram per request and answer) or tcp (the engine's own TCP
-    /// stack over madsim's simulated streams).
+    /// datagram per request and answer), tcp (the engine's own TCP stack
+    /// over madsim's simulated streams) or tls (that stack with mutual
+    /// TLS and certificates made by the run).
     #[arg(long, default_value = "datagram", value_parser = Network::parse)]
     pub network: Network,
 }

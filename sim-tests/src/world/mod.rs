@@ -13,6 +13,7 @@ pub mod hooks;
 pub mod rotation;
 pub mod runtime;
 pub mod simnet;
+pub mod simtls;
 pub mod storage;
 pub mod supervisor;
 pub mod transport;
@@ -24,6 +25,7 @@ use arbor::forest::Forest;
 use arbor::proto::{Request, Response};
 use arbor::runtime::{Clock, Env};
 use arbor::service::Service;
+use arbor::tls::TlsContext;
 use arbor::{Error, ReplicaId, TreeKey};
 use clock::{ClockSkew, SimClock};
 use madsim::runtime::{Handle, NodeHandle};
@@ -144,6 +146,8 @@ pub struct World {
     /// The kernel incarnation of every machine, which the streams of the
     /// TCP network are bound to (`simnet::Kernels`).
     kernels: simnet::Kernels,
+    /// The certificates of the TLS network.
+    pki: Option<Arc<simtls::Pki>>,
 }
 
 impl World {
@@ -164,6 +168,13 @@ impl World {
             .first()
             .map(|spec| spec.config.node.containers.clone())
             .unwrap_or_default();
+        let pki = (network == Network::Tls).then(|| {
+            let cluster_id = specs.first().map_or_else(
+                || Config::default_for_test(1).node.cluster_id,
+                |spec| spec.config.node.cluster_id.clone(),
+            );
+            Arc::new(simtls::Pki::new(&cluster_id))
+        });
         let nodes = specs
             .into_iter()
             .map(|spec| {
@@ -172,6 +183,7 @@ impl World {
                     call_ids: call_ids.clone(),
                     hooks: hooks.clone(),
                     kernels: kernels.clone(),
+                    pki: pki.clone(),
                 };
                 build_node(spec, shared, trace.clone(), network)
             })
@@ -188,6 +200,7 @@ impl World {
             view: Mutex::new(view),
             network,
             kernels,
+            pki,
         }
     }
 
@@ -313,10 +326,11 @@ impl World {
         let name = format!("client-{index}");
         let ip = config::client_ip(index);
         let node = Handle::current().create_node().name(&name).ip(ip).build();
+        let tls = self.pki.as_ref().map(|pki| pki.client(&name));
         Client {
             name,
             node,
-            transport: self.caller_transport(),
+            transport: self.caller_transport(tls),
             rotation: self.rotation.clone(),
             misled,
             trace: self.trace.clone(),
@@ -337,18 +351,23 @@ impl World {
                 Handle::current().create_node().name(&name).ip(ip).build()
             }
         };
+        // Over TLS it holds that replica's certificate: a compromised
+        // machine, not a stranger at its address.
+        let tls = self.pki.as_ref().map(|pki| pki.replica(replica));
         Client {
             name,
             node,
-            transport: self.caller_transport(),
+            transport: self.caller_transport(tls),
             rotation: self.rotation.clone(),
             misled: true,
             trace: self.trace.clone(),
         }
     }
 
-    /// The transport of a caller that is no replica: it checks no answerer.
-    fn caller_transport(&self) -> Arc<dyn arbor::net::Transport> {
+    /// The transport of a caller that is no replica: it checks no answerer
+    /// on the datagram and plaintext networks; over TLS it presents `tls`
+    /// and checks the answerer's certificate.
+    fn caller_transport(&self, tls: Option<Arc<TlsContext>>) -> Arc<dyn arbor::net::Transport> {
         let clock: Arc<dyn Clock> = Arc::new(SimClock::new(ClockSkew::default()));
         match self.network {
             Network::Datagram => {
@@ -366,16 +385,22 @@ impl World {
                     self.call_ids.clone(),
                 ))
             }
-            Network::Tcp => self.tcp_client_transport(clock),
+            Network::Tcp | Network::Tls => self.tcp_client_transport(clock, tls),
         }
     }
 
-    /// A client's transport over the engine's TCP stack: plaintext without
-    /// `Hello`, as the datagram clients check no answerer either (the
-    /// gateway's check is the engine's); the replicas name the client by
-    /// its address. Its limits are the first replica's (the test
-    /// defaults in a world without replicas).
-    fn tcp_client_transport(&self, clock: Arc<dyn Clock>) -> Arc<dyn arbor::net::Transport> {
+    /// A client's transport over the engine's TCP stack, without `Hello`:
+    /// plaintext, the replicas naming the client by its address, as the
+    /// datagram clients check no answerer either (the gateway's check is
+    /// the engine's); or over TLS with `tls`'s certificate, which names
+    /// it, the answerer's certificate checked against the replica
+    /// dialled. Its limits are the first replica's (the test defaults in
+    /// a world without replicas).
+    fn tcp_client_transport(
+        &self,
+        clock: Arc<dyn Clock>,
+        tls: Option<Arc<TlsContext>>,
+    ) -> Arc<dyn arbor::net::Transport> {
         let mut config = self
             .nodes
             .first()
@@ -386,8 +411,12 @@ impl World {
             .map(|n| arbor::config::PeerConfig::new(n.replica_id, n.addr.to_string()))
             .collect();
         let limits = &config.limits;
-        let dialer =
+        let mut dialer =
             arbor::tcp::Dialer::plaintext(limits.connect_timeout, limits.max_message_bytes);
+        if let Some(tls) = tls {
+            dialer.cluster_id = tls.identity().cluster_id().to_string();
+            dialer.tls = Some(tls);
+        }
         let tcp = arbor::tcp::TcpTransport::with_dialer(&config, dialer);
         Arc::new(simnet::Filtered {
             local: 0,
@@ -705,6 +734,7 @@ struct Shared {
     call_ids: CallIds,
     hooks: Arc<hooks::Hooks>,
     kernels: simnet::Kernels,
+    pki: Option<Arc<simtls::Pki>>,
 }
 
 fn build_node(spec: NodeSpec, shared: Shared, trace: Trace, network: Network) -> SimNode {
@@ -713,6 +743,7 @@ fn build_node(spec: NodeSpec, shared: Shared, trace: Trace, network: Network) ->
         call_ids,
         hooks,
         kernels,
+        pki,
     } = shared;
     let config = spec.config;
     let replica_id = config.node.replica_id;
@@ -745,6 +776,7 @@ fn build_node(spec: NodeSpec, shared: Shared, trace: Trace, network: Network) ->
         stand_in: Mutex::new(None),
         network,
         kernels,
+        pki,
     };
     let boot = Arc::new(boot);
     let init = boot.clone();
@@ -792,9 +824,19 @@ struct Boot {
     stand_in: Mutex<Option<StandIn>>,
     network: Network,
     kernels: simnet::Kernels,
+    pki: Option<Arc<simtls::Pki>>,
 }
 
 impl Boot {
+    /// The TLS context of this machine over the TLS network: the
+    /// certificate of the replica the machine is, whatever the config of
+    /// the process running on it claims (a stand-in keeps the machine's
+    /// certificate, so peers know it by it).
+    fn tls(&self) -> Option<Arc<TlsContext>> {
+        let pki = self.pki.as_ref()?;
+        Some(pki.replica(self.config.node.replica_id))
+    }
+
     /// The config of this start: the replica sets of its latest
     /// membership change; a node whose disk was replaced rejoins.
     fn config(&self) -> Config {
@@ -861,10 +903,10 @@ impl Boot {
                 self.filter.clone(),
                 self.call_ids.clone(),
             )),
-            Network::Tcp => {
+            Network::Tcp | Network::Tls => {
                 // The node's own dialler: `Hello` as its replica id, and
                 // the answer's replica checked against the one dialled.
-                let tcp = arbor::tcp::TcpTransport::new(&config, None);
+                let tcp = arbor::tcp::TcpTransport::new(&config, self.tls());
                 let clock: Arc<dyn Clock> = self.clock.clone();
                 Arc::new(simnet::Filtered {
                     local: config.node.replica_id,
@@ -901,7 +943,7 @@ impl Boot {
             inner: handler,
             serving,
         });
-        if self.network == Network::Tcp {
+        if self.network.is_stream() {
             return self.serve_tcp(&config, addr, handler, env).await;
         }
         let limits = (limits.max_message_bytes, limits.max_connections);
@@ -918,8 +960,8 @@ impl Boot {
     }
 
     /// Serves `handler` through `arbor::tcp::Server` on a `SimListener` at
-    /// `addr`, plaintext, with the node's own limits, until the node is
-    /// killed.
+    /// `addr`, plaintext or over TLS, with the node's own limits, until
+    /// the node is killed.
     async fn serve_tcp(
         &self,
         config: &Config,
@@ -938,7 +980,7 @@ impl Boot {
             trace: self.trace.clone(),
         });
         let options = arbor::tcp::ServerOptions::from_config(config);
-        arbor::tcp::Server::with_env(Box::new(listener), handler, options, None, env)
+        arbor::tcp::Server::with_env(Box::new(listener), handler, options, self.tls(), env)
             .run()
             .await
     }

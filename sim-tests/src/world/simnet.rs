@@ -272,6 +272,10 @@ pub enum Network {
     /// The engine's own stack (`arbor::tcp`) over madsim's simulated TCP:
     /// `tcp::Server` on a `SimListener`, `TcpTransport` over `SimNet`.
     Tcp,
+    /// `Tcp` with mutual TLS on every connection (`simtls.rs`): real
+    /// certificates of one cluster CA, and each caller named by the
+    /// certificate it presents, not by its address.
+    Tls,
 }
 
 impl Network {
@@ -279,14 +283,21 @@ impl Network {
         match self {
             Network::Datagram => "datagram",
             Network::Tcp => "tcp",
+            Network::Tls => "tls",
         }
+    }
+
+    /// True when the engine's own stack carries the calls (`Tcp`, `Tls`).
+    pub fn is_stream(self) -> bool {
+        self != Network::Datagram
     }
 
     pub fn parse(name: &str) -> Result<Network, String> {
         match name {
             "datagram" => Ok(Network::Datagram),
             "tcp" => Ok(Network::Tcp),
-            other => Err(format!("unknown network {other:?}: datagram or tcp")),
+            "tls" => Ok(Network::Tls),
+            other => Err(format!("unknown network {other:?}: datagram, tcp or tls")),
         }
     }
 }

@@ -49,6 +49,9 @@ const STAND_IN: &str = "a stand-in process on its machine";
 /// never saw must not reach the stand-in, nor one sent to the stand-in
 /// the replica. Well under `RESTARTS_IN_FLIGHT_MAX`.
 const STAND_IN_CALLS_DRAIN_MAX: Duration = Duration::from_secs(5);
+/// How long a check of the replica's own disk waits for a stand-in on its
+/// machine to end (windows last seconds, and healing ends them).
+const STAND_IN_OVER_MAX: Duration = Duration::from_secs(60);
 
 pub struct Supervisor {
     world: Arc<World>,
@@ -258,6 +261,13 @@ impl Supervisor {
         let Some(before) = before else { return };
         let disk = self.world.disk_generation(replica);
         if !self.world.wait_up(replica, BOOT_DEADLINE).await {
+            return;
+        }
+        // A stand-in may have taken the machine since the replica booted:
+        // it runs on a disk of its own, so the replica's disk is read once
+        // the replica's own process runs there again.
+        let own = || self.world.is_up(replica) && !self.world.node(replica).is_stand_in();
+        if !poll_until(STAND_IN_OVER_MAX, DRAIN_POLL, own).await {
             return;
         }
         if self.world.disk_generation(replica) != disk {

@@ -133,7 +133,8 @@ impl AnswerOracle {
     /// A client's write answer: the node it names carries what this caller
     /// sent (unless a newer op changed it already), and its creations join
     /// the session.
-    fn acked(&self, client: &str, service: &Service, request: &Request, response: &Response) {
+    fn acked(&self, client: &str, service: &Service, seen: &Seen, response: &Response) {
+        let request = &seen.request;
         let replica = service.config().node.replica_id;
         let (tree, items, created): (&TreeKey, _, Vec<Timestamp>) = match (request, response) {
             (Request::Add { tree, items, .. }, Response::Added { node }) => {
@@ -167,11 +168,18 @@ impl AnswerOracle {
                 ),
             ));
         }
+        // The path is held to the incarnation the write went into, and
+        // only one that stood through the whole call is known to be it: a
+        // write that a drop overtook may come back by sync into the next
+        // incarnation, its leaf alone, under a directory of the dropped
+        // one.
+        let one_incarnation = seen.before.and_then(|(before, _)| before) == Some(incarnation);
         if matches!(request, Request::AddByPath { .. })
             && self
                 .paths_acked
                 .fetch_add(1, Ordering::Relaxed)
                 .is_multiple_of(PATH_CHECK_SAMPLE)
+            && one_incarnation
         {
             if let Some(wrong) = self.path_choice(replica, forest, request, response) {
                 self.verdict.fail(Failure::new(
@@ -325,9 +333,15 @@ impl AnswerWatch for AnswerOracle {
             }
             _ => is_read(request) && sampled(PEER_READ_SAMPLE),
         };
+        // A write's tree too: its path is held to the incarnation it
+        // went into (`acked`).
+        let tree = match request {
+            Request::Add { tree, .. } | Request::AddByPath { tree, .. } => Some(tree),
+            _ => tree_of(request),
+        };
         wanted.then(|| Seen {
             request: request.clone(),
-            before: tree_of(request).and_then(|tree| tree_heights(service.forest(), tree)),
+            before: tree.and_then(|tree| tree_heights(service.forest(), tree)),
         })
     }
 
@@ -346,7 +360,7 @@ impl AnswerWatch for AnswerOracle {
         };
         if !is_read(request) {
             if let Some(client) = client {
-                self.acked(client, service, request, response);
+                self.acked(client, service, &seen, response);
             }
             return;
         }
