@@ -735,7 +735,7 @@ profile_groups() {
             pct = $1; sub(/%/, "", pct); pct += 0
             line = $0; sub(/^ *[0-9.]+% +/, "", line)
             if (line ~ /^\[k\]/) g = "kernel: file writes, fsync, page faults"
-            else if (line ~ /arbor::/) g = "Arbor: forest logic, record encoding, key comparison"
+            else if (line ~ /arbor(_engine_sim)?::/) g = "Arbor: forest logic, record encoding, key comparison"
             else if (line ~ /redb::/) g = "redb: B-tree descent, copy-on-write pages, commit"
             else if (line ~ /^\[\.\] engine::/) g = "the bench itself: building requests"
             else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|_int_|tcache|unlink_chunk|__rdl_|__rust_(alloc|dealloc|realloc|no_alloc))/) g = "allocator"
@@ -801,8 +801,8 @@ profile_load_part() {
             pct = $1; sub(/%/, "", pct); pct += 0
             line = $0; sub(/^ *[0-9.]+% +/, "", line)
             if (line ~ /arbor_sim::/) g = "the generator itself (arbor-sim load; its calls run in the Arbor client)"
-            else if (line ~ /arbor::(proto|tcp)|serde|postcard/) g = "Arbor: wire framing and encoding"
-            else if (line ~ /arbor::/) g = "Arbor: service, forest, replication"
+            else if (line ~ /arbor(_engine_sim)?::(proto|tcp)|serde|postcard/) g = "Arbor: wire framing and encoding"
+            else if (line ~ /arbor(_engine_sim)?::/) g = "Arbor: service, forest, replication"
             else if (line ~ /redb::/) g = "redb"
             else if (line ~ /tokio::|mio::/) g = "tokio"
             else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|__rdl_|__rust_(alloc|dealloc|realloc))/) g = "allocator"
@@ -1114,10 +1114,10 @@ node_profile_groups() {
             if (line ~ /p256::|primeorder::|elliptic_curve::|grpc::(comb|sign)::|sha2::|[Ss]ha512/) g = "signature verification (ECDSA P-256, SHA-512)"
             else if (line ~ /\[k\]/) g = "kernel: sockets, file writes, fsync, scheduling"
             else if (line ~ /h2::|hyper::|tonic::|prost::|tower::|http::|hpack|httparse/) g = "gRPC and HTTP/2 (tonic, hyper, h2, prost)"
-            else if (line ~ /arbor::grpc::/) g = "the gRPC front (translation)"
-            else if (line ~ /arbor::(proto|tcp)|serde|postcard/) g = "the native wire (framing, postcard)"
+            else if (line ~ /arbor(_engine_sim)?::grpc::/) g = "the gRPC front (translation)"
+            else if (line ~ /arbor(_engine_sim)?::(proto|tcp)|serde|postcard/) g = "the native wire (framing, postcard)"
             else if (line ~ /redb::/) g = "redb"
-            else if (line ~ /arbor::/) g = "Arbor: service, forest, replication"
+            else if (line ~ /arbor(_engine_sim)?::/) g = "Arbor: service, forest, replication"
             else if (line ~ /tokio::|mio::/) g = "tokio"
             else if (line ~ /(^|[^a-z_])(_?mi_|malloc|free|realloc|calloc|__rdl_|__rust_(alloc|dealloc|realloc))/) g = "allocator"
             else if (line ~ /mem(cpy|move|set|cmp)|bcmp/) g = "libc memory copies and compares"

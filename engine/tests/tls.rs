@@ -297,45 +297,6 @@ async fn a_dialler_refuses_a_server_that_is_not_the_replica_it_dialled() {
     assert_eq!(foreign.callers(), []);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sockets_that_never_start_a_handshake_do_not_lock_a_client_out() {
-    let ca = new_ca();
-    let idle_timeout = Duration::from_secs(30);
-    let node = context(&ca, &ca, &replica(CLUSTER, SERVER_ID), valid());
-    let server = start_adjusted(node, |options| {
-        options.max_connections = 4;
-        options.idle_timeout = idle_timeout;
-        options.handshake_timeout = idle_timeout;
-    })
-    .await;
-    let mut silent = Vec::new();
-    for _ in 0..12 {
-        silent.push(
-            tokio::net::TcpStream::connect(server.address)
-                .await
-                .unwrap(),
-        );
-    }
-    // Every one taken in (in a slot, or closed at once) before the client.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let stats = server.handle.stats();
-        if stats.connections_accepted + stats.connections_refused == 12 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let gateway = context(&ca, &ca, &client("gw"), valid());
-    let answer = tokio::time::timeout(idle_timeout, health(&server, &dialer(gateway, None)))
-        .await
-        .expect("a client is served within the idle timeout");
-    healthy(answer);
-    let stats = server.handle.stats();
-    assert!(stats.idle_evicted >= 1, "{stats:?}");
-    assert!(stats.connections_open <= 4, "{stats:?}");
-}
-
 // ----------------------------------------------------------------------------
 // Hello between real services: both sides refuse, and both say so.
 

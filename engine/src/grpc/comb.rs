@@ -50,8 +50,10 @@ pub const KEY_BITS: u32 = 8;
 /// Window width of the generator's table, of which a process has one.
 const GENERATOR_BITS: u32 = 12;
 
-/// The coordinates of an affine point other than the identity.
+/// The coordinates of an affine point other than the identity; one cache
+/// line.
 #[derive(Clone, Copy)]
+#[repr(align(64))]
 struct Affine {
     x: FieldElement,
     y: FieldElement,
@@ -76,6 +78,10 @@ impl<const BITS: u32> Comb<BITS> {
 
     /// The table of `point`, which must not be the identity.
     pub fn new(point: ProjectivePoint) -> Self {
+        assert!(
+            Self::WINDOWS <= WINDOWS_MAX,
+            "{BITS}-bit windows are too narrow"
+        );
         let mut points = Vec::with_capacity(Self::WINDOWS * Self::DIGITS);
         let mut base = point;
         for _ in 0..Self::WINDOWS {
@@ -99,12 +105,18 @@ impl<const BITS: u32> Comb<BITS> {
 
     /// Adds `scalar·P` to `sum`; `Err` when an addition is one the
     /// incomplete formula does not cover.
+    fn add_multiple(&self, sum: &mut Jacobian, scalar: &Scalar) -> Result<(), Exceptional> {
+        self.add_picks(sum, &self.picks(scalar))
+    }
+
+    /// The table points whose sum is `scalar·P`.
     ///
     /// The scalar is written with digits `d_i` in `-2^(B-1)..2^(B-1)`,
     /// `scalar = Σ d_i·2^(B·i)`: a window of `2^(B-1)` or more becomes that
-    /// minus `2^B` and carries one into the next window. A negative digit
-    /// adds the negation of the table's point, whose `y` is negated.
-    fn add_multiple(&self, sum: &mut Jacobian, scalar: &Scalar) -> Result<(), Exceptional> {
+    /// minus `2^B` and carries one into the next window. Each non-zero
+    /// digit picks the point of its window and absolute value, negated
+    /// when the digit is.
+    fn picks(&self, scalar: &Scalar) -> Picks {
         // Little-endian, with zero bytes past the top for the last window.
         let mut bytes = [0u8; 36];
         for (to, from) in bytes.iter_mut().zip(scalar.to_repr().iter().rev()) {
@@ -113,6 +125,7 @@ impl<const BITS: u32> Comb<BITS> {
         let mask = (1u32 << BITS) - 1;
         let half = 1i32 << (BITS - 1);
         let mut carry = 0i32;
+        let mut picks = Picks::default();
         for i in 0..Self::WINDOWS {
             let bit = i * BITS as usize;
             let word =
@@ -121,18 +134,72 @@ impl<const BITS: u32> Comb<BITS> {
             carry = i32::from(value >= half);
             let digit = value - (carry << BITS);
             if digit != 0 {
-                let entry = &self.points[i * Self::DIGITS + digit.unsigned_abs() as usize - 1];
-                match digit > 0 {
-                    true => sum.add(entry)?,
-                    false => sum.add(&Affine {
-                        x: entry.x,
-                        y: -entry.y,
-                    })?,
-                }
+                let at = i * Self::DIGITS + digit.unsigned_abs() as usize - 1;
+                picks.push(at, digit < 0);
             }
         }
         assert_eq!(carry, 0, "the top window of a 256-bit scalar carries out");
+        picks
+    }
+
+    /// Reads every picked point once, each load independent of the
+    /// others, so that the processor fetches their cache lines side by
+    /// side rather than one per addition. A table is megabytes and a
+    /// verification's points are scattered over it: between two requests
+    /// the node's other work evicts them, and fetched one at a time they
+    /// cost as much as the arithmetic.
+    fn touch(&self, picks: &Picks) -> bool {
+        picks.iter().fold(false, |seen, (at, _)| {
+            seen | bool::from(self.points[at].x.is_zero())
+        })
+    }
+
+    /// Adds the picked points to `sum`.
+    fn add_picks(&self, sum: &mut Jacobian, picks: &Picks) -> Result<(), Exceptional> {
+        for (at, negated) in picks.iter() {
+            let entry = &self.points[at];
+            match negated {
+                false => sum.add(entry)?,
+                true => sum.add(&Affine {
+                    x: entry.x,
+                    y: -entry.y,
+                })?,
+            }
+        }
         Ok(())
+    }
+}
+
+/// Most windows a table has (5-bit windows, the narrowest the tests use).
+const WINDOWS_MAX: usize = 256 / 5 + 1;
+
+/// Table positions a scalar's multiple adds, each with whether the point
+/// is negated.
+struct Picks {
+    at: [(u32, bool); WINDOWS_MAX],
+    len: usize,
+}
+
+impl Default for Picks {
+    fn default() -> Self {
+        Self {
+            at: [(0, false); WINDOWS_MAX],
+            len: 0,
+        }
+    }
+}
+
+impl Picks {
+    fn push(&mut self, at: usize, negated: bool) {
+        let at = u32::try_from(at).expect("a table has fewer than 2^32 points");
+        self.at[self.len] = (at, negated);
+        self.len += 1;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (usize, bool)> + '_ {
+        self.at[..self.len]
+            .iter()
+            .map(|&(at, negated)| (at as usize, negated))
     }
 }
 
@@ -249,9 +316,11 @@ fn fast_verify(
     let s_inv = invert_public(&s);
     let u1 = digest_scalar(digest) * s_inv;
     let u2 = *r * s_inv;
+    let (generator, key_picks) = (GENERATOR.picks(&u1), key.picks(&u2));
+    std::hint::black_box(GENERATOR.touch(&generator) | key.touch(&key_picks));
     let mut sum = Jacobian::default();
-    GENERATOR.add_multiple(&mut sum, &u1)?;
-    key.add_multiple(&mut sum, &u2)?;
+    GENERATOR.add_picks(&mut sum, &generator)?;
+    key.add_picks(&mut sum, &key_picks)?;
     Ok(sum.x_reduces_to(&r))
 }
 

@@ -1,0 +1,564 @@
+//! The limits of the engine's TCP server and transport on simulated time:
+//! the idle timeout, connection slots and the eviction of idle ones, the
+//! frame budget against a flood of half-sent frames, and the calls a
+//! transport has in flight per peer. `arbor::tcp` runs here unchanged on
+//! the simulator's sockets (`SimListener`, `SimNet`) and clock, so every
+//! wait is simulated time taken from a seed: a timeout is checked to the
+//! millisecond it is due, no test waits on the wall clock, and a run
+//! repeats exactly. `engine/tests/tcp.rs` keeps the checks of framing and
+//! hostile bytes on real sockets, the production runtime's smoke test.
+
+use arbor::config::{Config, PeerConfig, DEFAULT_CLUSTER_ID};
+use arbor::net::{Net, Stream, Transport};
+use arbor::proto::{self, Request, Response};
+use arbor::runtime::{BoxFuture, Clock, Env};
+use arbor::tcp::{self, Connection, Dialer, Handler, Server, ServerHandle, ServerOptions};
+use arbor::tcp::{ServerStats, TcpTransport};
+use arbor::tls::TlsContext;
+use arbor::{Caller, Error};
+use arbor_sim::world::caller_at;
+use arbor_sim::world::clock::{ClockSkew, SimClock};
+use arbor_sim::world::config::client_ip;
+use arbor_sim::world::runtime::SimRuntime;
+use arbor_sim::world::simnet::{Kernels, SimListener, SimNet};
+use arbor_sim::world::simtls::Pki;
+use madsim::runtime::{Handle, NodeHandle, Runtime};
+use madsim::time::Instant;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, Semaphore};
+
+const MAX: usize = 64 * 1024;
+/// Bounds every wait; none is expected to come close.
+const PATIENCE: Duration = Duration::from_secs(60);
+/// Where the server under test listens.
+const SERVER: &str = "10.0.0.9:7000";
+const HEALTH: Response = Response::Health {
+    replica_id: 9,
+    log_epoch: 0,
+};
+
+/// Answers a health check, nothing else.
+struct Fake;
+
+impl Handler for Fake {
+    fn handle<'a>(&'a self, _caller: &'a Caller, request: Request) -> BoxFuture<'a, Response> {
+        Box::pin(async move {
+            match request {
+                Request::Healthcheck => HEALTH,
+                _ => Response::Error(Error::InvalidOp("fake".into())),
+            }
+        })
+    }
+}
+
+/// Holds every request until released; counts what arrived.
+struct Gate {
+    arrived: AtomicUsize,
+    release: Semaphore,
+}
+
+impl Gate {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            arrived: AtomicUsize::new(0),
+            release: Semaphore::new(0),
+        })
+    }
+}
+
+impl Handler for Gate {
+    fn handle<'a>(&'a self, _caller: &'a Caller, _request: Request) -> BoxFuture<'a, Response> {
+        Box::pin(async move {
+            self.arrived.fetch_add(1, SeqCst);
+            self.release.acquire().await.unwrap().forget();
+            Response::Done
+        })
+    }
+}
+
+fn clock() -> Arc<dyn Clock> {
+    Arc::new(SimClock::new(ClockSkew::default()))
+}
+
+fn options(max_connections: usize) -> ServerOptions {
+    ServerOptions {
+        max_message_bytes: MAX,
+        max_connections,
+        frame_timeout: Duration::from_secs(5),
+        ..ServerOptions::from_config(&Config::default_for_test(9))
+    }
+}
+
+/// Runs `test` under `seed` in a fresh simulated world.
+fn simulate<F: Future>(seed: u64, test: impl FnOnce() -> F) -> F::Output {
+    Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(test())
+}
+
+/// A machine serving `handler` through `tcp::Server` at `SERVER`, on the
+/// simulated clock; the server's handle once it listens.
+async fn start_server(handler: Arc<dyn Handler>, options: ServerOptions) -> ServerHandle {
+    start_server_with(handler, options, None).await
+}
+
+/// `start_server`, with TLS when `tls` is given.
+async fn start_server_with(
+    handler: Arc<dyn Handler>,
+    options: ServerOptions,
+    tls: Option<Arc<TlsContext>>,
+) -> ServerHandle {
+    let addr: SocketAddr = SERVER.parse().unwrap();
+    let node = Handle::current()
+        .create_node()
+        .name("server")
+        .ip(addr.ip())
+        .build();
+    let (sender, listening) = oneshot::channel();
+    node.spawn(async move {
+        let listener = SimListener::bind(addr, caller_at, Kernels::default())
+            .await
+            .expect("binds");
+        let env = Env {
+            clock: clock(),
+            runtime: Arc::new(SimRuntime::new(None)),
+        };
+        let server = Server::with_env(Box::new(listener), handler, options, tls, env);
+        let _ = sender.send(server.handle());
+        server.run().await
+    });
+    listening.await.expect("the server starts")
+}
+
+/// The client machine; its tasks dial from its address.
+fn client_machine() -> NodeHandle {
+    Handle::current()
+        .create_node()
+        .name("client-1")
+        .ip(client_ip(1))
+        .build()
+}
+
+/// Runs `task` on `machine` and waits for it.
+async fn on<T: Send + 'static>(
+    machine: &NodeHandle,
+    task: impl Future<Output = T> + Send + 'static,
+) -> T {
+    machine.spawn(task).await.expect("the task runs")
+}
+
+/// A raw socket to the server, no `Hello`.
+async fn raw_socket() -> Box<dyn Stream> {
+    SimNet::default()
+        .connect(SERVER.to_string())
+        .await
+        .expect("connects")
+}
+
+/// A framed connection to the server, no `Hello`.
+async fn connection() -> Connection {
+    connection_as(Dialer::plaintext(PATIENCE, MAX)).await
+}
+
+/// A connection to the server as `dialer` says.
+async fn connection_as(dialer: Dialer) -> Connection {
+    Connection::open_via(&SimNet::default(), &*clock(), SERVER, None, &dialer)
+        .await
+        .expect("connects")
+}
+
+/// A client that holds the certificate of `client-2` from `pki`, without
+/// `Hello`.
+fn tls_dialer(pki: &Pki) -> Dialer {
+    Dialer {
+        cluster_id: DEFAULT_CLUSTER_ID.into(),
+        replica_id: None,
+        tls: Some(pki.client("client-2")),
+        connect_timeout: PATIENCE,
+        max_message_bytes: MAX,
+        hello: false,
+    }
+}
+
+/// Waits (in simulated time, a bounded while) until the server's stats
+/// satisfy `done`.
+async fn settled(handle: &ServerHandle, done: impl Fn(&ServerStats) -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done(&handle.stats()) {
+        assert!(Instant::now() < deadline, "{:?}", handle.stats());
+        madsim::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A connection that starts no frame is closed when `idle_timeout` has
+/// passed since it opened, not before, saying nothing; one that keeps
+/// talking is never closed for idling.
+#[test]
+fn a_silent_connection_is_closed_when_its_idle_timeout_is_up() {
+    let idle_timeout = Duration::from_secs(30);
+    simulate(1, || async move {
+        let mut options = options(4);
+        options.idle_timeout = idle_timeout;
+        let handle = start_server(Arc::new(Fake), options).await;
+        let client = client_machine();
+        let (held, received) = on(&client, async move {
+            let mut silent = raw_socket().await;
+            let opened = Instant::now();
+            let mut received = Vec::new();
+            madsim::time::timeout(PATIENCE, silent.read_to_end(&mut received))
+                .await
+                .expect("the server closes an idle connection")
+                .expect("a clean close");
+            (opened.elapsed(), received)
+        })
+        .await;
+        assert!(received.is_empty(), "an idle close says nothing");
+        assert!(held >= idle_timeout, "closed after {held:?}");
+        assert!(
+            held < idle_timeout + Duration::from_secs(1),
+            "closed after {held:?}"
+        );
+        assert_eq!(handle.stats().idle_closed, 1);
+
+        let answers = on(&client, async move {
+            let mut busy = connection().await;
+            let mut answers = Vec::new();
+            for _ in 0..4 {
+                madsim::time::sleep(idle_timeout * 2 / 3).await;
+                answers.push(busy.call(&Request::Healthcheck).await);
+            }
+            answers
+        })
+        .await;
+        assert_eq!(answers, vec![Ok(HEALTH); 4]);
+        assert_eq!(handle.stats().idle_closed, 1);
+    })
+}
+
+/// Twelve sockets that never send a byte against a server of four slots,
+/// then a client, under `seed`, over TLS when `tls`: when the client was
+/// answered (simulated time since its dial), its answer, and the server's
+/// counters then.
+fn idle_socket_storm(seed: u64, tls: bool) -> (Duration, Result<Response, Error>, ServerStats) {
+    simulate(seed, move || async move {
+        let idle_timeout = Duration::from_secs(30);
+        let mut options = options(4);
+        options.idle_timeout = idle_timeout;
+        options.handshake_timeout = idle_timeout;
+        let pki = tls.then(|| Arc::new(Pki::new(DEFAULT_CLUSTER_ID)));
+        let server_tls = pki.as_ref().map(|pki| pki.replica(9));
+        let handle = start_server_with(Arc::new(Fake), options, server_tls).await;
+        // Three times the limit, all taken in (in a slot, or closed at
+        // once) before the client comes.
+        let storm = client_machine();
+        let idle = on(&storm, async {
+            let mut idle = Vec::new();
+            for _ in 0..12 {
+                idle.push(raw_socket().await);
+            }
+            idle
+        })
+        .await;
+        settled(&handle, |s| {
+            s.connections_accepted + s.connections_refused == 12
+        })
+        .await;
+        let client = Handle::current()
+            .create_node()
+            .name("client-2")
+            .ip(client_ip(2))
+            .build();
+        let dialer = match &pki {
+            Some(pki) => tls_dialer(pki),
+            None => Dialer::plaintext(PATIENCE, MAX),
+        };
+        let (waited, answer) = on(&client, async move {
+            let dialled = Instant::now();
+            let mut connection = connection_as(dialer).await;
+            let answer = connection.call(&Request::Healthcheck).await;
+            (dialled.elapsed(), answer)
+        })
+        .await;
+        drop(idle);
+        (waited, answer, handle.stats())
+    })
+}
+
+/// Idle sockets beyond the slot limit do not keep a client out: it is
+/// served by closing idle ones, well within the idle timeout, and the
+/// server never has more open than its limit. Over TLS the sockets never
+/// start a handshake, and the handshake timeout is as long.
+#[test]
+fn idle_sockets_beyond_the_limit_do_not_lock_a_client_out() {
+    for tls in [false, true] {
+        let (waited, answer, stats) = idle_socket_storm(2, tls);
+        assert_eq!(answer, Ok(HEALTH), "tls {tls}");
+        assert!(
+            waited < Duration::from_secs(30),
+            "tls {tls}: served after {waited:?}"
+        );
+        assert!(stats.idle_evicted >= 1, "tls {tls}: {stats:?}");
+        assert!(stats.connections_open <= 4, "tls {tls}: {stats:?}");
+    }
+}
+
+/// The same seed gives the same run, to the simulated nanosecond, TLS
+/// handshakes included.
+#[test]
+fn a_storm_replays_from_its_seed() {
+    let show = |(waited, answer, stats): (Duration, Result<Response, Error>, ServerStats)| {
+        format!("{waited:?} {answer:?} {stats:?}")
+    };
+    for tls in [false, true] {
+        assert_eq!(
+            show(idle_socket_storm(7, tls)),
+            show(idle_socket_storm(7, tls))
+        );
+    }
+}
+
+/// A connection in the middle of a largest frame: busy, not idle, and
+/// holding room in the frame budget.
+async fn mid_frame() -> Box<dyn Stream> {
+    let mut stream = raw_socket().await;
+    stream.write_all(&(MAX as u32).to_be_bytes()).await.unwrap();
+    stream
+        .write_all(&[proto::PROTOCOL_VERSION, 0])
+        .await
+        .unwrap();
+    // The simulated socket sends what was written on a flush.
+    stream.flush().await.unwrap();
+    stream
+}
+
+/// When every slot holds a connection mid-frame, a new one is refused
+/// with `Overloaded`; once one closes, its slot serves the next.
+#[test]
+fn connections_beyond_the_limit_are_refused_when_none_is_idle() {
+    simulate(3, || async move {
+        let handle = start_server(Arc::new(Fake), options(2)).await;
+        let client = client_machine();
+        let busy = on(&client, async {
+            vec![mid_frame().await, mid_frame().await]
+        })
+        .await;
+        settled(&handle, |s| s.partial_frame_bytes >= 2 * MAX as u64).await;
+        let refused = on(&client, async {
+            let mut stream = raw_socket().await;
+            let mut received = Vec::new();
+            let _ = madsim::time::timeout(PATIENCE, stream.read_to_end(&mut received)).await;
+            let mut reader = &received[..];
+            let mut responses = Vec::new();
+            while let Ok(Some(body)) = tcp::read_frame(&mut reader, MAX).await {
+                responses.push(proto::decode::<Response>(&body, MAX).unwrap().body);
+            }
+            responses
+        })
+        .await;
+        assert!(
+            matches!(refused.as_slice(), [Response::Error(Error::Overloaded(_))]),
+            "{refused:?}"
+        );
+        let mut busy = busy.into_iter();
+        drop(busy.next());
+        settled(&handle, |s| s.connections_open == 1).await;
+        let answer = on(&client, async {
+            connection().await.call(&Request::Healthcheck).await
+        });
+        assert_eq!(answer.await, Ok(HEALTH));
+        drop(busy);
+    })
+}
+
+/// With every slot idle, a new connection takes the slot of the one idle
+/// longest, which is closed.
+#[test]
+fn a_new_connection_closes_the_one_idle_longest() {
+    simulate(4, || async move {
+        let handle = start_server(Arc::new(Fake), options(2)).await;
+        let client = client_machine();
+        let (first, second) = on(&client, async {
+            let mut first = connection().await;
+            assert_eq!(first.call(&Request::Healthcheck).await, Ok(HEALTH));
+            madsim::time::sleep(Duration::from_millis(100)).await;
+            let mut second = connection().await;
+            assert_eq!(second.call(&Request::Healthcheck).await, Ok(HEALTH));
+            (first, second)
+        })
+        .await;
+        let third = on(&client, async {
+            connection().await.call(&Request::Healthcheck).await
+        });
+        assert_eq!(third.await, Ok(HEALTH));
+        assert_eq!(handle.stats().idle_evicted, 1);
+        let (first, second) = on(&client, async move {
+            let (mut first, mut second) = (first, second);
+            (
+                first.call(&Request::Healthcheck).await,
+                second.call(&Request::Healthcheck).await,
+            )
+        })
+        .await;
+        assert!(first.is_err(), "the longest idle was closed: {first:?}");
+        assert_eq!(second, Ok(HEALTH));
+    })
+}
+
+/// Opens a connection that sends `sent` bytes of a frame claiming
+/// `claimed`, then stalls; the socket stays open while the task runs.
+async fn half_frame(claimed: usize, sent: usize) {
+    let Ok(mut stream) = SimNet::default().connect(SERVER.to_string()).await else {
+        return;
+    };
+    let mut bytes = (claimed as u32).to_be_bytes().to_vec();
+    bytes.push(proto::PROTOCOL_VERSION);
+    bytes.resize(4 + sent, 0);
+    if stream.write_all(&bytes).await.is_ok() && stream.flush().await.is_ok() {
+        let mut sink = Vec::new();
+        let _ = stream.read_to_end(&mut sink).await;
+    }
+}
+
+/// Forty connections each send half of a largest frame, 20 MiB claimed
+/// against a 2 MiB budget: small requests are still answered while the
+/// flood holds the budget, frames that found no room are refused when
+/// their frame timeout is up and not before, and the bytes held never
+/// pass the budget.
+#[test]
+fn a_half_frame_flood_stays_within_the_frame_budget() {
+    simulate(5, || async move {
+        let message_max = 1 << 20;
+        let budget = 2 << 20;
+        let frame_timeout = Duration::from_secs(5);
+        let mut options = options(64);
+        options.max_message_bytes = message_max;
+        options.partial_frames_bytes_max = budget;
+        options.frame_timeout = frame_timeout;
+        let handle = start_server(Arc::new(Fake), options).await;
+        let flood = client_machine();
+        let started = Instant::now();
+        for _ in 0..40 {
+            flood.spawn(half_frame(message_max, message_max / 2));
+        }
+        settled(&handle, |s| s.partial_frame_bytes_peak >= budget as u64 / 2).await;
+        let client = Handle::current()
+            .create_node()
+            .name("client-2")
+            .ip(client_ip(2))
+            .build();
+        let answers = on(&client, async {
+            let mut connection = connection().await;
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                answers.push(connection.call(&Request::Healthcheck).await);
+            }
+            answers
+        })
+        .await;
+        assert_eq!(answers, vec![Ok(HEALTH); 3]);
+        let stats = handle.stats();
+        assert_eq!(stats.partial_frames_refused, 0, "{stats:?}");
+        assert!(stats.partial_frame_bytes >= budget as u64 / 2, "{stats:?}");
+        settled(&handle, |s| s.partial_frames_refused > 0).await;
+        assert!(
+            started.elapsed() >= frame_timeout,
+            "refused after {:?}",
+            started.elapsed()
+        );
+        let stats = handle.stats();
+        assert!(stats.partial_frame_bytes_peak <= budget as u64, "{stats:?}");
+        assert!(stats.partial_frame_bytes <= budget as u64, "{stats:?}");
+    })
+}
+
+/// A transport from replica 1 to a gated server as peer 2, its config
+/// adjusted by `adjust`, on the simulated network and clock.
+fn gated_transport(adjust: impl FnOnce(&mut Config)) -> Arc<TcpTransport> {
+    let mut config = Config::default_for_test(1);
+    config
+        .node
+        .peers
+        .push(PeerConfig::new(2, SERVER.to_string()));
+    adjust(&mut config);
+    let dialer = Dialer::plaintext(
+        config.limits.connect_timeout,
+        config.limits.max_message_bytes,
+    );
+    let transport = TcpTransport::with_dialer(&config, dialer);
+    Arc::new(transport.with_net(Arc::new(SimNet::default()), clock()))
+}
+
+/// Calls held by the gate until `calls` arrived; the tasks holding them.
+async fn hold(
+    client: &NodeHandle,
+    gate: &Gate,
+    transport: &Arc<TcpTransport>,
+    calls: usize,
+) -> Vec<madsim::task::JoinHandle<Result<Response, Error>>> {
+    let held = (0..calls)
+        .map(|_| {
+            let t = transport.clone();
+            client.spawn(async move { t.call(2, Request::Healthcheck, PATIENCE).await })
+        })
+        .collect();
+    let deadline = Instant::now() + PATIENCE;
+    while gate.arrived.load(SeqCst) < calls {
+        assert!(Instant::now() < deadline, "calls never arrived");
+        madsim::time::sleep(Duration::from_millis(5)).await;
+    }
+    held
+}
+
+/// With its share of calls to a peer in flight, a transport's next call
+/// waits for a slot, never reaches the peer, and fails at its own
+/// deadline to the millisecond; slots given back serve the next call.
+/// The share comes from `limits.max_connections`, or is set directly.
+#[test]
+fn a_transport_caps_its_calls_in_flight_per_peer() {
+    for (set, share) in [(None, 2), (Some(1), 1)] {
+        simulate(6, move || async move {
+            let gate = Gate::new();
+            let _server = start_server(gate.clone(), options(256)).await;
+            let mut transport = gated_transport(|config| {
+                config.limits.max_connections = 4;
+                assert_eq!(tcp::client_share(config), 2);
+            });
+            if let Some(calls) = set {
+                let own = Arc::try_unwrap(transport).ok().expect("one owner");
+                transport = Arc::new(own.with_calls_per_peer(calls));
+            }
+            let client = client_machine();
+            let held = hold(&client, &gate, &transport, share).await;
+            let deadline = Duration::from_millis(200);
+            let waited = {
+                let t = transport.clone();
+                on(&client, async move {
+                    let asked = Instant::now();
+                    let answer = t.call(2, Request::Healthcheck, deadline).await;
+                    (answer, asked.elapsed())
+                })
+                .await
+            };
+            assert_eq!(waited.0, Err(Error::Timeout));
+            assert!(waited.1 >= deadline, "gave up after {:?}", waited.1);
+            assert!(
+                waited.1 < deadline + Duration::from_millis(10),
+                "{:?}",
+                waited.1
+            );
+            assert_eq!(gate.arrived.load(SeqCst), share);
+            gate.release.add_permits(share + 1);
+            for call in held {
+                assert_eq!(call.await.unwrap(), Ok(Response::Done));
+            }
+            let t = transport.clone();
+            let next = on(&client, async move {
+                t.call(2, Request::Healthcheck, PATIENCE).await
+            });
+            assert_eq!(next.await, Ok(Response::Done));
+        })
+    }
+}
