@@ -407,15 +407,26 @@ async fn a_write_on_a_stale_pooled_connection_is_not_sent_again() {
 
 /// Holds every request until released; counts what arrived.
 struct Gate {
-    arrived: std::sync::atomic::AtomicUsize,
+    arrived: tokio::sync::watch::Sender<usize>,
     release: tokio::sync::Semaphore,
+}
+
+impl Gate {
+    /// Waits until `calls` requests arrived.
+    async fn reached(&self, calls: usize) {
+        let mut arrived = self.arrived.subscribe();
+        let reached = arrived.wait_for(|&n| n >= calls);
+        tokio::time::timeout(PATIENCE, reached)
+            .await
+            .expect("the calls arrive")
+            .expect("the gate is alive");
+    }
 }
 
 impl Handler for Gate {
     fn handle<'a>(&'a self, _caller: &'a Caller, _request: Request) -> BoxFuture<'a, Response> {
         Box::pin(async move {
-            self.arrived
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.arrived.send_modify(|n| *n += 1);
             self.release.acquire().await.unwrap().forget();
             Response::Done
         })
@@ -426,7 +437,7 @@ impl Handler for Gate {
 /// peer 2), with the transport's config adjusted by `adjust`.
 async fn gated_transport(adjust: impl FnOnce(&mut Config)) -> (Arc<Gate>, Arc<TcpTransport>) {
     let gate = Arc::new(Gate {
-        arrived: Default::default(),
+        arrived: tokio::sync::watch::channel(0).0,
         release: tokio::sync::Semaphore::new(0),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -445,7 +456,6 @@ async fn gated_transport(adjust: impl FnOnce(&mut Config)) -> (Arc<Gate>, Arc<Tc
 /// cache holds `cache_size`, lets all of them finish, and returns how many
 /// idle connections the transport kept.
 async fn idle_after_concurrent_calls(cache_size: usize, calls: usize) -> usize {
-    use std::sync::atomic::Ordering::SeqCst;
     let (gate, transport) = gated_transport(|config| {
         config.tree.cache_size = cache_size;
         config.limits.max_connections = 256;
@@ -458,11 +468,7 @@ async fn idle_after_concurrent_calls(cache_size: usize, calls: usize) -> usize {
         })
         .collect();
     // Every call holds its own connection until the gate opens.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while gate.arrived.load(SeqCst) < calls {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    gate.reached(calls).await;
     gate.release.add_permits(calls);
     for h in held {
         assert_eq!(h.await.unwrap(), Ok(Response::Done));

@@ -26,11 +26,10 @@ use madsim::runtime::{Handle, NodeHandle, Runtime};
 use madsim::time::Instant;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 
 const MAX: usize = 64 * 1024;
 /// Bounds every wait; none is expected to come close.
@@ -58,14 +57,14 @@ impl Handler for Fake {
 
 /// Holds every request until released; counts what arrived.
 struct Gate {
-    arrived: AtomicUsize,
+    arrived: watch::Sender<usize>,
     release: Semaphore,
 }
 
 impl Gate {
     fn new() -> Arc<Self> {
         Arc::new(Self {
-            arrived: AtomicUsize::new(0),
+            arrived: watch::channel(0).0,
             release: Semaphore::new(0),
         })
     }
@@ -74,7 +73,7 @@ impl Gate {
 impl Handler for Gate {
     fn handle<'a>(&'a self, _caller: &'a Caller, _request: Request) -> BoxFuture<'a, Response> {
         Box::pin(async move {
-            self.arrived.fetch_add(1, SeqCst);
+            self.arrived.send_modify(|n| *n += 1);
             self.release.acquire().await.unwrap().forget();
             Response::Done
         })
@@ -504,11 +503,11 @@ async fn hold(
             client.spawn(async move { t.call(2, Request::Healthcheck, PATIENCE).await })
         })
         .collect();
-    let deadline = Instant::now() + PATIENCE;
-    while gate.arrived.load(SeqCst) < calls {
-        assert!(Instant::now() < deadline, "calls never arrived");
-        madsim::time::sleep(Duration::from_millis(5)).await;
-    }
+    let mut arrived = gate.arrived.subscribe();
+    madsim::time::timeout(PATIENCE, arrived.wait_for(|&n| n >= calls))
+        .await
+        .expect("the calls arrive")
+        .expect("the gate is alive");
     held
 }
 
@@ -549,7 +548,7 @@ fn a_transport_caps_its_calls_in_flight_per_peer() {
                 "{:?}",
                 waited.1
             );
-            assert_eq!(gate.arrived.load(SeqCst), share);
+            assert_eq!(*gate.arrived.borrow(), share);
             gate.release.add_permits(share + 1);
             for call in held {
                 assert_eq!(call.await.unwrap(), Ok(Response::Done));
