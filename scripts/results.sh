@@ -128,7 +128,8 @@ case "$scale_objects" in
 esac
 
 # The planted bugs (engine/src/canary.rs), the profile that reaches each,
-# and what each does, in table order.
+# what each does and, for a bug of the TCP stack, the network its run
+# needs (datagram otherwise), in table order.
 readonly CANARIES=(
     "ReplicationDropsOnFullQueue|push-only|replication drops ops when its queue is full"
     "SharedSyncCursor|sync-heavy|one sync cursor shared by all peers"
@@ -159,6 +160,8 @@ readonly CANARIES=(
     "WriterMayDrop|standard|Drop asks for the writer role instead of the owner's"
     "ReplicaOfAnyContainer|standard|a replica of any container counts as a replica of every one"
     "RemoveMissingDone|standard|Remove of a node the tree does not hold answers Done"
+    "EvictedSlotKept|standard|a connection closed to make room keeps its connection slot|tcp"
+    "RetriesAnyCall|standard|a write that failed on a pooled connection is sent again on a fresh one|tcp"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 
@@ -168,7 +171,7 @@ claims_cmd() { echo "arbor-sim sweep --seeds 40 --jobs 2 --check-claims --profil
 claims_small_cmd() { echo "arbor-sim sweep --seeds 20 --jobs 2 --check-claims --small --profile $1"; }
 cost_cmd() { echo "arbor-sim sweep --seeds $cost_seeds --jobs 2"; }
 canary_cmd() {
-    echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}"
+    echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}${3:+ --network $3}"
 }
 shrink_cmd() {
     echo "arbor-sim shrink --seed $3 --small --jobs 2 --profile $1 --canary $2 --out sim-tests/regressions/canary-$2.json"
@@ -562,16 +565,17 @@ canary_outcome() {
 }
 
 section_canaries() {
-    local entry name profile what first count kind
+    local entry name profile what network first count kind where
     local readme_rows="" rows=""
     for entry in "${CANARIES[@]}"; do
-        IFS='|' read -r name profile what <<<"$entry"
+        IFS='|' read -r name profile what network <<<"$entry"
+        where="$profile${network:+ over $network}"
         log "canary $name"
         capture "canary-$name" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
-            --profile "$profile" --canary "$name" || true
+            --profile "$profile" --canary "$name" ${network:+--network "$network"} || true
         IFS='|' read -r first count kind <<<"$(canary_outcome "$work/canary-$name.out")"
-        rows+="| \`$name\`: $what | $profile | $first | $count | $kind | \`$(canary_cmd "$profile" "$name")\` |"$'\n'
-        readme_rows+="| $what | $profile | $first | $count |"$'\n'
+        rows+="| \`$name\`: $what | $where | $first | $count | $kind | \`$(canary_cmd "$profile" "$name" "$network")\` |"$'\n'
+        readme_rows+="| $what | $where | $first | $count |"$'\n'
     done
     local control="" off_total=0 off_unread=0 off
     for profile in "${PROFILES[@]}"; do
@@ -582,6 +586,13 @@ section_canaries() {
         if [ -n "$off" ]; then off_total=$((off_total + off)); else off_unread=$((off_unread + 1)); fi
         control+="| $profile | ${off:-?} | \`$(canary_cmd "$profile")\` |"$'\n'
     done
+    # The transport's canaries run the standard profile over TCP.
+    log "canaries off, profile standard over tcp"
+    capture "control-standard-tcp" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
+        --profile standard --network tcp || true
+    off="$(sweep_row "$work/control-standard-tcp.out" | awk '{ print $2 }' || true)"
+    if [ -n "$off" ]; then off_total=$((off_total + off)); else off_unread=$((off_unread + 1)); fi
+    control+="| standard over tcp | ${off:-?} | \`$(canary_cmd standard "" tcp)\` |"$'\n'
     {
         echo "## $(title canaries)"
         echo
@@ -611,9 +622,10 @@ section_canaries() {
             echo "Written by \`scripts/results.sh\` at commit $commit;"
         fi
         if [ "$off_unread" = 0 ]; then
-            echo "with every canary off the same seeds gave $off_total failures over the ${#PROFILES[@]} profiles."
+            echo "with every canary off the same seeds gave $off_total failures over the ${#PROFILES[@]} profiles"
+            echo "and the standard profile over tcp."
         else
-            echo "with every canary off, $off_unread of the ${#PROFILES[@]} profiles' sweeps printed no summary (see \`docs/results.md\`)."
+            echo "with every canary off, $off_unread of the $((${#PROFILES[@]} + 1)) control sweeps printed no summary (see \`docs/results.md\`)."
         fi
         echo "Commands and details: \`docs/results.md\`, \"Canaries\"."
     } >"$work/readme-canaries.md"
@@ -630,10 +642,16 @@ shrink_row() {
 percent() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.0f %%", 100 * a / b; else print "-" }'; }
 
 section_shrink() {
-    local entry name profile what seed rows=""
+    local entry name profile what network seed rows=""
     local bf bc bo br bw af ac ao ar aw trials
     for entry in "${CANARIES[@]}"; do
-        IFS='|' read -r name profile what <<<"$entry"
+        IFS='|' read -r name profile what network <<<"$entry"
+        if [ -n "$network" ]; then
+            # A capsule records a datagram run; a run over tcp is replayed
+            # from its seed instead.
+            rows+="| \`$name\` | $profile over $network | - | not shrunk: capsules hold datagram runs | | | | | |"$'\n'
+            continue
+        fi
         log "shrink $name: finding its first failing seed"
         capture "find-$name" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
             --profile "$profile" --canary "$name" || true

@@ -108,6 +108,14 @@ pub enum Canary {
     /// `Remove` of a node the tree does not hold answers `Done` instead of
     /// `NodeNotFound`: the caller believes it removed something.
     RemoveMissingDone = 29,
+    /// A server connection closed to make room for a new one keeps its
+    /// connection slot: every eviction leaves the server one slot fewer,
+    /// until it refuses every connection.
+    EvictedSlotKept = 30,
+    /// A call of any kind that fails on a pooled connection is sent again
+    /// on a fresh one: a write whose connection broke after the peer took
+    /// it is applied twice.
+    RetriesAnyCall = 31,
 }
 
 impl Canary {

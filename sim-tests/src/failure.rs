@@ -51,10 +51,15 @@ pub enum FailureKind {
     /// predict (docs/design.md §4): refused with another error, or
     /// accepted where a refusal was due, or the reverse.
     WrongOutcome,
+    /// The network stack broke a bound: a server holds connection slots
+    /// no connection uses, a client was not served within the bound
+    /// during a connection storm, or a call was answered after its
+    /// deadline.
+    Connections,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 18] = [
+    pub const ALL: [FailureKind; 19] = [
         FailureKind::Liveness,
         FailureKind::TreeInvariant,
         FailureKind::Divergence,
@@ -73,6 +78,7 @@ impl FailureKind {
         FailureKind::ImpostorOp,
         FailureKind::WrongRefusal,
         FailureKind::WrongOutcome,
+        FailureKind::Connections,
     ];
 
     /// The kind `name` (the words `name` gives) names.
@@ -101,6 +107,7 @@ impl FailureKind {
             FailureKind::ImpostorOp => "impostor op",
             FailureKind::WrongRefusal => "wrong refusal",
             FailureKind::WrongOutcome => "wrong outcome",
+            FailureKind::Connections => "connections",
         }
     }
 }

@@ -5,7 +5,7 @@
 use arbor::canary::Canary;
 use arbor_sim::cli::{run_seed_announced, run_sweep};
 use arbor_sim::scenario::plan::swarm::{Profile, Size};
-use arbor_sim::scenario::{canary_test_name, Options, Report};
+use arbor_sim::scenario::{canary_test_name, network_for_canary, Options, Report};
 use arbor_sim::world::Network;
 use std::sync::Mutex;
 
@@ -45,8 +45,9 @@ fn first_catch(on: &Options) -> Option<Report> {
     None
 }
 
+/// Caught on the network its bug lives on (`network_for_canary`).
 fn caught(canary: Canary) {
-    caught_over(canary, Network::Datagram);
+    caught_over(canary, network_for_canary(canary));
 }
 
 /// As `caught`, with every node on `network`.
@@ -255,4 +256,19 @@ fn replica_of_any_container() {
 #[test]
 fn remove_missing_done() {
     caught(Canary::RemoveMissingDone);
+}
+
+/// Over TCP: the connection faults' storms make the server evict idle
+/// connections, and the slot check sees the slots kept.
+#[test]
+fn evicted_slot_kept() {
+    caught(Canary::EvictedSlotKept);
+}
+
+/// Over TCP: a reset on answer breaks pooled connections after the
+/// server carried out their request; the write sent again makes a second
+/// node with the first one's mark.
+#[test]
+fn retries_any_call() {
+    caught(Canary::RetriesAnyCall);
 }

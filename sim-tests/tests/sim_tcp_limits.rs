@@ -5,7 +5,9 @@
 //! the simulator's sockets (`SimListener`, `SimNet`) and clock, so every
 //! wait is simulated time taken from a seed: a timeout is checked to the
 //! millisecond it is due, no test waits on the wall clock, and a run
-//! repeats exactly. `engine/tests/tcp.rs` keeps the checks of framing and
+//! repeats exactly. The last tests strike connections as the nemesis
+//! does (`simnet::StreamFault`): a reset, a reset after the request ran,
+//! a connection gone half-open. `engine/tests/tcp.rs` keeps the checks of framing and
 //! hostile bytes on real sockets, the production runtime's smoke test.
 
 use arbor::config::{Config, PeerConfig, DEFAULT_CLUSTER_ID};
@@ -20,7 +22,7 @@ use arbor_sim::world::caller_at;
 use arbor_sim::world::clock::{ClockSkew, SimClock};
 use arbor_sim::world::config::client_ip;
 use arbor_sim::world::runtime::SimRuntime;
-use arbor_sim::world::simnet::{Kernels, SimListener, SimNet};
+use arbor_sim::world::simnet::{Kernels, SimListener, SimNet, StreamFault};
 use arbor_sim::world::simtls::Pki;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use madsim::time::Instant;
@@ -110,6 +112,17 @@ async fn start_server_with(
     options: ServerOptions,
     tls: Option<Arc<TlsContext>>,
 ) -> ServerHandle {
+    start_server_in(handler, options, tls, Kernels::default()).await
+}
+
+/// `start_server_with`, its streams entered in `kernels` (where the
+/// connection faults strike).
+async fn start_server_in(
+    handler: Arc<dyn Handler>,
+    options: ServerOptions,
+    tls: Option<Arc<TlsContext>>,
+    kernels: Kernels,
+) -> ServerHandle {
     let addr: SocketAddr = SERVER.parse().unwrap();
     let node = Handle::current()
         .create_node()
@@ -118,7 +131,7 @@ async fn start_server_with(
         .build();
     let (sender, listening) = oneshot::channel();
     node.spawn(async move {
-        let listener = SimListener::bind(addr, caller_at, Kernels::default())
+        let listener = SimListener::bind(addr, caller_at, kernels)
             .await
             .expect("binds");
         let env = Env {
@@ -476,6 +489,11 @@ fn a_half_frame_flood_stays_within_the_frame_budget() {
 /// A transport from replica 1 to a gated server as peer 2, its config
 /// adjusted by `adjust`, on the simulated network and clock.
 fn gated_transport(adjust: impl FnOnce(&mut Config)) -> Arc<TcpTransport> {
+    transport_in(adjust, Kernels::default())
+}
+
+/// `gated_transport`, dialling with the streams entered in `kernels`.
+fn transport_in(adjust: impl FnOnce(&mut Config), kernels: Kernels) -> Arc<TcpTransport> {
     let mut config = Config::default_for_test(1);
     config
         .node
@@ -487,7 +505,7 @@ fn gated_transport(adjust: impl FnOnce(&mut Config)) -> Arc<TcpTransport> {
         config.limits.max_message_bytes,
     );
     let transport = TcpTransport::with_dialer(&config, dialer);
-    Arc::new(transport.with_net(Arc::new(SimNet::default()), clock()))
+    Arc::new(transport.with_net(Arc::new(SimNet::new(kernels)), clock()))
 }
 
 /// Calls held by the gate until `calls` arrived; the tasks holding them.
@@ -560,4 +578,147 @@ fn a_transport_caps_its_calls_in_flight_per_peer() {
             assert_eq!(next.await, Ok(Response::Done));
         })
     }
+}
+
+/// Counts the requests it carried out; answers each at once.
+struct Counting {
+    ran: watch::Sender<usize>,
+}
+
+impl Handler for Counting {
+    fn handle<'a>(&'a self, _caller: &'a Caller, request: Request) -> BoxFuture<'a, Response> {
+        Box::pin(async move {
+            self.ran.send_modify(|n| *n += 1);
+            match request {
+                Request::Healthcheck => HEALTH,
+                _ => Response::Done,
+            }
+        })
+    }
+}
+
+/// The server's address as the machine the faults strike.
+fn server_ip() -> std::net::IpAddr {
+    SERVER.parse::<SocketAddr>().unwrap().ip()
+}
+
+/// What a fault against a pooled connection did to the transport's next
+/// call (a write, `Remove`, which the transport never sends twice) and to
+/// the server.
+struct AfterFault {
+    /// Stream ends the fault struck.
+    struck: usize,
+    outcome: Result<Response, Error>,
+    /// Simulated time the call took.
+    took: Duration,
+    /// Requests the server ran, the call before the fault included.
+    ran: usize,
+    /// Simulated time from the fault until the server held no connection.
+    freed: Duration,
+    stats: ServerStats,
+}
+
+/// Strikes `fault` at the server's machine once a call has left its
+/// connection in the transport's pool, then makes the next call.
+fn call_after_fault(seed: u64, fault: StreamFault, idle_timeout: Duration) -> AfterFault {
+    simulate(seed, || async move {
+        let kernels = Kernels::default();
+        let ran = watch::channel(0).0;
+        let seen = ran.subscribe();
+        let handler = Arc::new(Counting { ran });
+        let options = ServerOptions {
+            idle_timeout,
+            ..options(4)
+        };
+        let handle = start_server_in(handler, options, None, kernels.clone()).await;
+        let transport = transport_in(|_| {}, kernels.clone());
+        let client = client_machine();
+        let t = transport.clone();
+        let first = on(&client, async move {
+            t.call(2, Request::Healthcheck, PATIENCE).await
+        });
+        assert_eq!(first.await, Ok(HEALTH));
+        assert_eq!(transport.idle_connections(2), 1, "the connection is pooled");
+        let struck_at = Instant::now();
+        let struck = kernels.strike(server_ip(), fault);
+        let write = Request::Remove {
+            tree: arbor::TreeKey::new(arbor::ContainerId([1; 32]), "t"),
+            node: 7,
+        };
+        let t = transport.clone();
+        let outcome = on(&client, async move {
+            t.call(2, write, Duration::from_millis(300)).await
+        })
+        .await;
+        let took = struck_at.elapsed();
+        settled(&handle, |s| s.connections_open == 0).await;
+        let freed = struck_at.elapsed();
+        let ran = *seen.borrow();
+        AfterFault {
+            struck,
+            outcome,
+            took,
+            ran,
+            freed,
+            stats: handle.stats(),
+        }
+    })
+}
+
+/// A reset fails the next call on the connection at once, without the
+/// request reaching the server, and the server's slot comes back at once.
+#[test]
+fn a_reset_connection_fails_its_next_call_and_frees_its_slot() {
+    let after = call_after_fault(41, StreamFault::Reset, Duration::from_secs(60));
+    assert_eq!(after.struck, 2, "both ends of the one connection");
+    assert!(
+        matches!(after.outcome, Err(Error::Network(_))),
+        "{:?}",
+        after.outcome
+    );
+    assert!(after.took < Duration::from_millis(50), "{:?}", after.took);
+    assert_eq!(after.ran, 1, "only the call before the reset ran");
+    assert!(after.freed < Duration::from_millis(50), "{:?}", after.freed);
+}
+
+/// A reset on answer lets the request run and breaks the connection as
+/// the answer goes out: the write ran once, its caller heard an error,
+/// and, a write, it was not sent again on a fresh connection.
+#[test]
+fn a_reset_on_answer_runs_the_write_once_and_fails_its_caller() {
+    let after = call_after_fault(42, StreamFault::ResetOnAnswer, Duration::from_secs(60));
+    assert_eq!(after.struck, 1, "the accepted end only");
+    assert!(
+        matches!(after.outcome, Err(Error::Network(_))),
+        "{:?}",
+        after.outcome
+    );
+    assert!(after.took < Duration::from_millis(50), "{:?}", after.took);
+    assert_eq!(after.ran, 2, "the write ran, once");
+    assert!(after.freed < Duration::from_millis(50), "{:?}", after.freed);
+}
+
+/// A half-open connection answers nothing: the call ends at its deadline
+/// to the millisecond, and the server closes its end when its idle
+/// timeout is up, not before, giving its slot back.
+#[test]
+fn a_half_open_connection_ends_the_call_at_its_deadline_and_idles_out() {
+    let idle_timeout = Duration::from_secs(2);
+    let after = call_after_fault(43, StreamFault::Silence, idle_timeout);
+    assert_eq!(after.struck, 2);
+    assert_eq!(after.outcome, Err(Error::Timeout));
+    let deadline = Duration::from_millis(300);
+    let within = after.took >= deadline && after.took < deadline + Duration::from_millis(1);
+    assert!(within, "{:?}", after.took);
+    assert_eq!(after.ran, 1, "the request never arrived");
+    // Idle since the first answer, a few simulated milliseconds before
+    // the fault; `settled` looks every 10 ms.
+    let early = idle_timeout - Duration::from_millis(50);
+    let late = idle_timeout + Duration::from_millis(10);
+    assert!(
+        after.freed > early && after.freed <= late,
+        "{:?}",
+        after.freed
+    );
+    assert_eq!(after.stats.idle_closed, 1);
 }

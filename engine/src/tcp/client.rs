@@ -431,6 +431,11 @@ impl Pool {
     }
 }
 
+/// The planted bug `RetriesAnyCall` (always false in a build without it).
+fn retries_any_call() -> bool {
+    crate::canary::active(crate::canary::Canary::RetriesAnyCall)
+}
+
 async fn call_pooled(
     pool: &Pool,
     peer: ReplicaId,
@@ -444,7 +449,7 @@ async fn call_pooled(
                 pool.give_back(peer, connection);
                 return Ok(response);
             }
-            Err(error) if !request.is_idempotent() => return Err(error),
+            Err(error) if !request.is_idempotent() && !retries_any_call() => return Err(error),
             Err(_) => {}
         }
     }

@@ -21,7 +21,7 @@ use crate::tls::{CertIdentity, TlsContext};
 use crate::types::ReplicaId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -129,7 +129,7 @@ struct Counters {
 #[derive(Default)]
 struct IdleSet {
     next: u64,
-    waiting: BTreeMap<u64, Arc<Notify>>,
+    waiting: BTreeMap<u64, Arc<Eviction>>,
 }
 
 /// What the accept loop and every connection share.
@@ -332,7 +332,8 @@ impl Shared {
         let oldest = self.idle.lock().expect("idle set").waiting.pop_first();
         match oldest {
             Some((_, evict)) => {
-                evict.notify_one();
+                evict.done.store(true, Ordering::SeqCst);
+                evict.notify.notify_one();
                 self.counters.idle_evicted.fetch_add(1, Ordering::Relaxed);
                 true
             }
@@ -368,7 +369,7 @@ impl Shared {
     ) {
         let _slot = slot;
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let evict = Arc::new(Notify::new());
+        let evict = Arc::new(Eviction::default());
         let result = match &self.tls {
             None => {
                 self.serve_requests(&mut buffered(stream), plaintext_caller, &evict)
@@ -385,6 +386,11 @@ impl Shared {
         if let Err(error) = result {
             tracing::debug!(%remote, %error, "connection closed");
         }
+        if crate::canary::active(crate::canary::Canary::EvictedSlotKept)
+            && evict.done.load(Ordering::SeqCst)
+        {
+            std::mem::forget(_slot);
+        }
     }
 
     /// The TLS handshake, then who the client certificate names. A refused
@@ -394,7 +400,7 @@ impl Shared {
         acceptor: &tokio_rustls::TlsAcceptor,
         stream: Box<dyn Stream>,
         remote: SocketAddr,
-        evict: &Arc<Notify>,
+        evict: &Arc<Eviction>,
     ) -> Result<(Box<dyn Stream>, Caller)> {
         let _idle = IdleTicket::enter(&self.idle, evict);
         let accept = acceptor.accept(stream);
@@ -402,7 +408,7 @@ impl Shared {
         let outcome = tokio::select! {
             biased;
             _ = stop.wait_for(|stop| *stop) => return Err(Error::ShuttingDown),
-            () = evict.notified() => return Err(Error::Network("closed for room".into())),
+            () = evict.notify.notified() => return Err(Error::Network("closed for room".into())),
             outcome = with_timeout(&*self.env.clock, self.options.handshake_timeout, accept) => outcome,
         };
         let mut stream = match outcome {
@@ -452,7 +458,7 @@ impl Shared {
         &self,
         stream: &mut S,
         mut caller: Caller,
-        evict: &Arc<Notify>,
+        evict: &Arc<Eviction>,
     ) -> Result<()> {
         loop {
             let request = match self.next_request(stream, evict).await {
@@ -522,7 +528,7 @@ impl Shared {
     async fn next_request<S: Stream>(
         &self,
         stream: &mut S,
-        evict: &Arc<Notify>,
+        evict: &Arc<Eviction>,
     ) -> Result<Option<Envelope<Request>>> {
         let mut first = [0u8; 1];
         let read = {
@@ -532,7 +538,7 @@ impl Shared {
             tokio::select! {
                 biased;
                 _ = stop.wait_for(|stop| *stop) => return Err(Error::ShuttingDown),
-                () = evict.notified() => return Ok(None),
+                () = evict.notify.notified() => return Ok(None),
                 read = with_timeout(&*self.env.clock, idle_timeout, stream.read(&mut first)) => read,
             }
         };
@@ -587,6 +593,14 @@ impl Shared {
     }
 }
 
+/// How the server tells a waiting connection to close for room.
+#[derive(Default)]
+struct Eviction {
+    notify: Notify,
+    /// Set once the connection was chosen.
+    done: AtomicBool,
+}
+
 /// A connection's place in the idle set while it waits; it leaves when the
 /// wait ends.
 struct IdleTicket<'a> {
@@ -595,7 +609,7 @@ struct IdleTicket<'a> {
 }
 
 impl<'a> IdleTicket<'a> {
-    fn enter(set: &'a Mutex<IdleSet>, evict: &Arc<Notify>) -> Self {
+    fn enter(set: &'a Mutex<IdleSet>, evict: &Arc<Eviction>) -> Self {
         let mut idle = set.lock().expect("idle set");
         idle.next += 1;
         let ticket = idle.next;

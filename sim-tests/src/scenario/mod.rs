@@ -193,6 +193,15 @@ impl fmt::Display for Report {
     }
 }
 
+/// The network a canary's test runs on: the transport's planted bugs
+/// live in the engine's TCP stack, which the datagram network bypasses.
+pub fn network_for_canary(canary: Canary) -> Network {
+    match canary {
+        Canary::EvictedSlotKept | Canary::RetriesAnyCall => Network::Tcp,
+        _ => Network::Datagram,
+    }
+}
+
 /// The name of the test in tests/canary.rs that covers a canary.
 pub fn canary_test_name(canary: Canary) -> &'static str {
     canary.into()
@@ -262,7 +271,7 @@ pub fn run_plan(plan: &Plan, options: &Options) -> Report {
     arbor::probe::take();
     let time_limit = swarm.size.workload_duration + RUN_TIME_LIMIT_EXTRA;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let body = |probe| simulate(plan, &trace, probe, options.network);
+        let body = |probe| simulate(plan, &trace, probe, options);
         lifecycle::run_in_runtime(seed, madsim::Config::default(), Some(time_limit), body)
     }));
     let (counts, failure) = match outcome {
@@ -300,7 +309,14 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-fn build_world(swarm: &Swarm, trace: &Trace, network: Network) -> World {
+/// The world of `swarm` on `network`; on a stream network every node
+/// takes `wire`'s connection limits.
+fn build_world(
+    swarm: &Swarm,
+    trace: &Trace,
+    network: Network,
+    wire: Option<&nemesis::wire::WireKnobs>,
+) -> World {
     let containers: Vec<ContainerConfig> = replica_sets(swarm.replicas)
         .into_iter()
         .map(|(cid, replicas)| ContainerConfig::new(cid, replicas))
@@ -317,6 +333,9 @@ fn build_world(swarm: &Swarm, trace: &Trace, network: Network) -> World {
         config.pilorama.wal_segment_bytes = swarm.wal.segment_bytes;
         config.tree.ack_replicas = swarm.ack_replicas;
         config.access = access.clone();
+        if let Some(wire) = wire {
+            wire.apply(config);
+        }
     }
     let disk_config = |i: usize| {
         let mut config = DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
@@ -333,10 +352,22 @@ async fn simulate(
     plan: &Plan,
     trace: &Trace,
     probe: LeakProbe,
-    network: Network,
+    options: &Options,
 ) -> (Counts, Result<(), Failure>) {
     let swarm = &plan.swarm;
-    let mut world = build_world(swarm, trace, network);
+    let network = options.network;
+    // Connection limits and faults only where there are connections.
+    let wire = (network.is_stream()).then(|| {
+        let latency_max = (plan.faults.iter())
+            .filter_map(|fault| match fault.kind {
+                plan::FaultKind::LatencySpike { high_ms } => Some(high_ms),
+                _ => None,
+            })
+            .max()
+            .map_or(Duration::ZERO, Duration::from_millis);
+        nemesis::wire::WirePlan::draw(swarm, options.faults).with_latency_max(latency_max)
+    });
+    let mut world = build_world(swarm, trace, network, wire.as_ref().map(|w| &w.knobs));
     probe.watch(&world);
     let clients: Vec<_> = plan
         .clients
@@ -347,6 +378,10 @@ async fn simulate(
     // keeps: it holds no right (`workload::intruder::access_config`).
     let intruder = world.client_numbered(intruder_index(swarm));
     let rogue = swarm.rogue_replica.map(|id| world.caller_as_replica(id));
+    let wire = wire.map(|wire| {
+        let index = nemesis::wire::probe_client_index(swarm.size.clients);
+        (wire, world.misled_client(index))
+    });
     // Only a run with misconfiguration windows has the misled client.
     let misled = plan
         .faults
@@ -377,7 +412,7 @@ async fn simulate(
     let result = async {
         lifecycle::boot(&world).await?;
         let drivers = (&workload, &nemesis, &supervisor);
-        run_workload(plan, drivers, clients, (intruder, rogue)).await;
+        run_workload(plan, drivers, clients, (intruder, rogue), wire).await;
         let ledger = async { workload.ledger.lock().unwrap().clone() };
         lifecycle::heal_and_check(&supervisor, ledger).await
     }
@@ -452,6 +487,7 @@ async fn run_workload(
     (workload, nemesis, supervisor): (&Arc<Workload>, &Arc<Nemesis>, &Arc<Supervisor>),
     clients: Vec<crate::world::Client>,
     (intruder, rogue): (crate::world::Client, Option<crate::world::Client>),
+    wire: Option<(nemesis::wire::WirePlan, crate::world::Client)>,
 ) {
     let size = plan.swarm.size;
     let start = crate::world::clock::global_now();
@@ -486,6 +522,11 @@ async fn run_workload(
         )));
     }
     let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
+    if let Some((wire, probe)) = wire {
+        let verdict = workload.verdict.clone();
+        let run = nemesis::wire::run(wire, supervisor.clone(), verdict, probe, start, deadline);
+        tasks.push(madsim::task::spawn(run));
+    }
     // A task more changes the schedule of the whole run: spawned only when
     // there is a change to carry out, so a seed without one runs (and its
     // capsules replay) as before membership changes existed.

@@ -53,6 +53,10 @@ const OLD_INCARNATION_DROP_MAX: Duration = Duration::from_secs(1);
 /// Ops stored per tree on one replica.
 pub type Heights = BTreeMap<TreeKey, u64>;
 
+/// How far past its deadline a client's call may end: none, but for the
+/// simulated clock's rounding.
+const CALL_DEADLINE_SLACK: Duration = Duration::from_millis(1);
+
 /// Time for a (re)started replica to serve (simulated).
 pub const BOOT_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -108,6 +112,16 @@ impl SimNode {
             return 0;
         }
         self.boot.serving.lock().unwrap().load(Ordering::SeqCst)
+    }
+
+    /// On a stream network, the latest incarnation's server counts and the
+    /// connections its listener accepted that are still alive; `None`
+    /// while the node is down or on the datagram network.
+    pub fn server_connections(&self) -> Option<(arbor::tcp::ServerStats, usize)> {
+        self.service()?;
+        let (handle, listener) = self.boot.server.lock().unwrap().clone()?;
+        let alive = self.boot.kernels.accepted_alive(listener);
+        Some((handle.stats(), alive))
     }
 
     /// True while the node runs as a stand-in (`World::stand_in`).
@@ -207,6 +221,11 @@ impl World {
     /// How nodes and clients of this world reach each other.
     pub fn network(&self) -> Network {
         self.network
+    }
+
+    /// The kernels of the stream network: where connection faults strike.
+    pub fn kernels(&self) -> &simnet::Kernels {
+        &self.kernels
     }
 
     /// Replicas with `configs` on fault-free disks without skew.
@@ -436,6 +455,7 @@ impl World {
         self.trace.record(&node.name, "crash (power failure)");
         self.trace.fingerprint(RunEvent::Crash, &node.name, &[]);
         node.service.lock().unwrap().take();
+        node.boot.server.lock().unwrap().take();
         node.disk.power_fail();
         self.kernels.power_lost(node.addr.ip());
         Handle::current().kill(node.node.id());
@@ -483,6 +503,7 @@ impl World {
         self.trace
             .fingerprint(RunEvent::DiskDestroyed, &node.name, &[]);
         node.service.lock().unwrap().take();
+        node.boot.server.lock().unwrap().take();
         self.kernels.power_lost(node.addr.ip());
         Handle::current().kill(node.node.id());
         node.disk.destroy();
@@ -675,6 +696,8 @@ fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
         .unwrap()
         .take()
         .map(|service| Arc::downgrade(service.forest()));
+    // The server's handle holds the service too.
+    node.boot.server.lock().unwrap().take();
     Handle::current().kill(node.node.id());
     old
 }
@@ -777,6 +800,7 @@ fn build_node(spec: NodeSpec, shared: Shared, trace: Trace, network: Network) ->
         network,
         kernels,
         pki,
+        server: Mutex::new(None),
     };
     let boot = Arc::new(boot);
     let init = boot.clone();
@@ -825,6 +849,10 @@ struct Boot {
     network: Network,
     kernels: simnet::Kernels,
     pki: Option<Arc<simtls::Pki>>,
+    /// The TCP server of the latest incarnation and its listener's number
+    /// (stream networks only), dropped with the incarnation: it holds the
+    /// service.
+    server: Mutex<Option<(arbor::tcp::ServerHandle, u64)>>,
 }
 
 impl Boot {
@@ -980,9 +1008,11 @@ impl Boot {
             trace: self.trace.clone(),
         });
         let options = arbor::tcp::ServerOptions::from_config(config);
-        arbor::tcp::Server::with_env(Box::new(listener), handler, options, self.tls(), env)
-            .run()
-            .await
+        let number = listener.number();
+        let server =
+            arbor::tcp::Server::with_env(Box::new(listener), handler, options, self.tls(), env);
+        *self.server.lock().unwrap() = Some((server.handle(), number));
+        server.run().await
     }
 
     async fn open_forest(&self, config: &Config, disk: &SimDisk) -> Option<arbor::forest::Forest> {
@@ -1030,6 +1060,7 @@ impl Client {
             )));
         }
         let _in_flight = self.rotation.enter(replica);
+        let began = clock::global_now();
         let call = self.transport.call(replica, request, timeout);
         let result = match self.node.spawn(call).await {
             Ok(result) => result,
@@ -1040,6 +1071,14 @@ impl Client {
             Err(e) if e.is_panic() => Err(Error::Network("client task panicked".into())),
             Err(_) => Err(Error::Network("client task cancelled".into())),
         };
+        // Every transport ends a call at its deadline, answered or not; a
+        // caller left waiting longer is a broken bound, not a slow run.
+        let took = clock::global_now() - began;
+        assert!(
+            took <= timeout + CALL_DEADLINE_SLACK,
+            "{}: a call to replica-{replica} ended {took:?} after it began, beyond its deadline of {timeout:?}",
+            self.name
+        );
         let outcome = postcard::to_allocvec(&result).expect("an outcome always encodes");
         self.trace.fingerprint(
             RunEvent::Outcome,

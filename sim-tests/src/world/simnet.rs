@@ -35,6 +35,18 @@
 //! the same as if they had been lost on the way, which the engine must
 //! survive anyway. Writes are madsim's: to a dead end they fail once madsim
 //! dropped its stream, and are lost until then.
+//!
+//! The connection faults of the nemesis (`scenario::nemesis::wire`) act on
+//! single streams, which `Kernels` keeps a register of while they live:
+//! a reset fails every read and write of both ends at once (what arrived
+//! and was not read goes, as with a TCP reset); a reset on answer lets a
+//! server's connection take its next request whole and resets both ends
+//! when the server writes the answer (the caller cannot know whether its
+//! request was carried out); and silence turns both ends into a
+//! half-open connection: reads never end, writes and flushes succeed and
+//! carry nothing. The register also counts the streams each
+//! listener accepted and still holds, which the checkers hold a server's
+//! count of used connection slots to.
 
 use super::transport::{Handler, MessageFilter};
 use crate::trace::{RunEvent, Trace};
@@ -46,8 +58,9 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -65,6 +78,68 @@ struct KernelBook {
     /// Connections dialled and not yet accepted, by (dialler, listener)
     /// address: the dialler's kernel incarnation when it dialled.
     dialled: BTreeMap<(SocketAddr, SocketAddr), u64>,
+    /// Every stream end alive now, by its number.
+    streams: BTreeMap<u64, Registered>,
+    /// Numbers given to stream ends and listeners so far.
+    numbered: u64,
+}
+
+/// A live stream end in the register.
+#[derive(Debug)]
+struct Registered {
+    /// The machines at both ends.
+    ips: [IpAddr; 2],
+    /// The listener that accepted it; `None` at the dialling end.
+    listener: Option<u64>,
+    /// The connection's two addresses, lower first: the same at both ends.
+    pair: (SocketAddr, SocketAddr),
+    fate: Arc<Fate>,
+}
+
+/// What the nemesis did to a stream end: nothing (0), a reset or silence.
+#[derive(Debug, Default)]
+struct Fate {
+    state: AtomicU8,
+    /// The task last left waiting on a read, woken by a reset.
+    reader: Mutex<Option<Waker>>,
+}
+
+const FATE_RESET: u8 = 1;
+const FATE_SILENT: u8 = 2;
+/// Reset both ends at this end's next write.
+const FATE_RESET_ON_WRITE: u8 = 3;
+
+impl Fate {
+    fn get(&self) -> u8 {
+        self.state.load(Ordering::SeqCst)
+    }
+
+    /// Moves an open stream end to `state` (a reset also ends silence);
+    /// true when it changed.
+    fn strike(&self, state: u8) -> bool {
+        let now = self.get();
+        if now == state || now == FATE_RESET {
+            return false;
+        }
+        self.state.store(state, Ordering::SeqCst);
+        if let Some(reader) = self.reader.lock().unwrap().take() {
+            reader.wake();
+        }
+        true
+    }
+}
+
+/// What the nemesis does to every stream of a machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamFault {
+    /// Both ends fail every read and write from now on.
+    Reset,
+    /// Both ends become half-open: nothing arrives any more, writes
+    /// vanish, and neither end learns of it.
+    Silence,
+    /// The connections the machine accepted are reset when it next
+    /// writes on them (answers the request it is serving or takes next).
+    ResetOnAnswer,
 }
 
 impl Kernels {
@@ -105,6 +180,74 @@ impl Kernels {
         }
     }
 
+    /// Strikes every live stream with an end at `ip` (both ends of each
+    /// connection); how many stream ends changed.
+    pub fn strike(&self, ip: IpAddr, fault: StreamFault) -> usize {
+        let (state, accepted_only) = match fault {
+            StreamFault::Reset => (FATE_RESET, false),
+            StreamFault::Silence => (FATE_SILENT, false),
+            StreamFault::ResetOnAnswer => (FATE_RESET_ON_WRITE, true),
+        };
+        let book = self.0.lock().unwrap();
+        (book.streams.values())
+            .filter(|stream| match accepted_only {
+                true => stream.listener.is_some() && stream.ips[0] == ip,
+                false => stream.ips.contains(&ip),
+            })
+            .filter(|stream| stream.fate.strike(state))
+            .count()
+    }
+
+    /// Resets both ends of the connection between `pair`.
+    fn reset_pair(&self, pair: (SocketAddr, SocketAddr)) {
+        let book = self.0.lock().unwrap();
+        for stream in book.streams.values().filter(|s| s.pair == pair) {
+            stream.fate.strike(FATE_RESET);
+        }
+    }
+
+    /// Stream ends that listener `listener` (`SimListener::number`)
+    /// accepted and that are still alive, whatever their fate.
+    pub fn accepted_alive(&self, listener: u64) -> usize {
+        let book = self.0.lock().unwrap();
+        (book.streams.values())
+            .filter(|stream| stream.listener == Some(listener))
+            .count()
+    }
+
+    /// A new number for a stream end or a listener.
+    fn number(&self) -> u64 {
+        let mut book = self.0.lock().unwrap();
+        book.numbered += 1;
+        book.numbered
+    }
+
+    /// Enters a new stream end between `ends` on the connection `pair`;
+    /// `listener` accepted it.
+    fn register(
+        &self,
+        ends: [End; 2],
+        pair: (SocketAddr, SocketAddr),
+        listener: Option<u64>,
+    ) -> (u64, Arc<Fate>) {
+        let number = self.number();
+        let fate = Arc::new(Fate::default());
+        let entry = Registered {
+            ips: [ends[0].ip, ends[1].ip],
+            listener,
+            pair: (pair.0.min(pair.1), pair.0.max(pair.1)),
+            fate: fate.clone(),
+        };
+        self.0.lock().unwrap().streams.insert(number, entry);
+        (number, fate)
+    }
+
+    fn unregister(&self, number: u64) {
+        if let Ok(mut book) = self.0.lock() {
+            book.streams.remove(&number);
+        }
+    }
+
     /// The end at `ip`, in the kernel incarnation it runs now.
     fn end(&self, ip: IpAddr) -> End {
         End {
@@ -130,15 +273,42 @@ pub struct SimStream {
     inner: madsim::net::TcpStream,
     kernels: Kernels,
     ends: [End; 2],
+    /// Its number in the register, its connection's addresses and what
+    /// the nemesis did to it.
+    number: u64,
+    pair: (SocketAddr, SocketAddr),
+    fate: Arc<Fate>,
 }
 
 impl SimStream {
-    fn new(inner: madsim::net::TcpStream, kernels: Kernels, ends: [End; 2]) -> Self {
-        Self {
+    /// A stream end between `ends`, accepted by `listener` (`None` at the
+    /// dialling end), entered in the register while it lives.
+    fn new(
+        inner: madsim::net::TcpStream,
+        kernels: Kernels,
+        ends: [End; 2],
+        listener: Option<u64>,
+    ) -> io::Result<Self> {
+        let pair = (inner.local_addr()?, inner.peer_addr()?);
+        let pair = (pair.0.min(pair.1), pair.0.max(pair.1));
+        let (number, fate) = kernels.register(ends, pair, listener);
+        Ok(Self {
             inner,
             kernels,
             ends,
+            number,
+            pair,
+            fate,
+        })
+    }
+
+    /// The fate of this end before a write: a pending reset on answer
+    /// strikes both ends now.
+    fn fate_of_write(&self) -> u8 {
+        if self.fate.get() == FATE_RESET_ON_WRITE {
+            self.kernels.reset_pair(self.pair);
         }
+        self.fate.get()
     }
 
     /// True once either end's machine lost power since the connection
@@ -163,8 +333,22 @@ impl AsyncRead for SimStream {
                 "the machine at the other end lost power",
             )));
         }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
+        match this.fate.get() {
+            FATE_RESET => return Poll::Ready(Err(reset())),
+            // Woken by nothing: the reader's own timeout ends its wait.
+            FATE_SILENT => return Poll::Pending,
+            _ => {}
+        }
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if read.is_pending() {
+            *this.fate.reader.lock().unwrap() = Some(cx.waker().clone());
+        }
+        read
     }
+}
+
+fn reset() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionReset, "connection reset")
 }
 
 impl AsyncWrite for SimStream {
@@ -173,15 +357,29 @@ impl AsyncWrite for SimStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        match self.fate_of_write() {
+            FATE_RESET => Poll::Ready(Err(reset())),
+            FATE_SILENT => Poll::Ready(Ok(buf.len())),
+            _ => Pin::new(&mut self.inner).poll_write(cx, buf),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        match self.fate_of_write() {
+            FATE_RESET => Poll::Ready(Err(reset())),
+            FATE_SILENT => Poll::Ready(Ok(())),
+            _ => Pin::new(&mut self.inner).poll_flush(cx),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl Drop for SimStream {
+    fn drop(&mut self) {
+        self.kernels.unregister(self.number);
     }
 }
 
@@ -206,7 +404,7 @@ impl Net for SimNet {
             let stream = madsim::net::TcpStream::connect(address.as_str()).await?;
             let (local, remote) = (stream.local_addr()?, stream.peer_addr()?);
             let ends = [kernels.dialled(local, remote), kernels.end(remote.ip())];
-            Ok(Box::new(SimStream::new(stream, kernels, ends)) as Box<dyn Stream>)
+            Ok(Box::new(SimStream::new(stream, kernels, ends, None)?) as Box<dyn Stream>)
         })
     }
 }
@@ -221,6 +419,8 @@ pub struct SimListener {
     listener: madsim::net::TcpListener,
     identify: fn(SocketAddr) -> Caller,
     kernels: Kernels,
+    /// Its number, which the streams it accepts carry in the register.
+    number: u64,
 }
 
 impl SimListener {
@@ -231,11 +431,18 @@ impl SimListener {
         kernels: Kernels,
     ) -> io::Result<SimListener> {
         let listener = madsim::net::TcpListener::bind(addr).await?;
+        let number = kernels.number();
         Ok(SimListener {
             listener,
             identify,
             kernels,
+            number,
         })
+    }
+
+    /// Its number, for `Kernels::accepted_alive`.
+    pub fn number(&self) -> u64 {
+        self.number
     }
 }
 
@@ -248,7 +455,7 @@ impl Listener for SimListener {
                 self.kernels.end(local.ip()),
                 self.kernels.accepted(local, remote),
             ];
-            let stream = SimStream::new(stream, self.kernels.clone(), ends);
+            let stream = SimStream::new(stream, self.kernels.clone(), ends, Some(self.number))?;
             Ok((Box::new(stream) as Box<dyn Stream>, remote))
         })
     }

@@ -12,7 +12,8 @@
 //!   sent; an acknowledged move took effect and an acknowledged remove left
 //!   its node under TRASH unless the model says a newer op overrode it (or
 //!   the move would have made a cycle); a write refused with a definite
-//!   error appears nowhere.
+//!   error appears nowhere; and no creation was carried out twice (no two
+//!   nodes of a tree carry one write's mark, whatever its caller was told).
 //!
 //! They also count the situations the run reached (`coverage`).
 
@@ -442,6 +443,7 @@ fn promises(at: &Checkpoint) -> Result {
         }
     }
     never_applied(at)?;
+    applied_once(at, &common)?;
     let coverage = &at.world.hooks.coverage;
     for failed in &at.ledger.unknown {
         if let Some(Some(state)) = common.get(&failed.tree) {
@@ -451,6 +453,45 @@ fn promises(at: &Checkpoint) -> Result {
         }
     }
     coverage.add(Coverage::DefiniteFailure, at.ledger.refused.len() as u64);
+    Ok(())
+}
+
+/// Each marked write sent made at most one node: a creation carried out
+/// twice (a transport that sends a write again after its connection broke
+/// behind it, say) leaves its mark on two nodes. (Later ops of the same
+/// node may carry its meta again, and a move carried out twice leaves one
+/// node where it was told to go: neither shows here.)
+fn applied_once(at: &Checkpoint, common: &BTreeMap<TreeKey, Option<Common>>) -> Result {
+    let mut sent: BTreeMap<&TreeKey, BTreeSet<&KeyValue>> = BTreeMap::new();
+    for (tree, mark) in &at.ledger.marks_sent {
+        sent.entry(tree).or_default().insert(mark);
+    }
+    for (tree, marks) in sent {
+        let Some(Some(state)) = common.get(tree) else {
+            continue;
+        };
+        // The node each mark first came with, and that op's stamp.
+        let mut seen: BTreeMap<&KeyValue, (NodeId, u64)> = BTreeMap::new();
+        for op in &state.view.log {
+            for item in op.meta.items.iter().filter(|kv| marks.contains(kv)) {
+                let (node, first) = *seen.entry(item).or_insert((op.child, op.ts()));
+                if node != op.child {
+                    return Err(Failure::new(
+                        FailureKind::BrokenPromise,
+                        format!(
+                            "{}: {:?}/{}: one write carried out twice: ops {first} and {} \
+                             both carry {item:?}, for nodes {node} and {}",
+                            at.when,
+                            tree.cid,
+                            tree.tree,
+                            op.ts(),
+                            op.child
+                        ),
+                    ));
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -114,6 +114,9 @@ pub struct Ledger {
     pub refused: Vec<Failed>,
     /// Writes whose outcome is unknown (their call timed out, say).
     pub unknown: Vec<Failed>,
+    /// The mark of every marked write sent (`mark_of`), whatever became of
+    /// it: no two ops of a tree may carry one (`answers::Promises`).
+    pub marks_sent: Vec<(TreeKey, KeyValue)>,
     pub ops_sent: u64,
     pub ops_acked: u64,
     pub ops_failed: u64,

@@ -7,11 +7,13 @@
 //! The disruptions with more to them each have a module: `members`
 //! (a replica joins or leaves a container), `replace` (a disk destroyed,
 //! its node rejoining on an empty one) and `misconfig` (a process claiming
-//! another replica's id).
+//! another replica's id); `wire` strikes the connections themselves on a
+//! stream network.
 
 pub mod members;
 pub mod misconfig;
 pub mod replace;
+pub mod wire;
 
 use super::check::invariants::{self, InvariantSweep, Sweep};
 use super::plan::{FaultKind, Link, PlannedFault};

@@ -115,6 +115,9 @@ impl Profile {
             Canary::AnswerBudgetEighth => Profile::Standard,
             Canary::WriterMayDrop => Profile::Standard,
             Canary::ReplicaOfAnyContainer | Canary::RemoveMissingDone => Profile::Standard,
+            // Transport bugs: caught on a stream network, whose runs draw
+            // connection faults and small connection limits.
+            Canary::EvictedSlotKept | Canary::RetriesAnyCall => Profile::Standard,
         }
     }
 
@@ -381,7 +384,7 @@ const SYNC_ONLY_INTERVAL: Duration = Duration::from_millis(500);
 /// of the replication timeout.
 const REPLICATED_BATCH_DELAYS_MS: [u64; 4] = [0, 25, 50, 100];
 
-fn pick<T: Copy>(rng: &mut SplitMix64, options: &[T]) -> T {
+pub(crate) fn pick<T: Copy>(rng: &mut SplitMix64, options: &[T]) -> T {
     options[(rng.next_u64() % options.len() as u64) as usize]
 }
 

@@ -243,8 +243,12 @@ pub(super) async fn call(
         &client.name,
         format!("op#{op} {summary} -> replica-{replica}"),
     );
-    workload.ledger.lock().unwrap().ops_sent += 1;
     let mark = ledger::mark_of(&request);
+    {
+        let mut ledger = workload.ledger.lock().unwrap();
+        ledger.ops_sent += 1;
+        ledger.marks_sent.extend(mark.clone());
+    }
     let result = client.call(replica, request, workload.call_timeout).await;
     let answered = result.is_ok();
     let outcome = match &result {

@@ -1,0 +1,432 @@
+//! Faults of the connections themselves, struck when the nodes talk
+//! through the engine's own stack (`Network::Tcp`, `Network::Tls`): the
+//! datagram network has no connections to break.
+//!
+//! A stream run draws, from its seed alone, connection limits small enough
+//! to bind (`WireKnobs`: a node's connection slots, the idle timeout) and a
+//! list of connection faults, each against one replica's machine:
+//! - a reset of every connection it has, in whatever state its frames are;
+//! - a reset on answer: its accepted connections take their next request
+//!   whole and break when it writes the answer, so the caller cannot tell
+//!   whether the request was carried out;
+//! - silence: every connection it has turns half-open, nothing arriving
+//!   any more at either end and neither end told;
+//! - a storm: a stranger opens many connections to it and holds them for
+//!   the window, silent or each with half a frame sent.
+//!
+//! What is held to account, besides every checker of the run:
+//! - a server never holds more connection slots than connections: checked
+//!   every second on every live node, and at the end of each storm;
+//! - during a storm, a client is served within the idle timeout (plus the
+//!   frame timeout when the storm holds half frames, and the network's
+//!   longest delay on each trip of a call), unless the replica went down
+//!   or was restarted meanwhile;
+//! - no call of a world client outlives its deadline (`world::Client::call`).
+
+use super::super::plan::swarm::{pick, Swarm};
+use crate::disk::SplitMix64;
+use crate::failure::{Failure, FailureKind, Verdict};
+use crate::world::clock::global_now;
+use crate::world::simnet::{SimNet, StreamFault};
+use crate::world::supervisor::Supervisor;
+use crate::world::{Client, World};
+use arbor::config::Config;
+use arbor::net::Net;
+use arbor::proto::Request;
+use arbor::ReplicaId;
+use madsim::runtime::Handle;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// Connection slots a stream run's nodes may draw: the smallest bind all
+/// run long (each client and peer keeps connections), the largest never.
+const MAX_CONNECTIONS: [usize; 5] = [4, 8, 16, 64, 4096];
+/// Idle timeouts a stream run's nodes may draw, in milliseconds.
+const IDLE_TIMEOUT_MS: [u64; 4] = [500, 2_000, 10_000, 60_000];
+/// Connection faults per 15 s of workload: 1 up to this.
+const FAULTS_PER_15S_MAX: u64 = 4;
+/// Sockets a storm may open.
+const STORM_SOCKETS: [usize; 4] = [2, 8, 32, 128];
+/// How long a storm holds its sockets, in milliseconds.
+const STORM_WINDOW_MS: [u64; 3] = [500, 2_000, 8_000];
+/// Simulated time between two checks of every server's slots.
+const SLOT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// What a client served during a storm may take beyond its bound, besides
+/// the network's delays.
+const PROBE_MARGIN: Duration = Duration::from_secs(1);
+/// One-way trips a probe call may make: the connection, a TLS handshake's
+/// two round trips, the request and its answer, and one trip lost.
+const PROBE_TRIPS: u32 = 8;
+/// Between two attempts of the storm's probe client.
+const PROBE_RETRY: Duration = Duration::from_millis(10);
+
+/// The connection limits of every node of a stream run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireKnobs {
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+}
+
+impl WireKnobs {
+    pub fn apply(&self, config: &mut Config) {
+        config.limits.max_connections = self.max_connections;
+        config.limits.idle_connection_timeout = self.idle_timeout;
+    }
+}
+
+/// What a connection fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireKind {
+    Reset,
+    ResetOnAnswer,
+    Silence,
+    /// `sockets` connections held for the window, silent or each with
+    /// half a frame sent.
+    Storm {
+        sockets: usize,
+        half_frames: bool,
+    },
+}
+
+/// One connection fault against `replica`'s machine, `at_ms` after the
+/// workload starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireFault {
+    pub at_ms: u64,
+    pub window_ms: u64,
+    pub replica: ReplicaId,
+    pub kind: WireKind,
+}
+
+/// A stream run's connection limits and faults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WirePlan {
+    pub knobs: WireKnobs,
+    pub faults: Vec<WireFault>,
+    /// The longest one-way delay the run's network may have (its latency
+    /// spikes): a probe during a storm may wait it out on each of its
+    /// round trips.
+    pub latency_max: Duration,
+}
+
+impl WirePlan {
+    /// Drawn from the seed on a stream of its own: the swarm and the
+    /// plan draw the same as on the datagram network.
+    pub fn draw(swarm: &Swarm, faults_on: bool) -> WirePlan {
+        let mut rng = SplitMix64::new(swarm.seed ^ 0x5749_5245_0000_0000);
+        let knobs = WireKnobs {
+            max_connections: pick(&mut rng, &MAX_CONNECTIONS),
+            idle_timeout: Duration::from_millis(pick(&mut rng, &IDLE_TIMEOUT_MS)),
+        };
+        let span_ms = swarm.size.workload_duration.as_millis() as u64;
+        let most = FAULTS_PER_15S_MAX * span_ms.div_ceil(15_000);
+        let count = match faults_on {
+            true => 1 + rng.next_u64() % most,
+            false => 0,
+        };
+        let mut faults: Vec<WireFault> = (0..count)
+            .map(|_| {
+                let at_ms = 500 + rng.next_u64() % (span_ms * 8 / 10).max(1);
+                let replica = 1 + (rng.next_u64() % swarm.replicas as u64) as ReplicaId;
+                let window_ms = pick(&mut rng, &STORM_WINDOW_MS);
+                let kind = match rng.next_u64() % 10 {
+                    0..=1 => WireKind::Reset,
+                    2..=4 => WireKind::ResetOnAnswer,
+                    5..=6 => WireKind::Silence,
+                    _ => WireKind::Storm {
+                        sockets: pick(&mut rng, &STORM_SOCKETS),
+                        half_frames: rng.next_u64() % 2 == 0,
+                    },
+                };
+                WireFault {
+                    at_ms,
+                    window_ms,
+                    replica,
+                    kind,
+                }
+            })
+            .collect();
+        faults.sort_by_key(|f| f.at_ms);
+        WirePlan {
+            knobs,
+            faults,
+            latency_max: Duration::ZERO,
+        }
+    }
+
+    /// With the longest one-way delay the run's network may have.
+    pub fn with_latency_max(mut self, latency_max: Duration) -> Self {
+        self.latency_max = latency_max;
+        self
+    }
+}
+
+/// The number of the client that checks a replica serves during a storm:
+/// after the intruder and the misled client.
+pub fn probe_client_index(clients: usize) -> usize {
+    clients + 3
+}
+
+/// Strikes `plan`'s faults from `start` on and checks every server's slots
+/// until `deadline`; fails `verdict` on the first broken bound.
+pub async fn run(
+    plan: WirePlan,
+    supervisor: Arc<Supervisor>,
+    verdict: Verdict,
+    probe: Client,
+    start: Duration,
+    deadline: Duration,
+) {
+    let probe = Arc::new(probe);
+    supervisor.world().trace.record(
+        "wire",
+        format!(
+            "{} connection slots, idle timeout {:?}; faults {:?}",
+            plan.knobs.max_connections, plan.knobs.idle_timeout, plan.faults
+        ),
+    );
+    let slots = {
+        let (supervisor, verdict) = (supervisor.clone(), verdict.clone());
+        async move {
+            while global_now() + SLOT_CHECK_INTERVAL < deadline && !verdict.failed() {
+                madsim::time::sleep(SLOT_CHECK_INTERVAL).await;
+                if let Err(failure) = check_slots(supervisor.world()) {
+                    verdict.fail(failure);
+                }
+            }
+        }
+    };
+    let strikes = async {
+        for (number, fault) in plan.faults.iter().enumerate() {
+            let at = start + Duration::from_millis(fault.at_ms);
+            if at >= deadline || verdict.failed() {
+                break;
+            }
+            madsim::time::sleep(at.saturating_sub(global_now())).await;
+            let strike = Strike {
+                supervisor: supervisor.clone(),
+                verdict: verdict.clone(),
+                probe: probe.clone(),
+                fault: fault.clone(),
+                number,
+                latency_max: plan.latency_max,
+            };
+            supervisor.detach(strike.run());
+        }
+    };
+    futures::join!(slots, strikes);
+}
+
+/// A server that holds more slots than it holds connections: a slot kept
+/// by a connection that is gone, which no later connection gets back.
+pub fn check_slots(world: &World) -> Result<(), Failure> {
+    for node in &world.nodes {
+        let Some((stats, alive)) = node.server_connections() else {
+            continue;
+        };
+        if stats.connections_open > alive as u64 {
+            return Err(Failure::new(
+                FailureKind::Connections,
+                format!(
+                    "{} holds {} connection slots for {alive} connections \
+                     (evicted {}, idle-closed {}, refused {})",
+                    node.name,
+                    stats.connections_open,
+                    stats.idle_evicted,
+                    stats.idle_closed,
+                    stats.connections_refused
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One fault being struck.
+struct Strike {
+    supervisor: Arc<Supervisor>,
+    verdict: Verdict,
+    probe: Arc<Client>,
+    fault: WireFault,
+    /// Its place in the plan: names the storm's machine.
+    number: usize,
+    latency_max: Duration,
+}
+
+impl Strike {
+    fn world(&self) -> &World {
+        self.supervisor.world()
+    }
+
+    async fn run(self) {
+        let replica = self.fault.replica;
+        let ip = self.world().node(replica).addr.ip();
+        let hit = |fault| self.world().kernels().strike(ip, fault);
+        let what = match self.fault.kind {
+            WireKind::Reset => format!("reset {} stream ends", hit(StreamFault::Reset)),
+            WireKind::ResetOnAnswer => format!(
+                "reset {} accepted connections at their next answer",
+                hit(StreamFault::ResetOnAnswer)
+            ),
+            WireKind::Silence => format!(
+                "silence {} stream ends (half-open)",
+                hit(StreamFault::Silence)
+            ),
+            WireKind::Storm {
+                sockets,
+                half_frames,
+            } => return self.storm(sockets, half_frames).await,
+        };
+        self.note(format!("replica-{replica}: {what}"));
+    }
+
+    fn note(&self, what: String) {
+        self.world().trace.record("wire", what);
+    }
+
+    /// Opens `sockets` connections to the replica from a machine of its
+    /// own, holds them for the window while a client must still be
+    /// served, then drops them and checks the replica's slots.
+    async fn storm(self, sockets: usize, half_frames: bool) {
+        let replica = self.fault.replica;
+        let node = self.world().node(replica);
+        let (address, config) = (node.addr.to_string(), node.config.clone());
+        let name = format!("storm-{}", self.number);
+        let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 200, (self.number % 250) as u8 + 1));
+        let machine = Handle::current().create_node().name(&name).ip(ip).build();
+        let net = SimNet::new(self.world().kernels().clone());
+        let claim = config.limits.max_message_bytes as u32;
+        let connect_timeout = config.limits.connect_timeout;
+        let opening = machine.spawn(async move {
+            let mut held = Vec::new();
+            for _ in 0..sockets {
+                let connect = madsim::time::timeout(connect_timeout, net.connect(address.clone()));
+                let Ok(Ok(mut stream)) = connect.await else {
+                    continue;
+                };
+                if half_frames {
+                    let mut half = claim.to_be_bytes().to_vec();
+                    half.extend_from_slice(&[0; 8]);
+                    let _ = stream.write_all(&half).await;
+                    let _ = stream.flush().await;
+                }
+                held.push(stream);
+            }
+            held
+        });
+        let held = opening.await.unwrap_or_default();
+        self.note(format!(
+            "replica-{replica}: storm of {} {} sockets for {}ms",
+            held.len(),
+            if half_frames { "half-frame" } else { "silent" },
+            self.fault.window_ms
+        ));
+        let delays = self.latency_max * PROBE_TRIPS;
+        let mut bound = config.limits.idle_connection_timeout + PROBE_MARGIN + delays;
+        if half_frames {
+            bound += config.tree.replication_timeout;
+        }
+        let window_end = global_now() + Duration::from_millis(self.fault.window_ms);
+        if let Err(failure) = self.served_within(bound).await {
+            self.verdict.fail(failure);
+        }
+        madsim::time::sleep(window_end.saturating_sub(global_now())).await;
+        drop(held);
+        // The sockets' connections end once their server ends sees them go.
+        madsim::time::sleep(Duration::from_millis(1)).await;
+        if let Err(failure) = check_slots(self.world()) {
+            self.verdict.fail(failure);
+        }
+    }
+
+    /// The probe client is answered by the replica within `bound`, or the
+    /// replica went down or was restarted meanwhile.
+    async fn served_within(&self, bound: Duration) -> Result<(), Failure> {
+        let replica = self.fault.replica;
+        let node = self.world().node(replica);
+        // Weak: a strong handle would keep a killed incarnation's forest.
+        let Some(before) = node.service().map(|service| Arc::downgrade(&service)) else {
+            return Ok(());
+        };
+        let hello = Request::Hello {
+            cluster_id: node.config.node.cluster_id.clone(),
+            replica_id: None,
+        };
+        let begin = global_now();
+        let end = begin + bound;
+        let mut last = None;
+        while global_now() < end {
+            let left = end - global_now();
+            match self.probe.call(replica, hello.clone(), left).await {
+                Ok(_) => return Ok(()),
+                Err(error) => last = Some(error),
+            }
+            madsim::time::sleep(PROBE_RETRY.min(end.saturating_sub(global_now()))).await;
+        }
+        let same = node
+            .service()
+            .is_some_and(|now| before.upgrade().is_some_and(|b| Arc::ptr_eq(&b, &now)));
+        if !same || self.supervisor.is_supervised(replica) {
+            return Ok(());
+        }
+        Err(Failure::new(
+            FailureKind::Connections,
+            format!(
+                "during a storm, replica-{replica} served no client within {bound:?} \
+                 (last error: {last:?})"
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::plan::swarm::{Profile, Size};
+
+    fn swarm(seed: u64) -> Swarm {
+        Swarm::draw(seed, Profile::Standard, Size::TEST, true)
+    }
+
+    /// A seed draws one plan; its faults fall inside the workload, in
+    /// time order, against replicas of the run, and a run without faults
+    /// draws none (its limits still bind).
+    #[test]
+    fn plans_are_pure_and_stay_inside_the_run() {
+        let mut kinds = std::collections::HashSet::new();
+        for seed in 1..60 {
+            let s = swarm(seed);
+            let plan = WirePlan::draw(&s, true);
+            assert_eq!(plan, WirePlan::draw(&s, true));
+            let span = s.size.workload_duration.as_millis() as u64;
+            assert!((1..=FAULTS_PER_15S_MAX as usize).contains(&plan.faults.len()));
+            assert!(plan.faults.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+            for fault in &plan.faults {
+                assert!(fault.at_ms < span, "{fault:?}");
+                assert!((1..=s.replicas as ReplicaId).contains(&fault.replica));
+                kinds.insert(std::mem::discriminant(&fault.kind));
+            }
+            assert!(MAX_CONNECTIONS.contains(&plan.knobs.max_connections));
+            let quiet = WirePlan::draw(&s, false);
+            assert!(quiet.faults.is_empty());
+            assert_eq!(quiet.knobs, plan.knobs);
+        }
+        assert_eq!(kinds.len(), 4, "every kind of fault is drawn");
+    }
+
+    /// The knobs reach the config and keep it valid.
+    #[test]
+    fn knobs_apply_to_a_valid_config() {
+        let mut config = Config::default_for_test(1);
+        let knobs = WireKnobs {
+            max_connections: 4,
+            idle_timeout: Duration::from_millis(500),
+        };
+        knobs.apply(&mut config);
+        assert_eq!(config.limits.max_connections, 4);
+        assert_eq!(config.limits.idle_connection_timeout, knobs.idle_timeout);
+        config.validate().expect("valid");
+    }
+}
