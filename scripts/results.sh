@@ -174,7 +174,7 @@ canary_cmd() {
     echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}${3:+ --network $3}"
 }
 shrink_cmd() {
-    echo "arbor-sim shrink --seed $3 --small --jobs 2 --profile $1 --canary $2 --out sim-tests/regressions/canary-$2.json"
+    echo "arbor-sim shrink --seed $3 --small --jobs 2 --profile $1 --canary $2${4:+ --network $4} --out sim-tests/regressions/canary-$2.json"
 }
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
 compare_cmd() { echo "cd benches-cmp && cargo run --release -- ${compare_args[*]}"; }
@@ -646,15 +646,9 @@ section_shrink() {
     local bf bc bo br bw af ac ao ar aw trials
     for entry in "${CANARIES[@]}"; do
         IFS='|' read -r name profile what network <<<"$entry"
-        if [ -n "$network" ]; then
-            # A capsule records a datagram run; a run over tcp is replayed
-            # from its seed instead.
-            rows+="| \`$name\` | $profile over $network | - | not shrunk: capsules hold datagram runs | | | | | |"$'\n'
-            continue
-        fi
         log "shrink $name: finding its first failing seed"
         capture "find-$name" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
-            --profile "$profile" --canary "$name" || true
+            --profile "$profile" --canary "$name" ${network:+--network "$network"} || true
         seed="$(sweep_failing_seeds "$work/find-$name.out" | sort -n | head -n 1)"
         if [ -z "$seed" ]; then
             rows+="| \`$name\` | $profile | - | not caught by seeds 1-$canary_seeds | | | | | |"$'\n'
@@ -662,12 +656,13 @@ section_shrink() {
         fi
         log "shrink $name seed $seed"
         timed "shrink-$name" SIM shrink --seed "$seed" --small --jobs 2 --profile "$profile" \
-            --canary "$name" --out "sim-tests/regressions/canary-$name.json" || true
+            --canary "$name" ${network:+--network "$network"} \
+            --out "sim-tests/regressions/canary-$name.json" || true
         read -r bf bc bo br bw <<<"$(shrink_row "$work/shrink-$name.out" before)"
         read -r af ac ao ar aw <<<"$(shrink_row "$work/shrink-$name.out" after)"
         trials="$(sed -n 's/.* in \([0-9]*\) trials.*/\1/p' "$work/shrink-$name.out")"
         kind="$(sed -n 's/^shrunk seed [0-9]* (\(.*\)) in .*/\1/p' "$work/shrink-$name.out")"
-        rows+="| \`$name\` | $profile | $seed | ${kind:-?} | ${bf:-?} → ${af:-?} ($(percent "${af:-0}" "${bf:-0}")) | ${bo:-?} → ${ao:-?} ($(percent "${ao:-0}" "${bo:-0}")) | ${bc:-?} → ${ac:-?} | ${br:-?} → ${ar:-?}, ${bw:-?} → ${aw:-?} ms | ${trials:-?} | $(cat "$work/shrink-$name.wall") s |"$'\n'
+        rows+="| \`$name\` | $profile${network:+ over $network} | $seed | ${kind:-?} | ${bf:-?} → ${af:-?} ($(percent "${af:-0}" "${bf:-0}")) | ${bo:-?} → ${ao:-?} ($(percent "${ao:-0}" "${bo:-0}")) | ${bc:-?} → ${ac:-?} | ${br:-?} → ${ar:-?}, ${bw:-?} → ${aw:-?} ms | ${trials:-?} | $(cat "$work/shrink-$name.wall") s |"$'\n'
     done
     {
         echo "## $(title shrink)"

@@ -11,6 +11,7 @@ use arbor_sim::scenario::capsule::shrink::{shrink_to_capsule, Accept, Counts, Sh
 use arbor_sim::scenario::capsule::{Capsule, KeptFor};
 use arbor_sim::scenario::plan::swarm::{Profile, Size};
 use arbor_sim::scenario::{Options, Report};
+use arbor_sim::world::Network;
 use std::sync::Mutex;
 
 mod common;
@@ -31,7 +32,7 @@ fn options() -> Options {
         faults: true,
         canary: Some(CANARY),
         echo_trace: false,
-        network: arbor_sim::world::Network::Datagram,
+        network: Network::Datagram,
     }
 }
 
@@ -49,11 +50,25 @@ fn first_failure() -> Report {
 /// `replay --capsule` of it gives the fingerprint the sweep recorded.
 #[test]
 fn a_swept_capsule_replays_with_the_sweeps_fingerprint() {
+    swept_capsules_replay(CANARY, Network::Datagram);
+}
+
+/// The same over the engine's TCP stack: the capsule records its network
+/// and replays on it, connection faults included.
+#[test]
+fn a_capsule_swept_over_tcp_replays_over_tcp() {
+    swept_capsules_replay(Canary::RetriesAnyCall, Network::Tcp);
+}
+
+/// Sweeps seeds 1-4 of `canary`'s profile on `network`, keeping
+/// failures; each kept capsule names the network and replays with the
+/// sweep's fingerprint.
+fn swept_capsules_replay(canary: Canary, network: Network) {
     let dir = tempfile::tempdir().unwrap();
     let jsonl = dir.path().join("seeds.jsonl");
     let keep = dir.path().join("capsules");
-    let canary = format!("{CANARY:?}");
-    let profile = Profile::for_canary(CANARY).name();
+    let profile = Profile::for_canary(canary).name();
+    let canary = format!("{canary:?}");
     let output = arbor_sim(&[
         "sweep",
         "--seeds",
@@ -65,6 +80,8 @@ fn a_swept_capsule_replays_with_the_sweeps_fingerprint() {
         profile,
         "--canary",
         &canary,
+        "--network",
+        network.name(),
         "--jsonl",
         jsonl.to_str().unwrap(),
         "--keep-failures",
@@ -85,6 +102,10 @@ fn a_swept_capsule_replays_with_the_sweeps_fingerprint() {
         let seed = record["seed"].as_u64().unwrap();
         let path = keep.join(format!("{profile}-{canary}-seed-{seed}.json"));
         let capsule = Capsule::read(&path).expect("the sweep kept the failure's capsule");
+        assert_eq!(capsule.network, network);
+        let json = std::fs::read_to_string(&path).unwrap();
+        let named = format!("\"network\": \"{}\"", network.name());
+        assert!(json.contains(&named), "{json}");
         let fingerprint = record["trace_fingerprint"].as_str().unwrap();
         assert_eq!(capsule.outcome.trace_fingerprint, fingerprint);
         let replay = arbor_sim(&["replay", "--quiet", "--capsule", path.to_str().unwrap()]);

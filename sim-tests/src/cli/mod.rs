@@ -43,9 +43,10 @@ pub struct ScenarioArgs {
     /// How simulated nodes reach each other: datagram (one madsim
     /// datagram per request and answer), tcp (the engine's own TCP stack
     /// over madsim's simulated streams) or tls (that stack with mutual
-    /// TLS and certificates made by the run).
-    #[arg(long, default_value = "datagram", value_parser = Network::parse)]
-    pub network: Network,
+    /// TLS and certificates made by the run). Default: datagram, or a
+    /// replayed capsule's own.
+    #[arg(long, value_parser = Network::parse)]
+    pub network: Option<Network>,
 }
 
 impl ScenarioArgs {
@@ -60,7 +61,7 @@ impl ScenarioArgs {
             faults: !self.no_faults,
             canary: self.canary,
             echo_trace,
-            network: self.network,
+            network: self.network.unwrap_or_default(),
         }
     }
 }
@@ -421,9 +422,6 @@ fn sweep(args: &SweepArgs) -> ExitCode {
         Ok(seeds) => seeds,
         Err(e) => return usage_error(&e),
     };
-    if args.keep_failures.is_some() && args.scenario.network != Network::Datagram {
-        return usage_error("--keep-failures: capsules are kept on the datagram network only");
-    }
     let options = args.scenario.options(false);
     let claim_seeds = crate::scenario::check::claims::claim_seeds(options.size);
     if args.check_claims && seeds.len() < claim_seeds {

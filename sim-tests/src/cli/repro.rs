@@ -10,7 +10,6 @@ use crate::scenario::capsule::{replay_command, Capsule, Missed};
 use crate::scenario::plan::swarm::Swarm;
 use crate::scenario::plan::Plan;
 use crate::scenario::{run_seed, Options, Report};
-use crate::world::Network;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -91,10 +90,6 @@ pub fn replay(args: &ReplayArgs) -> ExitCode {
     if !args.quiet {
         init_replay_log();
     }
-    let keeps = args.record || args.out.is_some();
-    if keeps && args.scenario.network != Network::Datagram {
-        return usage_error("--record, --out: capsules are kept on the datagram network only");
-    }
     let (plan, options, capsule) = match starting_plan(
         args.seed,
         args.capsule.as_deref(),
@@ -104,9 +99,21 @@ pub fn replay(args: &ReplayArgs) -> ExitCode {
         Ok(start) => start,
         Err(e) => return usage_error(&e),
     };
+    if let (Some(capsule), Some(network)) = (&capsule, args.scenario.network) {
+        if args.record && network != capsule.network {
+            return usage_error(&format!(
+                "--record: the capsule ran on {}; a replay on {} cannot record it",
+                capsule.network.name(),
+                network.name()
+            ));
+        }
+    }
     announce_seed(plan.swarm.seed, &[plan.swarm.seed], &options);
     let report = match &capsule {
-        Some(capsule) => capsule.run_over(!args.quiet, args.scenario.network),
+        Some(capsule) => capsule.run_over(
+            !args.quiet,
+            args.scenario.network.unwrap_or(capsule.network),
+        ),
         None => run_seed(plan.swarm.seed, &options),
     };
     println!("{report}");

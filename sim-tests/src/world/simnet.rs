@@ -470,7 +470,8 @@ impl Listener for SimListener {
 }
 
 /// How the nodes of a world reach each other.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Network {
     /// One madsim datagram per request and per answer (`transport.rs`):
     /// cheap, and every message can be lost on its own.
@@ -497,6 +498,11 @@ impl Network {
     /// True when the engine's own stack carries the calls (`Tcp`, `Tls`).
     pub fn is_stream(self) -> bool {
         self != Network::Datagram
+    }
+
+    /// True for the network a run gets when none is named.
+    pub fn is_default(&self) -> bool {
+        *self == Network::default()
     }
 
     pub fn parse(name: &str) -> Result<Network, String> {

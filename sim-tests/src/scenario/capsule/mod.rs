@@ -21,6 +21,7 @@ use super::plan::{Plan, PlanError};
 use super::{run_plan, Options, Report};
 use crate::coverage::Coverage;
 use crate::failure::FailureKind;
+use crate::world::Network;
 use arbor::canary::Canary;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -46,6 +47,10 @@ pub struct Capsule {
     pub faults: bool,
     /// The planted bug switched on (engine/src/canary.rs), by name.
     pub canary: Option<String>,
+    /// The network the run's nodes were on. Capsules written before it
+    /// was recorded ran on datagrams, whatever the default is now.
+    #[serde(default = "recorded_before_networks")]
+    pub network: Network,
     /// What the run gave when the capsule was written.
     pub outcome: Outcome,
     /// What a replay must still reach. Every capsule written has it; a
@@ -54,6 +59,11 @@ pub struct Capsule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_for: Option<KeptFor>,
     pub plan: Plan,
+}
+
+/// The network of a capsule that names none.
+fn recorded_before_networks() -> Network {
+    Network::Datagram
 }
 
 /// What a capsule was kept for.
@@ -226,6 +236,7 @@ impl Capsule {
             size: report.plan.swarm.size.name().to_string(),
             faults,
             canary: report.canary.map(|c| format!("{c:?}")),
+            network: report.network,
             outcome: Outcome::of(report),
             kept_for: KeptFor::of(report),
             plan: report.plan.clone(),
@@ -260,9 +271,13 @@ impl Capsule {
     pub fn rerecord_command(&self, path: &Path) -> String {
         match &self.canary {
             Some(canary) => format!(
-                "cargo run --release -p arbor-sim -- shrink --seed {} --small --jobs 2 --profile {} --canary {canary} --out {} (or scripts/results.sh --only shrink)",
+                "cargo run --release -p arbor-sim -- shrink --seed {} --small --jobs 2 --profile {} --canary {canary}{} --out {} (or scripts/results.sh --only shrink)",
                 self.seed,
                 self.plan.swarm.profile.name(),
+                match self.network.is_default() {
+                    true => String::new(),
+                    false => format!(" --network {}", self.network.name()),
+                },
                 path.display()
             ),
             None => format!(
@@ -331,21 +346,19 @@ impl Capsule {
             faults: self.faults,
             canary: self.canary().ok().flatten(),
             echo_trace,
-            // Capsules were recorded on datagrams; their fingerprints hold
-            // only there.
-            network: crate::world::Network::Datagram,
+            network: self.network,
         }
     }
 
-    /// Reruns the capsule on madsim seed `self.seed`.
+    /// Reruns the capsule on madsim seed `self.seed`, on its network.
     pub fn run(&self, echo_trace: bool) -> Report {
-        self.run_over(echo_trace, crate::world::Network::Datagram)
+        self.run_over(echo_trace, self.network)
     }
 
     /// Reruns the capsule's plan on `network`: on another network than
-    /// the datagrams it was recorded on, its fingerprint does not hold,
-    /// but whether it still reaches what it was kept for can be checked.
-    pub fn run_over(&self, echo_trace: bool, network: crate::world::Network) -> Report {
+    /// the one it was recorded on, its fingerprint does not hold, but
+    /// whether it still reaches what it was kept for can be checked.
+    pub fn run_over(&self, echo_trace: bool, network: Network) -> Report {
         let mut plan = self.plan.clone();
         // The madsim seed is the capsule's; the plan's own seed field
         // also seeds the disks, and an edit may not change it apart.
