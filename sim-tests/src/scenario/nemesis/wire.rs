@@ -18,9 +18,10 @@
 //! - a server never holds more connection slots than connections: checked
 //!   every second on every live node, and at the end of each storm;
 //! - during a storm, a client is served within the idle timeout (plus the
-//!   frame timeout when the storm holds half frames, and the network's
-//!   longest delay on each trip of a call), unless the replica went down
-//!   or was restarted meanwhile;
+//!   frame timeout when the storm holds half frames, and two attempts of
+//!   1 s and the network's longest delay on each trip of a call: one may
+//!   be lost to a connection silenced under it), unless the replica went
+//!   down or was restarted meanwhile;
 //! - no call of a world client outlives its deadline (`world::Client::call`).
 
 use super::super::plan::swarm::{pick, Swarm};
@@ -323,13 +324,15 @@ impl Strike {
             if half_frames { "half-frame" } else { "silent" },
             self.fault.window_ms
         ));
-        let delays = self.latency_max * PROBE_TRIPS;
-        let mut bound = config.limits.idle_connection_timeout + PROBE_MARGIN + delays;
+        // One attempt may be lost whole to a connection another fault
+        // silences under it.
+        let attempt = PROBE_MARGIN + self.latency_max * PROBE_TRIPS;
+        let mut bound = config.limits.idle_connection_timeout + attempt * 2;
         if half_frames {
             bound += config.tree.replication_timeout;
         }
         let window_end = global_now() + Duration::from_millis(self.fault.window_ms);
-        if let Err(failure) = self.served_within(bound).await {
+        if let Err(failure) = self.served_within(bound, attempt).await {
             self.verdict.fail(failure);
         }
         madsim::time::sleep(window_end.saturating_sub(global_now())).await;
@@ -341,9 +344,10 @@ impl Strike {
         }
     }
 
-    /// The probe client is answered by the replica within `bound`, or the
-    /// replica went down or was restarted meanwhile.
-    async fn served_within(&self, bound: Duration) -> Result<(), Failure> {
+    /// The probe client is answered by the replica within `bound`, each
+    /// call given at most `attempt`, or the replica went down or was
+    /// restarted meanwhile.
+    async fn served_within(&self, bound: Duration, attempt: Duration) -> Result<(), Failure> {
         let replica = self.fault.replica;
         let node = self.world().node(replica);
         // Weak: a strong handle would keep a killed incarnation's forest.
@@ -358,7 +362,7 @@ impl Strike {
         let end = begin + bound;
         let mut last = None;
         while global_now() < end {
-            let left = end - global_now();
+            let left = (end - global_now()).min(attempt);
             match self.probe.call(replica, hello.clone(), left).await {
                 Ok(_) => return Ok(()),
                 Err(error) => last = Some(error),
