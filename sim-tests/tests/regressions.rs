@@ -7,6 +7,7 @@ use arbor_sim::cli::run_seed_announced;
 use arbor_sim::scenario::capsule::Capsule;
 use arbor_sim::scenario::plan::swarm::Profile;
 use arbor_sim::scenario::Options;
+use arbor_sim::world::Network;
 use common::{arbor_sim, printed};
 use std::path::{Path, PathBuf};
 
@@ -149,6 +150,44 @@ fn storage_errors_seed_201270_healing_waits_for_a_supervised_restart() {
     let report = run_seed_announced(201270, &storage_errors());
     println!("{report}");
     assert!(report.passed(), "seed 201270 failed");
+}
+
+/// Seed 232 of the standard scenario over TCP failed as `connections`:
+/// "during a storm, replica-1 served no client within 9.628s (last error:
+/// connection reset)". The storm's probe gave each call all the time left
+/// of its bound; a call on a connection that another fault struck under
+/// it waited out most of the bound, and the next had no time left. Each
+/// call of the probe now gets one attempt's time, and the bound holds two
+/// attempts.
+#[test]
+fn standard_seed_232_over_tcp_the_storm_probe_tries_again() {
+    let options = Options {
+        network: Network::Tcp,
+        ..Options::standard()
+    };
+    let report = run_seed_announced(232, &options);
+    println!("{report}");
+    assert!(report.passed(), "seed 232 failed");
+}
+
+/// Seed 126 of the sync-heavy scenario over TCP failed as `wrong
+/// outcome`: an `Apply` as replica-4 on replica-3 was answered `Applied {
+/// fresh: 0 }`, fewer fresh ops than it sent, which the outcome check
+/// took for a write not accepted. The
+/// connection had broken after the replica stored the ops; the transport
+/// sent the idempotent call again, and the second attempt found them
+/// stored. An `Applied` answer now stands for a stored write whatever
+/// its fresh count (the count is still at most the ops sent).
+#[test]
+fn sync_heavy_seed_126_over_tcp_an_apply_sent_again_is_stored() {
+    let options = Options {
+        profile: Profile::SyncHeavy,
+        network: Network::Tcp,
+        ..Options::standard()
+    };
+    let report = run_seed_announced(126, &options);
+    println!("{report}");
+    assert!(report.passed(), "seed 126 failed");
 }
 
 /// The capsules under `sim-tests/regressions/`, in name order.
