@@ -51,8 +51,8 @@ pub struct Options {
     pub canary: Option<Canary>,
     /// Print every trace event through `tracing` (replay).
     pub echo_trace: bool,
-    /// How the world's nodes reach each other. Not part of a capsule:
-    /// a run's trace, and so its fingerprint, depends on it.
+    /// How the world's nodes reach each other. A run's trace, and so its
+    /// fingerprint, depends on it; a capsule records it.
     pub network: Network,
 }
 

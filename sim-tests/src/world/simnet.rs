@@ -58,7 +58,6 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -96,32 +95,43 @@ struct Registered {
     fate: Arc<Fate>,
 }
 
-/// What the nemesis did to a stream end: nothing (0), a reset or silence.
+/// What the nemesis did to a stream end, and who waits on it.
 #[derive(Debug, Default)]
 struct Fate {
-    state: AtomicU8,
+    state: Mutex<State>,
     /// The task last left waiting on a read, woken by a reset.
     reader: Mutex<Option<Waker>>,
 }
 
-const FATE_RESET: u8 = 1;
-const FATE_SILENT: u8 = 2;
-/// Reset both ends at this end's next write.
-const FATE_RESET_ON_WRITE: u8 = 3;
+/// The state of a stream end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum State {
+    /// As madsim carries it.
+    #[default]
+    Open,
+    /// Every read and write fails.
+    Reset,
+    /// Half-open: reads never end, writes and flushes carry nothing.
+    Silent,
+    /// Reset both ends at this end's next write.
+    ResetOnWrite,
+}
 
 impl Fate {
-    fn get(&self) -> u8 {
-        self.state.load(Ordering::SeqCst)
+    fn get(&self) -> State {
+        *self.state.lock().unwrap()
     }
 
     /// Moves an open stream end to `state` (a reset also ends silence);
     /// true when it changed.
-    fn strike(&self, state: u8) -> bool {
-        let now = self.get();
-        if now == state || now == FATE_RESET {
-            return false;
+    fn strike(&self, state: State) -> bool {
+        {
+            let mut now = self.state.lock().unwrap();
+            if *now == state || *now == State::Reset {
+                return false;
+            }
+            *now = state;
         }
-        self.state.store(state, Ordering::SeqCst);
         if let Some(reader) = self.reader.lock().unwrap().take() {
             reader.wake();
         }
@@ -184,9 +194,9 @@ impl Kernels {
     /// connection); how many stream ends changed.
     pub fn strike(&self, ip: IpAddr, fault: StreamFault) -> usize {
         let (state, accepted_only) = match fault {
-            StreamFault::Reset => (FATE_RESET, false),
-            StreamFault::Silence => (FATE_SILENT, false),
-            StreamFault::ResetOnAnswer => (FATE_RESET_ON_WRITE, true),
+            StreamFault::Reset => (State::Reset, false),
+            StreamFault::Silence => (State::Silent, false),
+            StreamFault::ResetOnAnswer => (State::ResetOnWrite, true),
         };
         let book = self.0.lock().unwrap();
         (book.streams.values())
@@ -202,7 +212,7 @@ impl Kernels {
     fn reset_pair(&self, pair: (SocketAddr, SocketAddr)) {
         let book = self.0.lock().unwrap();
         for stream in book.streams.values().filter(|s| s.pair == pair) {
-            stream.fate.strike(FATE_RESET);
+            stream.fate.strike(State::Reset);
         }
     }
 
@@ -222,8 +232,8 @@ impl Kernels {
         book.numbered
     }
 
-    /// Enters a new stream end between `ends` on the connection `pair`;
-    /// `listener` accepted it.
+    /// Enters a new stream end between `ends` on the connection `pair`
+    /// (its addresses, lower first); `listener` accepted it.
     fn register(
         &self,
         ends: [End; 2],
@@ -235,7 +245,7 @@ impl Kernels {
         let entry = Registered {
             ips: [ends[0].ip, ends[1].ip],
             listener,
-            pair: (pair.0.min(pair.1), pair.0.max(pair.1)),
+            pair,
             fate: fate.clone(),
         };
         self.0.lock().unwrap().streams.insert(number, entry);
@@ -304,8 +314,8 @@ impl SimStream {
 
     /// The fate of this end before a write: a pending reset on answer
     /// strikes both ends now.
-    fn fate_of_write(&self) -> u8 {
-        if self.fate.get() == FATE_RESET_ON_WRITE {
+    fn fate_of_write(&self) -> State {
+        if self.fate.get() == State::ResetOnWrite {
             self.kernels.reset_pair(self.pair);
         }
         self.fate.get()
@@ -334,9 +344,9 @@ impl AsyncRead for SimStream {
             )));
         }
         match this.fate.get() {
-            FATE_RESET => return Poll::Ready(Err(reset())),
+            State::Reset => return Poll::Ready(Err(reset())),
             // Woken by nothing: the reader's own timeout ends its wait.
-            FATE_SILENT => return Poll::Pending,
+            State::Silent => return Poll::Pending,
             _ => {}
         }
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
@@ -358,16 +368,16 @@ impl AsyncWrite for SimStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.fate_of_write() {
-            FATE_RESET => Poll::Ready(Err(reset())),
-            FATE_SILENT => Poll::Ready(Ok(buf.len())),
+            State::Reset => Poll::Ready(Err(reset())),
+            State::Silent => Poll::Ready(Ok(buf.len())),
             _ => Pin::new(&mut self.inner).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.fate_of_write() {
-            FATE_RESET => Poll::Ready(Err(reset())),
-            FATE_SILENT => Poll::Ready(Ok(())),
+            State::Reset => Poll::Ready(Err(reset())),
+            State::Silent => Poll::Ready(Ok(())),
             _ => Pin::new(&mut self.inner).poll_flush(cx),
         }
     }

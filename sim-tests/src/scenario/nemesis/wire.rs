@@ -337,8 +337,6 @@ impl Strike {
         }
         madsim::time::sleep(window_end.saturating_sub(global_now())).await;
         drop(held);
-        // The sockets' connections end once their server ends sees them go.
-        madsim::time::sleep(Duration::from_millis(1)).await;
         if let Err(failure) = check_slots(self.world()) {
             self.verdict.fail(failure);
         }
