@@ -128,8 +128,7 @@ case "$scale_objects" in
 esac
 
 # The planted bugs (engine/src/canary.rs), the profile that reaches each,
-# what each does and, for a bug of the TCP stack, the network its run
-# needs (datagram otherwise), in table order.
+# and what each does, in table order.
 readonly CANARIES=(
     "ReplicationDropsOnFullQueue|push-only|replication drops ops when its queue is full"
     "SharedSyncCursor|sync-heavy|one sync cursor shared by all peers"
@@ -160,8 +159,8 @@ readonly CANARIES=(
     "WriterMayDrop|standard|Drop asks for the writer role instead of the owner's"
     "ReplicaOfAnyContainer|standard|a replica of any container counts as a replica of every one"
     "RemoveMissingDone|standard|Remove of a node the tree does not hold answers Done"
-    "EvictedSlotKept|standard|a connection closed to make room keeps its connection slot|tcp"
-    "RetriesAnyCall|standard|a write that failed on a pooled connection is sent again on a fresh one|tcp"
+    "EvictedSlotKept|standard|a connection closed to make room keeps its connection slot"
+    "RetriesAnyCall|standard|a write that failed on a pooled connection is sent again on a fresh one"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 
@@ -171,10 +170,10 @@ claims_cmd() { echo "arbor-sim sweep --seeds 40 --jobs 2 --check-claims --profil
 claims_small_cmd() { echo "arbor-sim sweep --seeds 20 --jobs 2 --check-claims --small --profile $1"; }
 cost_cmd() { echo "arbor-sim sweep --seeds $cost_seeds --jobs 2"; }
 canary_cmd() {
-    echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}${3:+ --network $3}"
+    echo "arbor-sim sweep --seeds $canary_seeds --small --jobs 2 --profile $1${2:+ --canary $2}"
 }
 shrink_cmd() {
-    echo "arbor-sim shrink --seed $3 --small --jobs 2 --profile $1 --canary $2${4:+ --network $4} --out sim-tests/regressions/canary-$2.json"
+    echo "arbor-sim shrink --seed $3 --small --jobs 2 --profile $1 --canary $2 --out sim-tests/regressions/canary-$2.json"
 }
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
 compare_cmd() { echo "cd benches-cmp && cargo run --release -- ${compare_args[*]}"; }
@@ -565,17 +564,16 @@ canary_outcome() {
 }
 
 section_canaries() {
-    local entry name profile what network first count kind where
+    local entry name profile what first count kind
     local readme_rows="" rows=""
     for entry in "${CANARIES[@]}"; do
-        IFS='|' read -r name profile what network <<<"$entry"
-        where="$profile${network:+ over $network}"
+        IFS='|' read -r name profile what <<<"$entry"
         log "canary $name"
         capture "canary-$name" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
-            --profile "$profile" --canary "$name" ${network:+--network "$network"} || true
+            --profile "$profile" --canary "$name" || true
         IFS='|' read -r first count kind <<<"$(canary_outcome "$work/canary-$name.out")"
-        rows+="| \`$name\`: $what | $where | $first | $count | $kind | \`$(canary_cmd "$profile" "$name" "$network")\` |"$'\n'
-        readme_rows+="| $what | $where | $first | $count |"$'\n'
+        rows+="| \`$name\`: $what | $profile | $first | $count | $kind | \`$(canary_cmd "$profile" "$name")\` |"$'\n'
+        readme_rows+="| $what | $profile | $first | $count |"$'\n'
     done
     local control="" off_total=0 off_unread=0 off
     for profile in "${PROFILES[@]}"; do
@@ -586,13 +584,6 @@ section_canaries() {
         if [ -n "$off" ]; then off_total=$((off_total + off)); else off_unread=$((off_unread + 1)); fi
         control+="| $profile | ${off:-?} | \`$(canary_cmd "$profile")\` |"$'\n'
     done
-    # The transport's canaries run the standard profile over TCP.
-    log "canaries off, profile standard over tcp"
-    capture "control-standard-tcp" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
-        --profile standard --network tcp || true
-    off="$(sweep_row "$work/control-standard-tcp.out" | awk '{ print $2 }' || true)"
-    if [ -n "$off" ]; then off_total=$((off_total + off)); else off_unread=$((off_unread + 1)); fi
-    control+="| standard over tcp | ${off:-?} | \`$(canary_cmd standard "" tcp)\` |"$'\n'
     {
         echo "## $(title canaries)"
         echo
@@ -642,13 +633,13 @@ shrink_row() {
 percent() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.0f %%", 100 * a / b; else print "-" }'; }
 
 section_shrink() {
-    local entry name profile what network seed rows=""
+    local entry name profile what seed rows=""
     local bf bc bo br bw af ac ao ar aw trials
     for entry in "${CANARIES[@]}"; do
-        IFS='|' read -r name profile what network <<<"$entry"
+        IFS='|' read -r name profile what <<<"$entry"
         log "shrink $name: finding its first failing seed"
         capture "find-$name" SIM sweep --seeds "$canary_seeds" --small --jobs 2 \
-            --profile "$profile" --canary "$name" ${network:+--network "$network"} || true
+            --profile "$profile" --canary "$name" || true
         seed="$(sweep_failing_seeds "$work/find-$name.out" | sort -n | head -n 1)"
         if [ -z "$seed" ]; then
             rows+="| \`$name\` | $profile | - | not caught by seeds 1-$canary_seeds | | | | | |"$'\n'
@@ -656,13 +647,13 @@ section_shrink() {
         fi
         log "shrink $name seed $seed"
         timed "shrink-$name" SIM shrink --seed "$seed" --small --jobs 2 --profile "$profile" \
-            --canary "$name" ${network:+--network "$network"} \
+            --canary "$name" \
             --out "sim-tests/regressions/canary-$name.json" || true
         read -r bf bc bo br bw <<<"$(shrink_row "$work/shrink-$name.out" before)"
         read -r af ac ao ar aw <<<"$(shrink_row "$work/shrink-$name.out" after)"
         trials="$(sed -n 's/.* in \([0-9]*\) trials.*/\1/p' "$work/shrink-$name.out")"
         kind="$(sed -n 's/^shrunk seed [0-9]* (\(.*\)) in .*/\1/p' "$work/shrink-$name.out")"
-        rows+="| \`$name\` | $profile${network:+ over $network} | $seed | ${kind:-?} | ${bf:-?} → ${af:-?} ($(percent "${af:-0}" "${bf:-0}")) | ${bo:-?} → ${ao:-?} ($(percent "${ao:-0}" "${bo:-0}")) | ${bc:-?} → ${ac:-?} | ${br:-?} → ${ar:-?}, ${bw:-?} → ${aw:-?} ms | ${trials:-?} | $(cat "$work/shrink-$name.wall") s |"$'\n'
+        rows+="| \`$name\` | $profile | $seed | ${kind:-?} | ${bf:-?} → ${af:-?} ($(percent "${af:-0}" "${bf:-0}")) | ${bo:-?} → ${ao:-?} ($(percent "${ao:-0}" "${bo:-0}")) | ${bc:-?} → ${ac:-?} | ${br:-?} → ${ar:-?}, ${bw:-?} → ${aw:-?} ms | ${trials:-?} | $(cat "$work/shrink-$name.wall") s |"$'\n'
     done
     {
         echo "## $(title shrink)"

@@ -25,7 +25,7 @@ fn gateway_call_sequences_pass_and_reach_versions() {
         faults: true,
         canary: None,
         echo_trace: false,
-        network: arbor_sim::world::Network::Datagram,
+        network: arbor_sim::world::Network::Tcp,
     };
     let summary = run_sweep(1, SEEDS, jobs(), &options, |_| {});
     for report in &summary.failures {

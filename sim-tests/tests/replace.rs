@@ -26,7 +26,7 @@ fn replaced_nodes_catch_up_and_lose_only_writes_at_risk() {
         faults: true,
         canary: None,
         echo_trace: false,
-        network: arbor_sim::world::Network::Datagram,
+        network: arbor_sim::world::Network::Tcp,
     };
     let summary = run_sweep(1, SEEDS, jobs(), &options, |_| {});
     for report in &summary.failures {

@@ -32,7 +32,7 @@ fn options() -> Options {
         faults: true,
         canary: Some(CANARY),
         echo_trace: false,
-        network: Network::Datagram,
+        network: Network::Tcp,
     }
 }
 
@@ -50,14 +50,14 @@ fn first_failure() -> Report {
 /// `replay --capsule` of it gives the fingerprint the sweep recorded.
 #[test]
 fn a_swept_capsule_replays_with_the_sweeps_fingerprint() {
-    swept_capsules_replay(CANARY, Network::Datagram);
+    swept_capsules_replay(CANARY, Network::Tcp);
 }
 
-/// The same over the engine's TCP stack: the capsule records its network
-/// and replays on it, connection faults included.
+/// The same over TLS: the capsule records its network and replays on it,
+/// handshakes and connection faults included.
 #[test]
-fn a_capsule_swept_over_tcp_replays_over_tcp() {
-    swept_capsules_replay(Canary::RetriesAnyCall, Network::Tcp);
+fn a_capsule_swept_over_tls_replays_over_tls() {
+    swept_capsules_replay(Canary::RetriesAnyCall, Network::Tls);
 }
 
 /// Sweeps seeds 1-4 of `canary`'s profile on `network`, keeping

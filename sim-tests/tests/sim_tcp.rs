@@ -338,25 +338,6 @@ fn a_dead_kernel_chunks_never_arrive() {
     );
 }
 
-fn over_tcp() -> Options {
-    Options {
-        network: Network::Tcp,
-        ..Options::test()
-    }
-}
-
-/// The test-sized scenario, faults and checkers included, with every node
-/// on the engine's TCP stack.
-#[test]
-fn the_test_scenario_passes_over_tcp() {
-    let options = over_tcp();
-    for seed in 1..=4 {
-        let report = run_seed(seed, &options);
-        assert!(report.passed(), "seed {seed} over tcp: {report}");
-        assert!(report.ops_acked > 0, "seed {seed}: nothing acknowledged");
-    }
-}
-
 /// Seeds 1-6 of every profile at test size over TCP: each profile's
 /// faults and checkers with every node on the engine's TCP stack. Gateway
 /// seed 6 failed here with "replica-4 still has 1 writes pending on an
@@ -375,8 +356,8 @@ fn every_profile_passes_over_tcp() {
 /// divergence after replication went idle: a push replica-3 sent before
 /// it dropped `system`, held by a lossy link, reached replica-1 after
 /// the final sync round (3 s after healing) and made the tree again
-/// there alone. The quiet time after healing on the stream networks now
-/// outlasts madsim's longest retry gap (`STREAM_SETTLE`).
+/// there alone. The quiet time after healing now
+/// outlasts madsim's longest retry gap (`lifecycle::SETTLE`).
 #[test]
 fn every_profile_passes_over_tls() {
     every_profile_passes(Network::Tls);
@@ -410,15 +391,10 @@ fn every_profile_passes(network: Network) {
     }
 }
 
-/// The same seed over TCP twice is the same run, event by event; the
-/// datagram network runs it differently, so the option takes effect.
-#[test]
-fn tcp_runs_are_deterministic() {
-    replays_exactly(Network::Tcp, Network::Datagram);
-}
-
-/// The same over TLS, whose handshakes draw from the seed's generator
-/// (`simtls`); plaintext TCP runs the seed differently.
+/// The same seed over TLS twice is the same run, event by event: its
+/// handshakes draw from the seed's generator (`simtls`). Plaintext TCP
+/// (whose runs `determinism.rs` replays) runs the seed differently, so
+/// the option takes effect.
 #[test]
 fn tls_runs_are_deterministic() {
     replays_exactly(Network::Tls, Network::Tcp);

@@ -244,13 +244,13 @@ fn bad_usage_exits_2() {
     let capsule = "regressions/sync-only-seed-341-late-drop.json";
     let capsule = Path::new(env!("CARGO_MANIFEST_DIR")).join(capsule);
     let capsule = capsule.to_str().unwrap();
-    // Recorded on datagrams: a replay over TCP cannot record it.
+    // Recorded over plaintext TCP: a replay over TLS cannot record it.
     let record = [
         "replay",
         "--capsule",
         capsule,
         "--network",
-        "tcp",
+        "tls",
         "--record",
     ];
     let replay = arbor_sim(&record);

@@ -40,10 +40,9 @@ pub struct ScenarioArgs {
     /// Run without faults.
     #[arg(long)]
     pub no_faults: bool,
-    /// How simulated nodes reach each other: datagram (one madsim
-    /// datagram per request and answer), tcp (the engine's own TCP stack
-    /// over madsim's simulated streams) or tls (that stack with mutual
-    /// TLS and certificates made by the run). Default: datagram, or a
+    /// How simulated nodes reach each other: tcp (the engine's own TCP
+    /// stack over madsim's simulated streams) or tls (that stack with
+    /// mutual TLS and certificates made by the run). Default: tcp, or a
     /// replayed capsule's own.
     #[arg(long, value_parser = Network::parse)]
     pub network: Option<Network>,

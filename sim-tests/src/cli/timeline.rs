@@ -783,7 +783,7 @@ mod tests {
             plan: Plan::draw(swarm.clone()),
             swarm,
             canary: None,
-            network: crate::world::Network::Datagram,
+            network: crate::world::Network::Tcp,
             failure: None,
             trace_hash: 0,
             events,

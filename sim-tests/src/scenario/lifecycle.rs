@@ -16,15 +16,13 @@ use std::time::Duration;
 
 /// Deadline of one client call (simulated).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// Quiet time after healing, so batches and messages in flight land.
-pub const SETTLE: Duration = Duration::from_secs(3);
-/// The same on the stream networks (TCP, TLS), where a chunk a lossy or
-/// clogged link held is retried up to 10 s apart (`world/simnet.rs`):
-/// one sent before healing may land up to 10 s after it. A push that
-/// lands after the sync round, of ops its sender dropped since, would
-/// make a tree again on one replica alone, which only the next sync
-/// round brings to the others.
-pub const STREAM_SETTLE: Duration = Duration::from_secs(12);
+/// Quiet time after healing, so batches and messages in flight land. A
+/// chunk a lossy or clogged link held is retried up to 10 s apart
+/// (`world/simnet.rs`): one sent before healing may land up to 10 s after
+/// it. A push that lands after the sync round, of ops its sender dropped
+/// since, would make a tree again on one replica alone, which only the
+/// next sync round brings to the others.
+pub const SETTLE: Duration = Duration::from_secs(12);
 
 type Result<T = ()> = std::result::Result<T, Failure>;
 
@@ -115,20 +113,15 @@ pub async fn heal_and_check(
 async fn check(world: &World, ledger: &Ledger) -> Result {
     InvariantSweep::default().check(world, Sweep::Full)?;
     let checkers = check::standard();
-    let settle = if world.network().is_stream() {
-        STREAM_SETTLE
-    } else {
-        SETTLE
-    };
     if world.sync_configured() {
         // Sync must converge the cluster on its own: pushes are blocked
         // before the quiet period, so no push in flight can help.
         convergence::block_pushes(world);
-        madsim::time::sleep(settle).await;
+        madsim::time::sleep(SETTLE).await;
         liveness::client_requests_end(world).await?;
         convergence::sync_converges(world, ledger, &checkers).await?;
     } else {
-        madsim::time::sleep(settle).await;
+        madsim::time::sleep(SETTLE).await;
         liveness::client_requests_end(world).await?;
     }
     convergence::push_converges(world, ledger, &checkers).await?;

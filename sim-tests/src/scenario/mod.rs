@@ -64,7 +64,7 @@ impl Options {
             faults: true,
             canary: None,
             echo_trace: false,
-            network: Network::Datagram,
+            network: Network::Tcp,
         }
     }
 
@@ -113,8 +113,8 @@ impl Report {
                 self.seed,
                 canary_test_name(canary)
             ),
-            // The test runs the test-sized standard profile over datagrams
-            // unless told otherwise, so a seed names what it ran with.
+            // The test runs the test-sized standard profile over plaintext
+            // TCP unless told otherwise, so a seed names what it ran with.
             None => {
                 let size = match self.swarm.size == Size::TEST {
                     true => String::new(),
@@ -130,14 +130,14 @@ impl Report {
     }
 
     /// The profile and the network, each behind its flag, where they are
-    /// not the defaults (standard, datagram); empty where they are.
+    /// not the defaults (standard, tcp); empty where they are.
     fn unusual(&self, profile_flag: &str, network_flag: &str) -> (String, String) {
         let profile = match self.swarm.profile {
             Profile::Standard => String::new(),
             other => format!("{profile_flag}{}", other.name()),
         };
         let network = match self.network {
-            Network::Datagram => String::new(),
+            Network::Tcp => String::new(),
             other => format!("{network_flag}{}", other.name()),
         };
         (profile, network)
@@ -190,15 +190,6 @@ impl fmt::Display for Report {
             writeln!(f, "    or: {}", self.test_replay_command())?;
         }
         Ok(())
-    }
-}
-
-/// The network a canary's test runs on: the transport's planted bugs
-/// live in the engine's TCP stack, which the datagram network bypasses.
-pub fn network_for_canary(canary: Canary) -> Network {
-    match canary {
-        Canary::EvictedSlotKept | Canary::RetriesAnyCall => Network::Tcp,
-        _ => Network::Datagram,
     }
 }
 
@@ -309,13 +300,13 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// The world of `swarm` on `network`; on a stream network every node
-/// takes `wire`'s connection limits.
+/// The world of `swarm` on `network`; every node takes `wire`'s
+/// connection limits.
 fn build_world(
     swarm: &Swarm,
     trace: &Trace,
     network: Network,
-    wire: Option<&nemesis::wire::WireKnobs>,
+    wire: &nemesis::wire::WireKnobs,
 ) -> World {
     let containers: Vec<ContainerConfig> = replica_sets(swarm.replicas)
         .into_iter()
@@ -333,9 +324,7 @@ fn build_world(
         config.pilorama.wal_segment_bytes = swarm.wal.segment_bytes;
         config.tree.ack_replicas = swarm.ack_replicas;
         config.access = access.clone();
-        if let Some(wire) = wire {
-            wire.apply(config);
-        }
+        wire.apply(config);
     }
     let disk_config = |i: usize| {
         let mut config = DiskConfig::reliable(swarm.seed.wrapping_mul(31).wrapping_add(i as u64));
@@ -356,8 +345,7 @@ async fn simulate(
 ) -> (Counts, Result<(), Failure>) {
     let swarm = &plan.swarm;
     let network = options.network;
-    // Connection limits and faults only where there are connections.
-    let wire = (network.is_stream()).then(|| {
+    let wire = {
         let latency_max = (plan.faults.iter())
             .filter_map(|fault| match fault.kind {
                 plan::FaultKind::LatencySpike { high_ms } => Some(high_ms),
@@ -366,8 +354,8 @@ async fn simulate(
             .max()
             .map_or(Duration::ZERO, Duration::from_millis);
         nemesis::wire::WirePlan::draw(swarm, options.faults).with_latency_max(latency_max)
-    });
-    let mut world = build_world(swarm, trace, network, wire.as_ref().map(|w| &w.knobs));
+    };
+    let mut world = build_world(swarm, trace, network, &wire.knobs);
     probe.watch(&world);
     let clients: Vec<_> = plan
         .clients
@@ -378,10 +366,8 @@ async fn simulate(
     // keeps: it holds no right (`workload::intruder::access_config`).
     let intruder = world.client_numbered(intruder_index(swarm));
     let rogue = swarm.rogue_replica.map(|id| world.caller_as_replica(id));
-    let wire = wire.map(|wire| {
-        let index = nemesis::wire::probe_client_index(swarm.size.clients);
-        (wire, world.misled_client(index))
-    });
+    let probe = world.misled_client(nemesis::wire::probe_client_index(swarm.size.clients));
+    let wire = (wire, probe);
     // Only a run with misconfiguration windows has the misled client.
     let misled = plan
         .faults
@@ -487,7 +473,7 @@ async fn run_workload(
     (workload, nemesis, supervisor): (&Arc<Workload>, &Arc<Nemesis>, &Arc<Supervisor>),
     clients: Vec<crate::world::Client>,
     (intruder, rogue): (crate::world::Client, Option<crate::world::Client>),
-    wire: Option<(nemesis::wire::WirePlan, crate::world::Client)>,
+    (wire, probe): (nemesis::wire::WirePlan, crate::world::Client),
 ) {
     let size = plan.swarm.size;
     let start = crate::world::clock::global_now();
@@ -522,11 +508,9 @@ async fn run_workload(
         )));
     }
     let strikes = madsim::task::spawn(nemesis.clone().run(start, deadline));
-    if let Some((wire, probe)) = wire {
-        let verdict = workload.verdict.clone();
-        let run = nemesis::wire::run(wire, supervisor.clone(), verdict, probe, start, deadline);
-        tasks.push(madsim::task::spawn(run));
-    }
+    let verdict = workload.verdict.clone();
+    let run = nemesis::wire::run(wire, supervisor.clone(), verdict, probe, start, deadline);
+    tasks.push(madsim::task::spawn(run));
     // A task more changes the schedule of the whole run: spawned only when
     // there is a change to carry out, so a seed without one runs (and its
     // capsules replay) as before membership changes existed.

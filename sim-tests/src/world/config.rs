@@ -9,10 +9,10 @@ use std::time::Duration;
 /// Port every simulated replica listens on.
 pub const SERVICE_PORT: u16 = 7000;
 
-/// A simulated node answers datagrams, not connections:
-/// `limits.max_connections` bounds the requests it serves at once, and a
-/// load run's bursts (every generator request plus the replicas' pushes)
-/// go past the TCP default.
+/// Connection slots of a simulated node, unless its run draws fewer
+/// (`scenario::nemesis::wire`): every call in flight holds a pooled
+/// connection, and a load run's bursts (every generator request plus the
+/// replicas' pushes) go past the engine's default.
 const SIM_REQUESTS_IN_FLIGHT_MAX: usize = 4096;
 
 /// The address of the `index`-th replica (0-based).

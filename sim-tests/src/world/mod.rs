@@ -1,7 +1,7 @@
 //! The simulated world: a madsim cluster of real Arbor nodes, each with a
-//! skewed clock, a disk that outlives the node, and a network (`Network`:
-//! madsim datagrams, or the engine's TCP stack over simulated streams);
-//! plus client nodes that call them. The scenario, the load evaluator's sim
+//! skewed clock, a disk that outlives the node, and the engine's own TCP
+//! stack over madsim's simulated streams (`simnet`; plaintext or mutual
+//! TLS, `Network`); plus client nodes that call them. The scenario, the load evaluator's sim
 //! mode and the tests all build on it.
 //!
 //! Everything here must run inside a madsim runtime
@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use transport::{CallIds, MessageFilter, SimTransport};
+use transport::MessageFilter;
 
 pub use simnet::Network;
 
@@ -114,9 +114,9 @@ impl SimNode {
         self.boot.serving.lock().unwrap().load(Ordering::SeqCst)
     }
 
-    /// On a stream network, the latest incarnation's server counts and the
-    /// connections its listener accepted that are still alive; `None`
-    /// while the node is down or on the datagram network.
+    /// The latest incarnation's server counts and the connections its
+    /// listener accepted that are still alive; `None` while the node is
+    /// down.
     pub fn server_connections(&self) -> Option<(arbor::tcp::ServerStats, usize)> {
         self.service()?;
         let (handle, listener) = self.boot.server.lock().unwrap().clone()?;
@@ -147,7 +147,6 @@ pub struct World {
     pub hooks: Arc<hooks::Hooks>,
     /// The replicas clients call (`rotation.rs`).
     pub rotation: Arc<rotation::Rotation>,
-    call_ids: CallIds,
     clients: usize,
     /// The network's config when the world was built: what healing
     /// restores.
@@ -165,17 +164,16 @@ pub struct World {
 }
 
 impl World {
-    /// Creates and starts the replicas on the datagram network. Call
+    /// Creates and starts the replicas on the plaintext TCP network. Call
     /// inside a madsim runtime.
     pub fn build(specs: Vec<NodeSpec>, trace: Trace) -> World {
-        Self::build_over(specs, trace, Network::Datagram)
+        Self::build_over(specs, trace, Network::Tcp)
     }
 
     /// Creates and starts the replicas on `network`. Call inside a madsim
     /// runtime.
     pub fn build_over(specs: Vec<NodeSpec>, trace: Trace, network: Network) -> World {
         let filter = Arc::new(MessageFilter::default());
-        let call_ids = CallIds::default();
         let hooks = Arc::new(hooks::Hooks::default());
         let kernels = simnet::Kernels::default();
         let view = specs
@@ -194,12 +192,11 @@ impl World {
             .map(|spec| {
                 let shared = Shared {
                     filter: filter.clone(),
-                    call_ids: call_ids.clone(),
                     hooks: hooks.clone(),
                     kernels: kernels.clone(),
                     pki: pki.clone(),
                 };
-                build_node(spec, shared, trace.clone(), network)
+                build_node(spec, shared, trace.clone())
             })
             .collect();
         World {
@@ -208,7 +205,6 @@ impl World {
             trace,
             hooks,
             rotation: Arc::default(),
-            call_ids,
             clients: 0,
             base_net: net_config(),
             view: Mutex::new(view),
@@ -223,7 +219,7 @@ impl World {
         self.network
     }
 
-    /// The kernels of the stream network: where connection faults strike.
+    /// The kernels of the world's machines: where connection faults strike.
     pub fn kernels(&self) -> &simnet::Kernels {
         &self.kernels
     }
@@ -242,7 +238,7 @@ impl World {
         disk_config: impl Fn(usize) -> DiskConfig,
         trace: Trace,
     ) -> World {
-        Self::build_on_disks_over(configs, skews, disk_config, trace, Network::Datagram)
+        Self::build_on_disks_over(configs, skews, disk_config, trace, Network::Tcp)
     }
 
     /// `build_on_disks` on `network`.
@@ -384,34 +380,16 @@ impl World {
     }
 
     /// The transport of a caller that is no replica: it checks no answerer
-    /// on the datagram and plaintext networks; over TLS it presents `tls`
-    /// and checks the answerer's certificate.
+    /// on the plaintext network; over TLS it presents `tls` and checks the
+    /// answerer's certificate.
     fn caller_transport(&self, tls: Option<Arc<TlsContext>>) -> Arc<dyn arbor::net::Transport> {
         let clock: Arc<dyn Clock> = Arc::new(SimClock::new(ClockSkew::default()));
-        match self.network {
-            Network::Datagram => {
-                let peers = self.nodes.iter().map(|n| (n.replica_id, n.addr)).collect();
-                let max_message_bytes = self
-                    .nodes
-                    .first()
-                    .map_or(4 << 20, |n| n.config.limits.max_message_bytes);
-                Arc::new(SimTransport::new(
-                    0,
-                    peers,
-                    clock,
-                    max_message_bytes,
-                    self.filter.clone(),
-                    self.call_ids.clone(),
-                ))
-            }
-            Network::Tcp | Network::Tls => self.tcp_client_transport(clock, tls),
-        }
+        self.tcp_client_transport(clock, tls)
     }
 
     /// A client's transport over the engine's TCP stack, without `Hello`:
-    /// plaintext, the replicas naming the client by its address, as the
-    /// datagram clients check no answerer either (the gateway's check is
-    /// the engine's); or over TLS with `tls`'s certificate, which names
+    /// plaintext, the replicas naming the client by its address, checking
+    /// no answerer (the gateway's check is the engine's); or over TLS with `tls`'s certificate, which names
     /// it, the answerer's certificate checked against the replica
     /// dialled. Its limits are the first replica's (the test defaults in
     /// a world without replicas).
@@ -754,16 +732,14 @@ fn net_config() -> madsim::net::Config {
 /// What every node of a world shares.
 struct Shared {
     filter: Arc<MessageFilter>,
-    call_ids: CallIds,
     hooks: Arc<hooks::Hooks>,
     kernels: simnet::Kernels,
     pki: Option<Arc<simtls::Pki>>,
 }
 
-fn build_node(spec: NodeSpec, shared: Shared, trace: Trace, network: Network) -> SimNode {
+fn build_node(spec: NodeSpec, shared: Shared, trace: Trace) -> SimNode {
     let Shared {
         filter,
-        call_ids,
         hooks,
         kernels,
         pki,
@@ -790,14 +766,12 @@ fn build_node(spec: NodeSpec, shared: Shared, trace: Trace, network: Network) ->
         redb_cache_bytes: spec.redb_cache_bytes,
         clock: clock.clone(),
         filter,
-        call_ids,
         trace,
         hooks,
         slot: service.clone(),
         rejoin: rejoin.clone(),
         serving: Mutex::default(),
         stand_in: Mutex::new(None),
-        network,
         kernels,
         pki,
         server: Mutex::new(None),
@@ -837,7 +811,6 @@ struct Boot {
     redb_cache_bytes: Option<usize>,
     clock: Arc<SimClock>,
     filter: Arc<MessageFilter>,
-    call_ids: CallIds,
     trace: Trace,
     hooks: Arc<hooks::Hooks>,
     slot: Arc<Mutex<Option<Arc<Service>>>>,
@@ -846,11 +819,10 @@ struct Boot {
     serving: Mutex<Arc<AtomicU64>>,
     /// Set while a stand-in runs on this machine instead of the replica.
     stand_in: Mutex<Option<StandIn>>,
-    network: Network,
     kernels: simnet::Kernels,
     pki: Option<Arc<simtls::Pki>>,
-    /// The TCP server of the latest incarnation and its listener's number
-    /// (stream networks only), dropped with the incarnation: it holds the
+    /// The TCP server of the latest incarnation and its listener's number,
+    /// dropped with the incarnation: it holds the
     /// service.
     server: Mutex<Option<(arbor::tcp::ServerHandle, u64)>>,
 }
@@ -910,42 +882,18 @@ impl Boot {
                 disk.take_latency()
             })))),
         };
-        let peers: BTreeMap<ReplicaId, SocketAddr> = config
-            .node
-            .peers
-            .iter()
-            .map(|p| {
-                (
-                    p.replica_id,
-                    p.address.parse().expect("peer address is ip:port"),
-                )
-            })
-            .collect();
-        let limits = &config.limits;
-        let transport: Arc<dyn arbor::net::Transport> = match self.network {
-            Network::Datagram => Arc::new(SimTransport::new(
-                config.node.replica_id,
-                peers,
-                self.clock.clone(),
-                limits.max_message_bytes,
-                self.filter.clone(),
-                self.call_ids.clone(),
-            )),
-            Network::Tcp | Network::Tls => {
-                // The node's own dialler: `Hello` as its replica id, and
-                // the answer's replica checked against the one dialled.
-                let tcp = arbor::tcp::TcpTransport::new(&config, self.tls());
-                let clock: Arc<dyn Clock> = self.clock.clone();
-                Arc::new(simnet::Filtered {
-                    local: config.node.replica_id,
-                    filter: self.filter.clone(),
-                    clock: clock.clone(),
-                    inner: Arc::new(
-                        tcp.with_net(Arc::new(simnet::SimNet::new(self.kernels.clone())), clock),
-                    ),
-                })
-            }
-        };
+        // The node's own dialler: `Hello` as its replica id, and the
+        // answer's replica checked against the one dialled.
+        let tcp = arbor::tcp::TcpTransport::new(&config, self.tls());
+        let clock: Arc<dyn Clock> = self.clock.clone();
+        let transport: Arc<dyn arbor::net::Transport> = Arc::new(simnet::Filtered {
+            local: config.node.replica_id,
+            filter: self.filter.clone(),
+            clock: clock.clone(),
+            inner: Arc::new(
+                tcp.with_net(Arc::new(simnet::SimNet::new(self.kernels.clone())), clock),
+            ),
+        });
         let service = match Service::start(config.clone(), Arc::new(forest), env.clone(), transport)
         {
             Ok(service) => service,
@@ -971,20 +919,7 @@ impl Boot {
             inner: handler,
             serving,
         });
-        if self.network.is_stream() {
-            return self.serve_tcp(&config, addr, handler, env).await;
-        }
-        let limits = (limits.max_message_bytes, limits.max_connections);
-        let trace = self.trace.clone();
-        transport::serve_as(
-            config.node.replica_id,
-            addr,
-            handler,
-            caller_at,
-            limits,
-            trace,
-        )
-        .await;
+        self.serve_tcp(&config, addr, handler, env).await
     }
 
     /// Serves `handler` through `arbor::tcp::Server` on a `SimListener` at

@@ -479,35 +479,28 @@ impl Listener for SimListener {
     }
 }
 
-/// How the nodes of a world reach each other.
+/// How the nodes of a world reach each other: always through the engine's
+/// own stack (`arbor::tcp`) over madsim's simulated TCP, `tcp::Server` on
+/// a `SimListener` and `TcpTransport` over `SimNet`; in plaintext or with
+/// mutual TLS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
-    /// One madsim datagram per request and per answer (`transport.rs`):
-    /// cheap, and every message can be lost on its own.
+    /// Plaintext: each caller named by its address.
     #[default]
-    Datagram,
-    /// The engine's own stack (`arbor::tcp`) over madsim's simulated TCP:
-    /// `tcp::Server` on a `SimListener`, `TcpTransport` over `SimNet`.
     Tcp,
-    /// `Tcp` with mutual TLS on every connection (`simtls.rs`): real
-    /// certificates of one cluster CA, and each caller named by the
-    /// certificate it presents, not by its address.
+    /// Mutual TLS on every connection (`simtls.rs`): real certificates of
+    /// one cluster CA, and each caller named by the certificate it
+    /// presents, not by its address.
     Tls,
 }
 
 impl Network {
     pub fn name(self) -> &'static str {
         match self {
-            Network::Datagram => "datagram",
             Network::Tcp => "tcp",
             Network::Tls => "tls",
         }
-    }
-
-    /// True when the engine's own stack carries the calls (`Tcp`, `Tls`).
-    pub fn is_stream(self) -> bool {
-        self != Network::Datagram
     }
 
     /// True for the network a run gets when none is named.
@@ -517,17 +510,16 @@ impl Network {
 
     pub fn parse(name: &str) -> Result<Network, String> {
         match name {
-            "datagram" => Ok(Network::Datagram),
             "tcp" => Ok(Network::Tcp),
             "tls" => Ok(Network::Tls),
-            other => Err(format!("unknown network {other:?}: datagram, tcp or tls")),
+            other => Err(format!("unknown network {other:?}: tcp or tls")),
         }
     }
 }
 
 /// A transport whose calls between replicas pass the world's
 /// `MessageFilter` first: a blocked request kind is never sent and its
-/// caller hears nothing until its timeout, as on the datagram network.
+/// caller hears nothing until its timeout.
 pub struct Filtered {
     pub local: ReplicaId,
     pub filter: Arc<MessageFilter>,
@@ -560,7 +552,7 @@ impl Transport for Filtered {
 /// A world's handler (a node's service, watched and counted) behind
 /// `arbor::tcp::Server`. Every request it takes and every answer it
 /// gives, as wire frames beside the caller, go into the trace's
-/// fingerprint, as `transport::serve_as` does for datagrams.
+/// fingerprint.
 pub struct TcpHandler {
     pub inner: Arc<dyn Handler>,
     /// The server's address, where the trace places its events.

@@ -27,8 +27,10 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// The capsule format this build reads and writes.
-pub const CAPSULE_FORMAT: u32 = 1;
+/// The capsule format this build reads and writes. Format 2 names the
+/// network its run was on (tcp or tls); format 1 capsules may have run on
+/// a datagram network the simulator no longer has, and are not read.
+pub const CAPSULE_FORMAT: u32 = 2;
 /// Largest capsule file read: a plan with every limit at its maximum is
 /// far below it.
 pub const CAPSULE_BYTES_MAX: u64 = 16 << 20;
@@ -47,9 +49,7 @@ pub struct Capsule {
     pub faults: bool,
     /// The planted bug switched on (engine/src/canary.rs), by name.
     pub canary: Option<String>,
-    /// The network the run's nodes were on. Capsules written before it
-    /// was recorded ran on datagrams, whatever the default is now.
-    #[serde(default = "recorded_before_networks")]
+    /// The network the run's nodes were on.
     pub network: Network,
     /// What the run gave when the capsule was written.
     pub outcome: Outcome,
@@ -59,11 +59,6 @@ pub struct Capsule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_for: Option<KeptFor>,
     pub plan: Plan,
-}
-
-/// The network of a capsule that names none.
-fn recorded_before_networks() -> Network {
-    Network::Datagram
 }
 
 /// What a capsule was kept for.
@@ -201,7 +196,10 @@ pub enum CapsuleError {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("{path}: capsule format {found}, this build reads {CAPSULE_FORMAT}")]
+    #[error(
+        "{path}: capsule format {found}, this build reads {CAPSULE_FORMAT}; record its seed \
+         anew with `arbor-sim replay --seed S --out FILE` (and `shrink` it again)"
+    )]
     Format { path: PathBuf, found: u32 },
     #[error("{path}: unknown canary {name:?}")]
     Canary { path: PathBuf, name: String },
@@ -307,16 +305,18 @@ impl Capsule {
     /// Parses and checks a capsule's text (errors name no path yet).
     pub fn parse(text: &str) -> Result<Capsule, CapsuleError> {
         let path = PathBuf::new();
-        let capsule: Capsule = serde_json::from_str(text).map_err(|source| CapsuleError::Json {
-            path: path.clone(),
+        let json = |source| CapsuleError::Json {
+            path: PathBuf::new(),
             source,
-        })?;
-        if capsule.format != CAPSULE_FORMAT {
-            return Err(CapsuleError::Format {
-                path,
-                found: capsule.format,
-            });
+        };
+        // The format first: another format's fields may not parse.
+        let value: serde_json::Value = serde_json::from_str(text).map_err(json)?;
+        let found = value.get("format").and_then(serde_json::Value::as_u64);
+        if found != Some(u64::from(CAPSULE_FORMAT)) {
+            let found = found.map_or(0, |f| u32::try_from(f).unwrap_or(u32::MAX));
+            return Err(CapsuleError::Format { path, found });
         }
+        let capsule: Capsule = serde_json::from_value(value).map_err(json)?;
         capsule.canary()?;
         capsule
             .plan

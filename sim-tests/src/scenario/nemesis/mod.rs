@@ -7,8 +7,7 @@
 //! The disruptions with more to them each have a module: `members`
 //! (a replica joins or leaves a container), `replace` (a disk destroyed,
 //! its node rejoining on an empty one) and `misconfig` (a process claiming
-//! another replica's id); `wire` strikes the connections themselves on a
-//! stream network.
+//! another replica's id); `wire` strikes the connections themselves.
 
 pub mod members;
 pub mod misconfig;

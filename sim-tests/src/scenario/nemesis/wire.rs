@@ -1,8 +1,7 @@
-//! Faults of the connections themselves, struck when the nodes talk
-//! through the engine's own stack (`Network::Tcp`, `Network::Tls`): the
-//! datagram network has no connections to break.
+//! Faults of the connections themselves, through which the nodes talk
+//! (the engine's own stack, `Network::Tcp` or `Network::Tls`).
 //!
-//! A stream run draws, from its seed alone, connection limits small enough
+//! A run draws, from its seed alone, connection limits small enough
 //! to bind (`WireKnobs`: a node's connection slots, the idle timeout) and a
 //! list of connection faults, each against one replica's machine:
 //! - a reset of every connection it has, in whatever state its frames are;
@@ -41,10 +40,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
-/// Connection slots a stream run's nodes may draw: the smallest bind all
+/// Connection slots a run's nodes may draw: the smallest bind all
 /// run long (each client and peer keeps connections), the largest never.
 const MAX_CONNECTIONS: [usize; 5] = [4, 8, 16, 64, 4096];
-/// Idle timeouts a stream run's nodes may draw, in milliseconds.
+/// Idle timeouts a run's nodes may draw, in milliseconds.
 const IDLE_TIMEOUT_MS: [u64; 4] = [500, 2_000, 10_000, 60_000];
 /// Connection faults per 15 s of workload: 1 up to this.
 const FAULTS_PER_15S_MAX: u64 = 4;
@@ -63,7 +62,7 @@ const PROBE_TRIPS: u32 = 8;
 /// Between two attempts of the storm's probe client.
 const PROBE_RETRY: Duration = Duration::from_millis(10);
 
-/// The connection limits of every node of a stream run.
+/// The connection limits of every node of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WireKnobs {
     pub max_connections: usize,
@@ -101,7 +100,7 @@ pub struct WireFault {
     pub kind: WireKind,
 }
 
-/// A stream run's connection limits and faults.
+/// A run's connection limits and faults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WirePlan {
     pub knobs: WireKnobs,
@@ -113,8 +112,8 @@ pub struct WirePlan {
 }
 
 impl WirePlan {
-    /// Drawn from the seed on a stream of its own: the swarm and the
-    /// plan draw the same as on the datagram network.
+    /// Drawn from the seed on a stream of its own, so that the swarm and
+    /// the plan draw the same with or without it.
     pub fn draw(swarm: &Swarm, faults_on: bool) -> WirePlan {
         let mut rng = SplitMix64::new(swarm.seed ^ 0x5749_5245_0000_0000);
         let knobs = WireKnobs {

@@ -115,8 +115,8 @@ impl Profile {
             Canary::AnswerBudgetEighth => Profile::Standard,
             Canary::WriterMayDrop => Profile::Standard,
             Canary::ReplicaOfAnyContainer | Canary::RemoveMissingDone => Profile::Standard,
-            // Transport bugs: caught on a stream network, whose runs draw
-            // connection faults and small connection limits.
+            // Transport bugs: every run draws connection faults and small
+            // connection limits.
             Canary::EvictedSlotKept | Canary::RetriesAnyCall => Profile::Standard,
         }
     }
