@@ -613,10 +613,9 @@ section_canaries() {
             echo "Written by \`scripts/results.sh\` at commit $commit;"
         fi
         if [ "$off_unread" = 0 ]; then
-            echo "with every canary off the same seeds gave $off_total failures over the ${#PROFILES[@]} profiles"
-            echo "and the standard profile over tcp."
+            echo "with every canary off the same seeds gave $off_total failures over the ${#PROFILES[@]} profiles."
         else
-            echo "with every canary off, $off_unread of the $((${#PROFILES[@]} + 1)) control sweeps printed no summary (see \`docs/results.md\`)."
+            echo "with every canary off, $off_unread of the ${#PROFILES[@]} control sweeps printed no summary (see \`docs/results.md\`)."
         fi
         echo "Commands and details: \`docs/results.md\`, \"Canaries\"."
     } >"$work/readme-canaries.md"

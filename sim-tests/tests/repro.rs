@@ -57,7 +57,7 @@ fn a_swept_capsule_replays_with_the_sweeps_fingerprint() {
 /// handshakes and connection faults included.
 #[test]
 fn a_capsule_swept_over_tls_replays_over_tls() {
-    swept_capsules_replay(Canary::RetriesAnyCall, Network::Tls);
+    swept_capsules_replay(Canary::EvictedSlotKept, Network::Tls);
 }
 
 /// Sweeps seeds 1-4 of `canary`'s profile on `network`, keeping

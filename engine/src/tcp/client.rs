@@ -176,6 +176,17 @@ impl Connection {
         }
     }
 
+    /// False once the other end has closed or broken the connection, or
+    /// sent bytes nobody asked for; true while a read would wait. Looks
+    /// without waiting, so that a pooled connection the peer already gave
+    /// up (an idle one it closed to free its slot, one it reset) carries
+    /// no request, whose fate its caller could then not know.
+    pub fn is_open(&mut self) -> bool {
+        use futures::FutureExt;
+        use tokio::io::AsyncBufReadExt;
+        self.stream.fill_buf().now_or_never().is_none()
+    }
+
     /// Sends one request and reads its response. After an error the
     /// connection must not be reused.
     pub async fn call(&mut self, request: &Request) -> Result<Response> {
@@ -226,9 +237,10 @@ struct Idle {
 
 /// `net::Transport` over TCP with a small pool of idle connections per peer.
 ///
-/// An idempotent call (`Request::is_idempotent`: reads, `Apply`) that
-/// fails on a pooled connection (the peer may have restarted since) is
-/// retried once on a fresh one. Any other call's error is given to the
+/// A pooled connection the peer has closed or reset is dropped unused. An
+/// idempotent call (`Request::is_idempotent`: reads, `Apply`) that fails
+/// on a pooled connection (the peer may have gone since it was checked)
+/// is retried once on a fresh one. Any other call's error is given to the
 /// caller as it is: the request may have reached the peer before the
 /// connection broke, so the outcome is unknown, and sending it again could
 /// store it twice or answer for a process that never saw it.
@@ -410,13 +422,19 @@ struct Pool {
 }
 
 impl Pool {
-    /// The most recently used connection to `peer` still fresh enough.
+    /// The most recently used connection to `peer` still fresh enough and
+    /// still open (`Connection::is_open`); the closed ones go.
     fn take(&self, peer: ReplicaId) -> Option<Connection> {
         let mut idle = self.idle.lock().expect("pool lock");
         let idle = idle.get_mut(&peer)?;
         let now = self.clock.now();
         idle.retain(|entry| now.saturating_sub(entry.since) < self.reuse_within);
-        idle.pop().map(|entry| entry.connection)
+        while let Some(mut entry) = idle.pop() {
+            if entry.connection.is_open() {
+                return Some(entry.connection);
+            }
+        }
+        None
     }
 
     fn give_back(&self, peer: ReplicaId, connection: Connection) {

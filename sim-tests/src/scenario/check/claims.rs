@@ -118,8 +118,10 @@ impl Profile {
                 (C::OpLogCutByBytes, FULL),
                 (C::PushCutByBytes, FULL),
             ],
+            // Over TCP a stamp page with several runs is rare at test size
+            // (reached in seeds 21-40, not in 1-20).
             Profile::SyncOnly => &[
-                (C::PullSeveralRuns, SMALL),
+                (C::PullSeveralRuns, FULL),
                 (C::OpLogCutByBytes, FULL),
                 (C::PushCutByBytes, FULL),
             ],
