@@ -123,6 +123,16 @@ async fn start_server_in(
     tls: Option<Arc<TlsContext>>,
     kernels: Kernels,
 ) -> ServerHandle {
+    start_server_on(handler, options, tls, kernels).await.0
+}
+
+/// `start_server_in`; also the server's machine.
+async fn start_server_on(
+    handler: Arc<dyn Handler>,
+    options: ServerOptions,
+    tls: Option<Arc<TlsContext>>,
+    kernels: Kernels,
+) -> (ServerHandle, madsim::task::NodeId) {
     let addr: SocketAddr = SERVER.parse().unwrap();
     let node = Handle::current()
         .create_node()
@@ -142,7 +152,7 @@ async fn start_server_in(
         let _ = sender.send(server.handle());
         server.run().await
     });
-    listening.await.expect("the server starts")
+    (listening.await.expect("the server starts"), node.id())
 }
 
 /// The client machine; its tasks dial from its address.
@@ -764,4 +774,55 @@ fn a_half_open_connection_ends_the_call_at_its_deadline_and_idles_out() {
         after.freed
     );
     assert_eq!(after.stats.idle_closed, 1);
+}
+
+/// A server whose process stalls past its idle timeout (the nemesis's
+/// pause): a call made meanwhile ends at its deadline, to the
+/// millisecond; when the process goes on, the idle timers that fell due
+/// fire at once and close the connections idle since before the stall,
+/// giving their slots back; the pool sees its connection closed and the
+/// next call is served on a fresh one.
+#[test]
+fn a_server_stalled_past_its_idle_timeout_closes_its_idle_connections() {
+    simulate(45, || async move {
+        let idle_timeout = Duration::from_secs(2);
+        let options = ServerOptions {
+            idle_timeout,
+            ..options(4)
+        };
+        let (handle, machine) =
+            start_server_on(Arc::new(Fake), options, None, Kernels::default()).await;
+        let transport = gated_transport(|_| {});
+        let client = client_machine();
+        let call = |deadline: Duration| {
+            let t = transport.clone();
+            on(&client, async move {
+                let began = Instant::now();
+                (
+                    t.call(2, Request::Healthcheck, deadline).await,
+                    began.elapsed(),
+                )
+            })
+        };
+        assert_eq!(call(PATIENCE).await.0, Ok(HEALTH));
+        assert_eq!(handle.stats().connections_open, 1);
+
+        Handle::current().pause(machine);
+        let deadline = Duration::from_millis(300);
+        let (stalled, took) = call(deadline).await;
+        assert_eq!(stalled, Err(Error::Timeout));
+        assert!(
+            took >= deadline && took < deadline + Duration::from_millis(1),
+            "{took:?}"
+        );
+        madsim::time::sleep(idle_timeout).await;
+        assert_eq!(handle.stats().idle_closed, 0, "nothing ran while stalled");
+        Handle::current().resume(machine);
+
+        settled(&handle, |s| s.connections_open == 0).await;
+        assert!(handle.stats().idle_closed >= 1, "{:?}", handle.stats());
+        let (after, _) = call(PATIENCE).await;
+        assert_eq!(after, Ok(HEALTH));
+        assert_eq!(transport.connections_opened(), 2);
+    })
 }

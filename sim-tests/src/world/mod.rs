@@ -147,6 +147,8 @@ pub struct World {
     pub hooks: Arc<hooks::Hooks>,
     /// The replicas clients call (`rotation.rs`).
     pub rotation: Arc<rotation::Rotation>,
+    /// The machines whose processes are paused (`Supervisor::pause`).
+    pub stalls: Arc<Stalls>,
     clients: usize,
     /// The network's config when the world was built: what healing
     /// restores.
@@ -205,6 +207,7 @@ impl World {
             trace,
             hooks,
             rotation: Arc::default(),
+            stalls: Arc::default(),
             clients: 0,
             base_net: net_config(),
             view: Mutex::new(view),
@@ -347,6 +350,7 @@ impl World {
             node,
             transport: self.caller_transport(tls),
             rotation: self.rotation.clone(),
+            stalls: self.stalls.clone(),
             misled,
             trace: self.trace.clone(),
         }
@@ -374,6 +378,7 @@ impl World {
             node,
             transport: self.caller_transport(tls),
             rotation: self.rotation.clone(),
+            stalls: self.stalls.clone(),
             misled: true,
             trace: self.trace.clone(),
         }
@@ -966,12 +971,45 @@ impl Boot {
     }
 }
 
+/// The machines whose processes are paused now, and how many pauses each
+/// has had (`Supervisor::pause`).
+#[derive(Debug, Default)]
+pub struct Stalls(Mutex<BTreeMap<madsim::task::NodeId, (bool, u64)>>);
+
+impl Stalls {
+    /// The machine's processes stop.
+    pub fn begin(&self, machine: madsim::task::NodeId) {
+        let mut stalls = self.0.lock().unwrap();
+        let (paused, count) = stalls.entry(machine).or_default();
+        *paused = true;
+        *count += 1;
+    }
+
+    /// They go on.
+    pub fn end(&self, machine: madsim::task::NodeId) {
+        if let Some((paused, _)) = self.0.lock().unwrap().get_mut(&machine) {
+            *paused = false;
+        }
+    }
+
+    pub fn is_paused(&self, machine: madsim::task::NodeId) -> bool {
+        self.0.lock().unwrap().get(&machine).is_some_and(|s| s.0)
+    }
+
+    /// Pauses the machine has had so far, the one under way included.
+    pub fn count(&self, machine: madsim::task::NodeId) -> u64 {
+        self.0.lock().unwrap().get(&machine).map_or(0, |s| s.1)
+    }
+}
+
 /// A client machine calling replicas over the simulated network.
 pub struct Client {
     pub name: String,
     node: NodeHandle,
     transport: Arc<dyn arbor::net::Transport>,
     rotation: Arc<rotation::Rotation>,
+    /// Its machine's pauses end none of its calls' deadlines.
+    stalls: Arc<Stalls>,
     /// Calls replicas out of rotation too.
     misled: bool,
     /// Takes the outcome of every call into the run's fingerprint.
@@ -996,6 +1034,8 @@ impl Client {
         }
         let _in_flight = self.rotation.enter(replica);
         let began = clock::global_now();
+        let machine = self.node.id();
+        let pauses = (self.stalls.is_paused(machine), self.stalls.count(machine));
         let call = self.transport.call(replica, request, timeout);
         let result = match self.node.spawn(call).await {
             Ok(result) => result,
@@ -1008,9 +1048,12 @@ impl Client {
         };
         // Every transport ends a call at its deadline, answered or not; a
         // caller left waiting longer is a broken bound, not a slow run.
+        // A caller whose own machine stalled meanwhile (a caller at a
+        // paused replica's address) is late by the stall.
         let took = clock::global_now() - began;
+        let stalled = pauses.0 || self.stalls.count(machine) != pauses.1;
         assert!(
-            took <= timeout + CALL_DEADLINE_SLACK,
+            took <= timeout + CALL_DEADLINE_SLACK || stalled,
             "{}: a call to replica-{replica} ended {took:?} after it began, beyond its deadline of {timeout:?}",
             self.name
         );

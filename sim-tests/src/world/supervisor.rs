@@ -8,6 +8,7 @@
 //! `drained`), so every run that has a supervisor is held to them, and a
 //! failure goes to the run's verdict.
 
+use super::clock::global_now;
 use super::{poll_until, Heights, StandIn, World, BOOT_DEADLINE};
 use crate::failure::{Failure, FailureKind, Verdict};
 use arbor::ReplicaId;
@@ -188,18 +189,67 @@ impl Supervisor {
     }
 
     /// Drains and restarts a live replica not already supervised, on its
-    /// own task; `heal` waits for it.
+    /// own task, once a pause of its process is over; `heal` waits for it.
     fn drain_and_restart(self: &Arc<Self>, replica: ReplicaId) {
+        let guard = InFlight::enter(&self.in_flight);
+        let supervisor = self.clone();
+        if self.is_paused(replica) {
+            self.detach(async move {
+                let _guard = guard;
+                while supervisor.is_paused(replica) {
+                    madsim::time::sleep(DRAIN_POLL).await;
+                }
+                supervisor.drain_and_restart(replica);
+            });
+            return;
+        }
         if !self.world.is_up(replica) || !self.supervised.lock().unwrap().insert(replica) {
             return;
         }
-        let guard = InFlight::enter(&self.in_flight);
-        let supervisor = self.clone();
         self.detach(async move {
             let _guard = guard;
             supervisor.drain_and_restart_now(replica).await;
             supervisor.supervised.lock().unwrap().remove(&replica);
         });
+    }
+
+    /// Pauses the process of a live replica that nothing else supervises
+    /// for `length`, or until `end` if that comes first: none of its tasks
+    /// runs meanwhile, and every timer that fell due fires when it goes on,
+    /// as after a stall of the machine (a VM paused, a process stopped).
+    /// No other fault touches it meanwhile. False (and nothing done) when
+    /// the replica is down, supervised or a stand-in runs on its machine.
+    pub async fn pause(&self, replica: ReplicaId, length: Duration, end: Duration) -> bool {
+        let node = self.world.node(replica);
+        if !self.world.is_up(replica)
+            || node.is_stand_in()
+            || !self.supervised.lock().unwrap().insert(replica)
+        {
+            return false;
+        }
+        let _guard = InFlight::enter(&self.in_flight);
+        let id = node.madsim_id();
+        self.world.stalls.begin(id);
+        madsim::runtime::Handle::current().pause(id);
+        let until = (global_now() + length).min(end);
+        madsim::time::sleep(until.saturating_sub(global_now())).await;
+        madsim::runtime::Handle::current().resume(id);
+        self.world.stalls.end(id);
+        self.supervised.lock().unwrap().remove(&replica);
+        true
+    }
+
+    /// True while the replica's process is paused.
+    pub fn is_paused(&self, replica: ReplicaId) -> bool {
+        let id = self.world.node(replica).madsim_id();
+        self.world.stalls.is_paused(id)
+    }
+
+    /// How many pauses of its process the replica has had so far.
+    pub fn pauses(&self, replica: ReplicaId) -> u64 {
+        self.world
+            .stalls
+            .count(self.world.node(replica).madsim_id())
     }
 
     /// A drained restart that makes the replica take its new membership

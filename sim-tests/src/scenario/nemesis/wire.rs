@@ -11,7 +11,12 @@
 //! - silence: every connection it has turns half-open, nothing arriving
 //!   any more at either end and neither end told;
 //! - a storm: a stranger opens many connections to it and holds them for
-//!   the window, silent or each with half a frame sent.
+//!   the window, silent or each with half a frame sent;
+//! - a pause of its process (`Supervisor::pause`, a machine that stalls):
+//!   it accepts nothing and reads nothing, its peers and clients time out
+//!   against it, and when it goes on every timer that fell due meanwhile
+//!   fires at once, its clock having jumped, as it sees it, just short of
+//!   or just past its idle timeout or past its handshake timeout.
 //!
 //! What is held to account, besides every checker of the run:
 //! - a server never holds more connection slots than connections: checked
@@ -20,7 +25,7 @@
 //!   frame timeout when the storm holds half frames, and two attempts of
 //!   1 s and the network's longest delay on each trip of a call: one may
 //!   be lost to a connection silenced under it), unless the replica went
-//!   down or was restarted meanwhile;
+//!   down, was restarted or paused meanwhile;
 //! - no call of a world client outlives its deadline (`world::Client::call`).
 
 use super::super::plan::swarm::{pick, Swarm};
@@ -49,6 +54,13 @@ const IDLE_TIMEOUT_MS: [u64; 4] = [500, 2_000, 10_000, 60_000];
 const FAULTS_PER_15S_MAX: u64 = 4;
 /// Sockets a storm may open.
 const STORM_SOCKETS: [usize; 4] = [2, 8, 32, 128];
+/// What a pause may last.
+const PAUSE_LENGTHS: [PauseLength; 4] = [
+    PauseLength::BeforeIdle,
+    PauseLength::PastIdle,
+    PauseLength::PastHandshake,
+    PauseLength::Brief,
+];
 /// How long a storm holds its sockets, in milliseconds.
 const STORM_WINDOW_MS: [u64; 3] = [500, 2_000, 8_000];
 /// Simulated time between two checks of every server's slots.
@@ -88,6 +100,34 @@ pub enum WireKind {
         sockets: usize,
         half_frames: bool,
     },
+    Pause(PauseLength),
+}
+
+/// How long a pause lasts, against the paused node's own timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseLength {
+    /// 50 ms short of its idle timeout.
+    BeforeIdle,
+    /// 50 ms past its idle timeout.
+    PastIdle,
+    /// 50 ms past its handshake timeout.
+    PastHandshake,
+    /// 300 ms.
+    Brief,
+}
+
+impl PauseLength {
+    /// The pause's length for a node configured as `config`.
+    pub fn of(self, config: &Config) -> Duration {
+        let margin = Duration::from_millis(50);
+        let limits = &config.limits;
+        match self {
+            PauseLength::BeforeIdle => limits.idle_connection_timeout.saturating_sub(margin),
+            PauseLength::PastIdle => limits.idle_connection_timeout + margin,
+            PauseLength::PastHandshake => limits.handshake_timeout + margin,
+            PauseLength::Brief => Duration::from_millis(300),
+        }
+    }
 }
 
 /// One connection fault against `replica`'s machine, `at_ms` after the
@@ -131,14 +171,15 @@ impl WirePlan {
                 let at_ms = 500 + rng.next_u64() % (span_ms * 8 / 10).max(1);
                 let replica = 1 + (rng.next_u64() % swarm.replicas as u64) as ReplicaId;
                 let window_ms = pick(&mut rng, &STORM_WINDOW_MS);
-                let kind = match rng.next_u64() % 10 {
+                let kind = match rng.next_u64() % 12 {
                     0..=1 => WireKind::Reset,
                     2..=4 => WireKind::ResetOnAnswer,
                     5..=6 => WireKind::Silence,
-                    _ => WireKind::Storm {
+                    7..=9 => WireKind::Storm {
                         sockets: pick(&mut rng, &STORM_SOCKETS),
                         half_frames: rng.next_u64() % 2 == 0,
                     },
+                    _ => WireKind::Pause(pick(&mut rng, &PAUSE_LENGTHS)),
                 };
                 WireFault {
                     at_ms,
@@ -212,6 +253,7 @@ pub async fn run(
                 fault: fault.clone(),
                 number,
                 latency_max: plan.latency_max,
+                deadline,
             };
             supervisor.detach(strike.run());
         }
@@ -253,6 +295,8 @@ struct Strike {
     /// Its place in the plan: names the storm's machine.
     number: usize,
     latency_max: Duration,
+    /// The end of the workload: no pause outlasts it.
+    deadline: Duration,
 }
 
 impl Strike {
@@ -278,6 +322,15 @@ impl Strike {
                 sockets,
                 half_frames,
             } => return self.storm(sockets, half_frames).await,
+            WireKind::Pause(length) => {
+                let length = length.of(&self.world().node(replica).config);
+                self.note(format!("replica-{replica}: process pause of {length:?}"));
+                let paused = self.supervisor.pause(replica, length, self.deadline);
+                match paused.await {
+                    true => format!("process goes on after {length:?} (or at the workload's end)"),
+                    false => "process pause skipped: down or supervised".into(),
+                }
+            }
         };
         self.note(format!("replica-{replica}: {what}"));
     }
@@ -342,8 +395,8 @@ impl Strike {
     }
 
     /// The probe client is answered by the replica within `bound`, each
-    /// call given at most `attempt`, or the replica went down or was
-    /// restarted meanwhile.
+    /// call given at most `attempt`, or the replica went down, was
+    /// restarted or paused meanwhile.
     async fn served_within(&self, bound: Duration, attempt: Duration) -> Result<(), Failure> {
         let replica = self.fault.replica;
         let node = self.world().node(replica);
@@ -351,6 +404,10 @@ impl Strike {
         let Some(before) = node.service().map(|service| Arc::downgrade(&service)) else {
             return Ok(());
         };
+        let pauses = self.supervisor.pauses(replica);
+        if self.supervisor.is_paused(replica) {
+            return Ok(());
+        }
         let hello = Request::Hello {
             cluster_id: node.config.node.cluster_id.clone(),
             replica_id: None,
@@ -369,7 +426,8 @@ impl Strike {
         let same = node
             .service()
             .is_some_and(|now| before.upgrade().is_some_and(|b| Arc::ptr_eq(&b, &now)));
-        if !same || self.supervisor.is_supervised(replica) {
+        let paused = self.supervisor.pauses(replica) != pauses;
+        if !same || paused || self.supervisor.is_supervised(replica) {
             return Ok(());
         }
         Err(Failure::new(
@@ -414,7 +472,7 @@ mod tests {
             assert!(quiet.faults.is_empty());
             assert_eq!(quiet.knobs, plan.knobs);
         }
-        assert_eq!(kinds.len(), 4, "every kind of fault is drawn");
+        assert_eq!(kinds.len(), 5, "every kind of fault is drawn");
     }
 
     /// The knobs reach the config and keep it valid.
