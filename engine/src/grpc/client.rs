@@ -106,10 +106,11 @@ impl Target {
     }
 }
 
-/// A client that signs every request with one key.
+/// A client that signs every request with one key, over tonic's
+/// `Channel` or any other HTTP/2 service `T` (the simulator's).
 #[derive(Clone)]
-pub struct GrpcClient {
-    inner: TreeServiceClient<Channel>,
+pub struct GrpcClient<T = Channel> {
+    inner: TreeServiceClient<T>,
     signer: Signer,
 }
 
@@ -121,14 +122,28 @@ impl GrpcClient {
 
     /// A client on an open channel (channels are cheap to share).
     pub fn over(channel: Channel, signer: Signer, max_message_bytes: usize) -> Self {
-        let inner = TreeServiceClient::new(channel)
+        Self::on(TreeServiceClient::new(channel), signer, max_message_bytes)
+    }
+}
+
+impl<T> GrpcClient<T>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    /// A client through `inner` (`TreeServiceClient::with_origin` over a
+    /// connection of one's own).
+    pub fn on(inner: TreeServiceClient<T>, signer: Signer, max_message_bytes: usize) -> Self {
+        let inner = inner
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         Self { inner, signer }
     }
 
     /// The generated client, for requests built by hand.
-    pub fn raw(&mut self) -> &mut TreeServiceClient<Channel> {
+    pub fn raw(&mut self) -> &mut TreeServiceClient<T> {
         &mut self.inner
     }
 

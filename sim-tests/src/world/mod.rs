@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod grpc;
 pub mod hooks;
 pub mod rotation;
 pub mod runtime;
@@ -909,6 +910,9 @@ impl Boot {
         }
         *self.slot.lock().unwrap() = Some(service.clone());
         self.trace.record(&self.name, "up");
+        if let Some(listen) = &config.grpc.listen {
+            self.serve_grpc(&config, listen, &service).await;
+        }
         let addr = config.node.listen.parse().expect("listen is ip:port");
         let handler: Arc<dyn transport::Handler> = match self.hooks.answers() {
             Some(watch) if itself => Arc::new(transport::Watched {
@@ -925,6 +929,24 @@ impl Boot {
             serving,
         });
         self.serve_tcp(&config, addr, handler, env).await
+    }
+
+    /// Serves the gRPC front of `service` at `listen` on a task of the
+    /// node (`world/grpc.rs`), until the node is killed.
+    async fn serve_grpc(&self, config: &Config, listen: &str, service: &Arc<Service>) {
+        let addr: SocketAddr = listen.parse().expect("grpc.listen is ip:port");
+        let listener = match simnet::SimListener::bind(addr, caller_at, self.kernels.clone()).await
+        {
+            Ok(listener) => listener,
+            Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
+        };
+        let front = arbor::grpc::Front::new(service.clone());
+        drop(madsim::task::spawn(grpc::serve(
+            listener,
+            front,
+            config.limits.max_message_bytes,
+            config.grpc.max_concurrent_streams,
+        )));
     }
 
     /// Serves `handler` through `arbor::tcp::Server` on a `SimListener` at
