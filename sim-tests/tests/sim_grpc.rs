@@ -1,5 +1,5 @@
 //! The gRPC front inside the simulator: three replicas of the world serve
-//! `tree.TreeService` (`world/grpc.rs`: hyper's HTTP/2 on the simulated
+//! `tree.TreeService` (`world/simgrpc.rs`: hyper's HTTP/2 on the simulated
 //! TCP streams), and a gateway machine speaks gRPC to them with signed
 //! requests, as an S3 gateway does: versions of one key put through
 //! different replicas, the latest and every version read back, a
@@ -13,7 +13,7 @@ use arbor::grpc::Signer;
 use arbor::{ContainerId, KeyValue, TreeKey, ATTR_FILE_NAME};
 use arbor_sim::trace::{first_difference, Trace};
 use arbor_sim::world::config::client_ip;
-use arbor_sim::world::grpc::{connect, H2Channel};
+use arbor_sim::world::simgrpc::{connect, H2Channel};
 use arbor_sim::world::simnet::SimNet;
 use arbor_sim::world::{cluster_configs_with, Knobs, World};
 use madsim::runtime::{Handle, Runtime};

@@ -9,10 +9,10 @@
 
 pub mod clock;
 pub mod config;
-pub mod grpc;
 pub mod hooks;
 pub mod rotation;
 pub mod runtime;
+pub mod simgrpc;
 pub mod simnet;
 pub mod simtls;
 pub mod storage;
@@ -932,7 +932,7 @@ impl Boot {
     }
 
     /// Serves the gRPC front of `service` at `listen` on a task of the
-    /// node (`world/grpc.rs`), until the node is killed.
+    /// node (`world/simgrpc.rs`), until the node is killed.
     async fn serve_grpc(&self, config: &Config, listen: &str, service: &Arc<Service>) {
         let addr: SocketAddr = listen.parse().expect("grpc.listen is ip:port");
         let listener = match simnet::SimListener::bind(addr, caller_at, self.kernels.clone()).await
@@ -941,7 +941,7 @@ impl Boot {
             Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
         };
         let front = arbor::grpc::Front::new(service.clone());
-        drop(madsim::task::spawn(grpc::serve(
+        drop(madsim::task::spawn(simgrpc::serve(
             listener,
             front,
             config.limits.max_message_bytes,
