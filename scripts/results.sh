@@ -49,6 +49,8 @@ Options:
                    beside the TCP and TLS searches
   --objects N      scale: objects in the bucket (default 1000000, 100000
                    with --quick)
+  --campaign-seeds N
+                   campaign: seeds per profile (default 1000, 20 with --quick)
   --list           print the sections and their commands, run nothing
 EOF
 }
@@ -61,6 +63,7 @@ base_bin=""
 base_label="an earlier build"
 list=0
 scale_objects=""
+campaign_override=""
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="$root/docs/results.md"
 readme="$root/README.md"
@@ -76,6 +79,7 @@ while [ $# -gt 0 ]; do
         --readme) readme="${2:?--readme needs a file}"; shift ;;
         --beside-in-process) beside=1 ;;
         --objects) scale_objects="${2:?--objects needs a count}"; shift ;;
+        --campaign-seeds) campaign_override="${2:?--campaign-seeds needs a count}"; shift ;;
         --list) list=1 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -121,6 +125,9 @@ else
     scale_default=1000000
     mutants_files=(engine/src/service/backoff.rs engine/src/service/pull/epoch.rs engine/src/service/cursor.rs)
 fi
+if [ -n "$campaign_override" ]; then
+    campaign_seeds="$campaign_override"
+fi
 
 scale_objects="${scale_objects:-$scale_default}"
 case "$scale_objects" in
@@ -161,6 +168,7 @@ readonly CANARIES=(
     "RemoveMissingDone|standard|Remove of a node the tree does not hold answers Done"
     "EvictedSlotKept|standard|a connection closed to make room keeps its connection slot"
     "RetriesAnyCall|standard|a write that failed on a pooled connection is sent again on a fresh one"
+    "StreamSkipsPageStart|gateway|the gRPC GetSubTree stream loses the first node of every page after the first"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 

@@ -116,6 +116,10 @@ pub enum Canary {
     /// on a fresh one: a write whose connection broke after the peer took
     /// it is applied twice.
     RetriesAnyCall = 31,
+    /// The gRPC front's GetSubTree stream loses the first node of every
+    /// page after the first: a listing longer than one page misses nodes
+    /// that the service's own pages hold.
+    StreamSkipsPageStart = 32,
 }
 
 impl Canary {

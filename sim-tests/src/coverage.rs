@@ -46,6 +46,14 @@ pub enum Coverage {
     TreeList,
     GetOpLog,
     GetOpLogStamps,
+    /// Pages of a listing (`GetSubTreePage`, what a gRPC GetSubTree
+    /// stream reads) held to the model: first pages, and pages that go on
+    /// from a cursor.
+    GetSubTreePage,
+    SubTreePageContinued,
+    /// gRPC reads whose answer, as the gateway got it, was held to the
+    /// model (`check::oracle::end_to_end`).
+    GrpcAnswer,
     /// Reads whose answer agreed with a state the tree passed through
     /// during the call, not with the tree at its end (commits landed
     /// meanwhile).
@@ -146,7 +154,7 @@ pub enum Coverage {
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 64] = [
+    pub const ALL: [Coverage; 67] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -165,6 +173,9 @@ impl Coverage {
         Coverage::TreeList,
         Coverage::GetOpLog,
         Coverage::GetOpLogStamps,
+        Coverage::GetSubTreePage,
+        Coverage::SubTreePageContinued,
+        Coverage::GrpcAnswer,
         Coverage::ReadDuringCommits,
         Coverage::PullPassChecked,
         Coverage::DropTree,
@@ -233,6 +244,9 @@ impl Coverage {
             Coverage::TreeList => "TreeList answers",
             Coverage::GetOpLog => "GetOpLog answers",
             Coverage::GetOpLogStamps => "GetOpLogStamps answers",
+            Coverage::GetSubTreePage => "first pages of subtree listings",
+            Coverage::SubTreePageContinued => "subtree listing pages from a cursor",
+            Coverage::GrpcAnswer => "gRPC answers checked as the gateway read them",
             Coverage::ReadDuringCommits => "reads answered from a state during commits",
             Coverage::PullPassChecked => "pull passes checked",
             Coverage::DropTree => "trees dropped",

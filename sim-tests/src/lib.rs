@@ -8,6 +8,7 @@ pub mod disk;
 pub mod failure;
 pub mod files;
 pub mod fuzzing;
+pub mod grpc_calls;
 pub mod host;
 pub mod load;
 pub mod scenario;

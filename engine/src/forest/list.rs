@@ -107,6 +107,16 @@ impl ListCursor {
     pub fn last(&self) -> NodeId {
         self.last
     }
+
+    /// The parent that node hung under when the page was read.
+    pub fn last_parent(&self) -> NodeId {
+        self.parent
+    }
+
+    /// Its name key then, in name order (empty in id order).
+    pub fn last_name_key(&self) -> &[u8] {
+        &self.name_key
+    }
 }
 
 /// One page of a listing.

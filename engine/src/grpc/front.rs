@@ -18,6 +18,7 @@ use crate::forest::{ListCursor, ListOrder};
 use crate::identity::Caller;
 use crate::proto::{Request, Response};
 use crate::service::Service;
+use crate::tcp::Handler;
 use crate::types::*;
 use futures::stream::{self, BoxStream, StreamExt};
 use prost::Message;
@@ -27,7 +28,9 @@ use tonic::Status;
 
 /// The `tree.TreeService` of one node.
 pub struct Front {
-    service: Arc<Service>,
+    /// What answers the translated requests: the node's service, or
+    /// something that watches it (the simulator's answer oracle).
+    service: Arc<dyn Handler>,
     verifier: Verifier,
     /// Replicas by the key they sign gRPC calls with.
     peers_by_key: BTreeMap<String, ReplicaId>,
@@ -36,12 +39,18 @@ pub struct Front {
 
 impl Front {
     pub fn new(service: Arc<Service>) -> Self {
-        let config = service.config();
+        let handler: Arc<dyn Handler> = service.clone();
+        Self::through(service.config(), handler)
+    }
+
+    /// The front of a node configured by `config` whose requests
+    /// `handler` answers.
+    pub fn through(config: &Config, handler: Arc<dyn Handler>) -> Self {
         let peers_by_key = peer_keys(config);
         let page_nodes = config.grpc.stream_page_nodes;
         let verifier = Verifier::new(named_keys(config), config.grpc.key_tables_max);
         Self {
-            service,
+            service: handler,
             verifier,
             peers_by_key,
             page_nodes,
@@ -73,7 +82,7 @@ impl Front {
 
     /// Answers `request` as `caller`; an error answer becomes its status.
     async fn call(&self, caller: &Caller, request: Request) -> Result<Response, Status> {
-        call(&self.service, caller, request)
+        call(&*self.service, caller, request)
             .await
             .map_err(status_of)
     }
@@ -110,7 +119,7 @@ fn peer_keys(config: &Config) -> BTreeMap<String, ReplicaId> {
         .collect()
 }
 
-async fn call(service: &Service, caller: &Caller, request: Request) -> Result<Response, Error> {
+async fn call(service: &dyn Handler, caller: &Caller, request: Request) -> Result<Response, Error> {
     match service.handle(caller, request).await {
         Response::Error(error) => Err(error),
         response => Ok(response),
@@ -304,7 +313,7 @@ impl TreeService for Front {
         let tree = tree_key(&body.container_id, &body.tree_id)?;
         let node = body.node_id;
         // Removing what is not there succeeds: the caller's wish holds.
-        match call(&self.service, &caller, Request::Remove { tree, node }).await {
+        match call(&*self.service, &caller, Request::Remove { tree, node }).await {
             Ok(Response::Done) | Err(Error::NodeNotFound(_) | Error::TreeNotFound) => {}
             Err(error) => return Err(status_of(error)),
             Ok(other) => return Err(unexpected(other)),
@@ -354,7 +363,7 @@ impl TreeService for Front {
             latest_only: body.latest_only,
             all_attributes: body.all_attributes,
         };
-        let nodes = match call(&self.service, &caller, lookup).await {
+        let nodes = match call(&*self.service, &caller, lookup).await {
             Ok(Response::Nodes(nodes)) => nodes,
             // An empty path names nothing: an empty answer (the rights
             // were checked before the path was).
@@ -557,7 +566,7 @@ impl From<&pb::get_sub_tree_request::Body> for SingleRootBody {
 /// One GetSubTree stream: pre-order walks of one root after another, a
 /// page at a time.
 struct SubtreeWalk {
-    service: Arc<Service>,
+    service: Arc<dyn Handler>,
     caller: Caller,
     tree: TreeKey,
     depth: u32,
@@ -590,7 +599,7 @@ impl SubtreeWalk {
             after,
             limit: self.page_nodes as u32,
         };
-        match call(&self.service, &self.caller, request).await {
+        match call(&*self.service, &self.caller, request).await {
             Ok(Response::Page { nodes, next }) => Ok((nodes, next)),
             // A root that is not there is reported as one node with an
             // empty meta, as clients expect; a missing tree stays an error.
@@ -638,6 +647,9 @@ impl SubtreeWalk {
                 match state.walk.page(root, after).await {
                     Ok((nodes, next)) => {
                         state.buffered = nodes.into();
+                        if crate::canary::active(crate::canary::Canary::StreamSkipsPageStart) {
+                            state.buffered.pop_front();
+                        }
                         state.resume = next.map(|cursor| (root, cursor));
                     }
                     Err(status) => {
@@ -665,7 +677,7 @@ fn subtree_item(node: NodeInfo) -> pb::GetSubTreeResponse {
 
 /// One GetOpLog stream: the log from a height on, a page at a time.
 struct LogWalk {
-    service: Arc<Service>,
+    service: Arc<dyn Handler>,
     caller: Caller,
     tree: TreeKey,
     next_height: u64,
@@ -686,7 +698,7 @@ impl LogWalk {
             from_height: self.next_height,
             limit,
         };
-        match call(&self.service, &self.caller, request)
+        match call(&*self.service, &self.caller, request)
             .await
             .map_err(status_of)?
         {

@@ -324,6 +324,9 @@ fn build_world(
         config.pilorama.wal_segment_bytes = swarm.wal.segment_bytes;
         config.tree.ack_replicas = swarm.ack_replicas;
         config.access = access.clone();
+        if let Some(grpc) = &swarm.grpc {
+            serve_grpc(config, grpc, swarm.size.clients);
+        }
         wire.apply(config);
     }
     let disk_config = |i: usize| {
@@ -333,6 +336,28 @@ fn build_world(
         config
     };
     World::build_on_disks_over(configs, &swarm.skews, disk_config, trace.clone(), network)
+}
+
+/// A gRPC front on `config`'s node with `grpc`'s limits, and the keys of
+/// the gateways that may speak to it (every client's, as owners of every
+/// container, the rights the native clients hold). No key gets a verification table:
+/// building one takes longer than a seed's whole run, and a key without
+/// one is checked by the same rules the slower way.
+fn serve_grpc(config: &mut arbor::config::Config, grpc: &plan::swarm::GrpcKnobs, clients: usize) {
+    let native: std::net::SocketAddr = config.node.listen.parse().expect("listen is ip:port");
+    let front = std::net::SocketAddr::new(native.ip(), crate::world::config::GRPC_PORT);
+    config.grpc.listen = Some(front.to_string());
+    config.grpc.stream_page_nodes = grpc.stream_page_nodes;
+    config.grpc.max_concurrent_streams = grpc.max_concurrent_streams;
+    config.grpc.key_tables_max = 0;
+    let access = &mut config.access;
+    for index in 1..=clients {
+        let key = workload::gateway_mix::gateway_signer(index).public().hex();
+        let containers = access.containers.iter_mut().map(|c| &mut c.grants);
+        for grants in containers.chain([&mut access.default]) {
+            grants.grant(arbor::config::Role::Owner, &key);
+        }
+    }
 }
 
 /// The seed's world through the lifecycle: boot, the workload under the
@@ -360,7 +385,13 @@ async fn simulate(
     let clients: Vec<_> = plan
         .clients
         .iter()
-        .map(|c| world.client_numbered(c.index))
+        .enumerate()
+        .map(|(at, c)| match &swarm.grpc {
+            Some(grpc) if at < grpc.gateways => {
+                world.grpc_client(c.index, &workload::gateway_mix::gateway_signer(c.index))
+            }
+            _ => world.client_numbered(c.index),
+        })
         .collect();
     // Numbered after every client the size allows, whatever the plan
     // keeps: it holds no right (`workload::intruder::access_config`).

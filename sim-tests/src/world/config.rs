@@ -8,6 +8,8 @@ use std::time::Duration;
 
 /// Port every simulated replica listens on.
 pub const SERVICE_PORT: u16 = 7000;
+/// Where a replica's gRPC front listens, on its own address, when it has one.
+pub const GRPC_PORT: u16 = 8080;
 
 /// Connection slots of a simulated node, unless its run draws fewer
 /// (`scenario::nemesis::wire`): every call in flight holds a pooled

@@ -341,18 +341,51 @@ impl World {
     }
 
     fn client_with(&mut self, index: usize, misled: bool) -> Client {
+        let name = format!("client-{index}");
+        let tls = self.pki.as_ref().map(|pki| pki.client(&name));
+        let transport = self.caller_transport(tls);
+        self.client_over(index, transport, misled)
+    }
+
+    /// The client `client-{index}` as a gateway that speaks gRPC to the
+    /// replicas' fronts (`grpc.listen`), every call signed by `signer`
+    /// (`simgrpc::GrpcTransport`). Its HTTP/2 runs in plaintext on either
+    /// network: the signature, not the connection, names the caller.
+    pub fn grpc_client(&mut self, index: usize, signer: &arbor::grpc::Signer) -> Client {
+        let fronts = (self.nodes.iter())
+            .filter_map(|n| Some((n.replica_id, n.config.grpc.listen.clone()?)))
+            .collect();
+        let max_message_bytes = self
+            .nodes
+            .first()
+            .map_or(arbor::config::Limits::default().max_message_bytes, |n| {
+                n.config.limits.max_message_bytes
+            });
+        let net = simnet::SimNet::new(self.kernels.clone());
+        let transport = simgrpc::GrpcTransport::new(net, fronts, signer, max_message_bytes);
+        let mut client = self.client_over(index, Arc::new(transport), false);
+        client.grpc = true;
+        client
+    }
+
+    fn client_over(
+        &mut self,
+        index: usize,
+        transport: Arc<dyn arbor::net::Transport>,
+        misled: bool,
+    ) -> Client {
         self.clients = self.clients.max(index);
         let name = format!("client-{index}");
         let ip = config::client_ip(index);
         let node = Handle::current().create_node().name(&name).ip(ip).build();
-        let tls = self.pki.as_ref().map(|pki| pki.client(&name));
         Client {
             name,
             node,
-            transport: self.caller_transport(tls),
+            transport,
             rotation: self.rotation.clone(),
             stalls: self.stalls.clone(),
             misled,
+            grpc: false,
             trace: self.trace.clone(),
         }
     }
@@ -381,6 +414,7 @@ impl World {
             rotation: self.rotation.clone(),
             stalls: self.stalls.clone(),
             misled: true,
+            grpc: false,
             trace: self.trace.clone(),
         }
     }
@@ -443,6 +477,7 @@ impl World {
         node.disk.power_fail();
         self.kernels.power_lost(node.addr.ip());
         Handle::current().kill(node.node.id());
+        end_grpc_front(node);
     }
 
     /// Ends the world at the end of a run: every replica is killed, as by
@@ -490,6 +525,7 @@ impl World {
         node.boot.server.lock().unwrap().take();
         self.kernels.power_lost(node.addr.ip());
         Handle::current().kill(node.node.id());
+        end_grpc_front(node);
         node.disk.destroy();
         node.disk_generation.fetch_add(1, Ordering::SeqCst);
         *node.rejoin.lock().unwrap() = Some(containers);
@@ -683,7 +719,17 @@ fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
     // The server's handle holds the service too.
     node.boot.server.lock().unwrap().take();
     Handle::current().kill(node.node.id());
+    end_grpc_front(node);
     old
+}
+
+/// Ends the gRPC front's tasks of a node just killed (`simgrpc::Stop`).
+/// After the kill, not before: the tasks it wakes then belong to the dead
+/// process. Woken before it, they ran once more against the connections
+/// the kill was closing, and the same seed's runs differed from one
+/// process to the next.
+fn end_grpc_front(node: &SimNode) {
+    node.boot.grpc.lock().unwrap().take();
 }
 
 /// Kills the node's incarnation and waits (bounded) until its database
@@ -781,6 +827,7 @@ fn build_node(spec: NodeSpec, shared: Shared, trace: Trace) -> SimNode {
         kernels,
         pki,
         server: Mutex::new(None),
+        grpc: Mutex::new(None),
     };
     let boot = Arc::new(boot);
     let init = boot.clone();
@@ -831,6 +878,9 @@ struct Boot {
     /// dropped with the incarnation: it holds the
     /// service.
     server: Mutex<Option<(arbor::tcp::ServerHandle, u64)>>,
+    /// The gRPC front's tasks of the latest incarnation, ended when it is
+    /// dropped (`simgrpc::Stop`).
+    grpc: Mutex<Option<simgrpc::Stop>>,
 }
 
 impl Boot {
@@ -910,9 +960,6 @@ impl Boot {
         }
         *self.slot.lock().unwrap() = Some(service.clone());
         self.trace.record(&self.name, "up");
-        if let Some(listen) = &config.grpc.listen {
-            self.serve_grpc(&config, listen, &service).await;
-        }
         let addr = config.node.listen.parse().expect("listen is ip:port");
         let handler: Arc<dyn transport::Handler> = match self.hooks.answers() {
             Some(watch) if itself => Arc::new(transport::Watched {
@@ -928,25 +975,40 @@ impl Boot {
             inner: handler,
             serving,
         });
+        if let Some(listen) = &config.grpc.listen {
+            self.serve_grpc(&config, listen, handler.clone()).await;
+        }
         self.serve_tcp(&config, addr, handler, env).await
     }
 
-    /// Serves the gRPC front of `service` at `listen` on a task of the
-    /// node (`world/simgrpc.rs`), until the node is killed.
-    async fn serve_grpc(&self, config: &Config, listen: &str, service: &Arc<Service>) {
+    /// Serves the gRPC front of the node at `listen` on a task of the
+    /// node (`world/simgrpc.rs`), until the node is killed: its calls,
+    /// translated, reach `handler` as the native protocol's do, so the
+    /// answer oracle sees them and the trace takes them in.
+    async fn serve_grpc(
+        &self,
+        config: &Config,
+        listen: &str,
+        handler: Arc<dyn transport::Handler>,
+    ) {
         let addr: SocketAddr = listen.parse().expect("grpc.listen is ip:port");
         let listener = match simnet::SimListener::bind(addr, caller_at, self.kernels.clone()).await
         {
             Ok(listener) => listener,
             Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
         };
-        let front = arbor::grpc::Front::new(service.clone());
-        drop(madsim::task::spawn(simgrpc::serve(
+        let handler = Arc::new(simnet::TcpHandler {
+            inner: handler,
+            server: addr.to_string(),
+            trace: self.trace.clone(),
+        });
+        let front = arbor::grpc::Front::through(config, handler);
+        *self.grpc.lock().unwrap() = Some(simgrpc::serve(
             listener,
             front,
             config.limits.max_message_bytes,
             config.grpc.max_concurrent_streams,
-        )));
+        ));
     }
 
     /// Serves `handler` through `arbor::tcp::Server` on a `SimListener` at
@@ -1034,11 +1096,18 @@ pub struct Client {
     stalls: Arc<Stalls>,
     /// Calls replicas out of rotation too.
     misled: bool,
+    /// Speaks gRPC to the replicas' fronts (`World::grpc_client`).
+    grpc: bool,
     /// Takes the outcome of every call into the run's fingerprint.
     trace: Trace,
 }
 
 impl Client {
+    /// True for a gateway that speaks gRPC (`World::grpc_client`).
+    pub fn speaks_grpc(&self) -> bool {
+        self.grpc
+    }
+
     /// One request to `replica`, answered or failed within `timeout`. A
     /// replica out of rotation is not called (unless the client is
     /// misled): the call fails at once as unreachable, its outcome known

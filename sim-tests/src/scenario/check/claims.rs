@@ -151,6 +151,9 @@ impl Profile {
             ],
             Profile::Gateway => &[
                 (C::LatestOfVersions, SMALL),
+                (C::GetSubTreePage, SMALL),
+                (C::SubTreePageContinued, SMALL),
+                (C::GrpcAnswer, SMALL),
                 (C::DeleteMarker, SMALL),
                 (C::OverwriteByMove, SMALL),
                 (C::MultipartPart, SMALL),

@@ -111,7 +111,7 @@ impl Profile {
             | Canary::WalAckBeforeSync
             | Canary::CheckpointWithoutPosition
             | Canary::DirCacheKeptOnMove => Profile::Standard,
-            Canary::LatestPicksOldest => Profile::Gateway,
+            Canary::LatestPicksOldest | Canary::StreamSkipsPageStart => Profile::Gateway,
             Canary::AnswerBudgetEighth => Profile::Standard,
             Canary::WriterMayDrop => Profile::Standard,
             Canary::ReplicaOfAnyContainer | Canary::RemoveMissingDone => Profile::Standard,
@@ -235,6 +235,53 @@ pub struct Swarm {
     /// Drawn after everything else.
     #[serde(default)]
     pub gateway_clients: bool,
+    /// Gateways that speak gRPC: in most seeds of the gateway profile, the
+    /// first one or two clients of the plan call the replicas' gRPC fronts
+    /// (`world::simgrpc`) with signed requests, as an S3 gateway does.
+    /// `None`: every client speaks the native protocol (every capsule
+    /// written before it existed). Drawn after everything else, from its
+    /// own generator.
+    #[serde(default)]
+    pub grpc: Option<GrpcKnobs>,
+}
+
+/// The gRPC side of a seed (`Swarm::grpc`): how many of the plan's
+/// clients speak it, and the fronts' limits, small enough in most seeds
+/// that a listing streams over several pages and calls queue for streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrpcKnobs {
+    /// The first this many clients of the plan (all of them when it
+    /// holds fewer).
+    pub gateways: usize,
+    /// `grpc.stream_page_nodes` of every node.
+    pub stream_page_nodes: usize,
+    /// `grpc.max_concurrent_streams` of every node.
+    pub max_concurrent_streams: u32,
+}
+
+/// Of the gateway profile's seeds, those in which some clients speak
+/// gRPC: all but one in `GRPC_NONE_ONE_IN`.
+const GRPC_NONE_ONE_IN: u64 = 4;
+/// Most clients of a seed that speak gRPC. A gRPC call costs the
+/// simulator several times a native one (HTTP/2's frames over the
+/// simulated network, the signature checked), so the rest of the
+/// clients keep the native protocol.
+const GRPC_GATEWAYS_MAX: u64 = 2;
+
+impl GrpcKnobs {
+    /// `None` in one seed of `GRPC_NONE_ONE_IN`, else the knobs, from the
+    /// seed's own generator for gRPC.
+    fn draw(seed: u64) -> Option<Self> {
+        let mut rng = SplitMix64::new(seed ^ 0x6772_7063_5f67_7773);
+        if rng.next_u64() % GRPC_NONE_ONE_IN == 0 {
+            return None;
+        }
+        Some(Self {
+            gateways: 1 + (rng.next_u64() % GRPC_GATEWAYS_MAX) as usize,
+            stream_page_nodes: pick(&mut rng, &[1, 2, 3, 7, 1000]),
+            max_concurrent_streams: pick(&mut rng, &[1, 2, 128]),
+        })
+    }
 }
 
 /// One three-replica seed in `ROGUE_ONE_IN` of those whose replica sets
@@ -479,6 +526,7 @@ impl Swarm {
             intruder_roles: Vec::new(),
             rogue_replica: None,
             gateway_clients: false,
+            grpc: None,
         };
         let pair_roll = rng.next_u64();
         if swarm.knobs.sync_interval.is_some() && rng.chance(SYNC_ONLY_PAIR_PROBABILITY) {
@@ -523,6 +571,9 @@ impl Swarm {
         let gateway_roll = rng.next_u64();
         if swarm.profile == Profile::Standard && gateway_roll % GATEWAY_MIX_ONE_IN == 0 {
             swarm.gateway_clients = true;
+        }
+        if swarm.profile == Profile::Gateway {
+            swarm.grpc = GrpcKnobs::draw(seed);
         }
         // Drawn after everything else, so it left the other draws as
         // they were.
@@ -767,7 +818,7 @@ impl Swarm {
              latency {:.2}, crash {:.2}, disk {:.2} (write errors {}, sync errors {}, torn writes {}), \
              push-blackout {:.2}, disk replaced {:.2}, misconfig {:.2}; gap {}; torn writes at power failure {}\n  \
              clocks: {}; disk latency {} a write, {} a sync, {}ns a byte; replicated_batch_delay {}; \
-             pushes blocked all run {}; ack_replicas {}; intruder roles {}; caller as replica {}; gateway clients {}",
+             pushes blocked all run {}; ack_replicas {}; intruder roles {}; caller as replica {}; gateway clients {}; gRPC {}",
             self.seed,
             self.profile.name(),
             duration(self.size.workload_duration),
@@ -818,6 +869,13 @@ impl Swarm {
             },
             self.rogue_replica.map_or_else(|| "none".to_string(), |id| id.to_string()),
             self.gateway_clients || self.profile == Profile::Gateway,
+            self.grpc.map_or_else(
+                || "none".to_string(),
+                |g| format!(
+                    "{} gateway(s), stream_page_nodes {}, max_concurrent_streams {}",
+                    g.gateways, g.stream_page_nodes, g.max_concurrent_streams
+                )
+            ),
         )
     }
 }

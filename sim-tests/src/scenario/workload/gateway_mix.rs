@@ -38,6 +38,16 @@ const KEYS_PER_DIRECTORY: u64 = 5;
 /// Most parts one multipart upload gets.
 const PARTS_MAX: u64 = 3;
 
+/// The signing key of gateway `client-{index}` when it speaks gRPC
+/// (`Swarm::grpc`): fixed per index, so that every seed's replicas name
+/// the same keys.
+pub fn gateway_signer(index: usize) -> arbor::grpc::Signer {
+    arbor::grpc::Signer::from_seed(GATEWAY_KEY_SEED + index as u64)
+}
+
+/// Where the gateways' key seeds start.
+const GATEWAY_KEY_SEED: u64 = 0x6761_7465_0000;
+
 fn random_key() -> Vec<String> {
     let dir = client_rng().gen_range(0..DIRECTORIES);
     let key = client_rng().gen_range(0..KEYS_PER_DIRECTORY);

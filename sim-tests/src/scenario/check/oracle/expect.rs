@@ -5,10 +5,10 @@
 use super::TreeView;
 use crate::coverage::Coverage;
 use crate::scenario::workload::summarize_response as brief;
-use arbor::forest::Forest;
+use arbor::forest::{Forest, ListOrder};
 use arbor::model::TreeModel;
 use arbor::proto::{Request, Response};
-use arbor::{Error, Meta, NodeId, NodeInfo, ReplicaId, TreeKey, ROOT, TRASH};
+use arbor::{Error, Meta, NodeId, NodeInfo, ReplicaId, TreeKey, ATTR_FILE_NAME, ROOT, TRASH};
 use std::collections::BTreeSet;
 
 /// The verdict on one answer.
@@ -28,6 +28,7 @@ pub fn tree_of(request: &Request) -> Option<&TreeKey> {
     match request {
         Request::GetNodeByPath { tree, .. }
         | Request::GetSubTree { tree, .. }
+        | Request::GetSubTreePage { tree, .. }
         | Request::GetMeta { tree, .. }
         | Request::GetOpLog { tree, .. }
         | Request::GetOpLogStamps { tree, .. } => Some(tree),
@@ -66,6 +67,7 @@ pub fn check_read(
                 None => Checked::Wrong(format!("answered {response:?} for a missing root")),
             }
         }
+        Request::GetSubTreePage { .. } => check_subtree_page(request, response, view),
         Request::GetMeta { node, .. } => match view.model().node(*node) {
             Some(found) => same_nodes(Coverage::GetMeta, response, vec![found]),
             None => Checked::Wrong(format!("answered {response:?} for a missing node")),
@@ -96,7 +98,11 @@ fn check_error(request: &Request, error: &Error, view: Option<&TreeView>) -> Che
             Checked::Wrong(format!("TreeNotFound for a tree of {} ops", view.log.len()))
         }
         (Error::NodeNotFound(node), Some(view)) => {
-            let root = matches!(request, Request::GetSubTree { root, .. } if root == node);
+            let root = match request {
+                Request::GetSubTree { root, .. } => root == node,
+                Request::GetSubTreePage { root, after, .. } => root == node && after.is_none(),
+                _ => false,
+            };
             let meta = matches!(request, Request::GetMeta { node: n, .. } if n == node);
             if (root || meta) && view.model().node(*node).is_none() {
                 Checked::Skipped
@@ -182,6 +188,18 @@ fn same_nodes(kind: Coverage, response: &Response, expected: Vec<NodeInfo>) -> C
 /// alone; ROOT and TRASH as themselves with an empty meta. `None` when the
 /// root is no node.
 pub fn subtree(view: &TreeView, root: NodeId, depth: u32) -> Option<Vec<NodeInfo>> {
+    subtree_in(view, root, depth, ListOrder::Id)
+}
+
+/// `subtree`'s walk with each node's children in `order`: by ascending
+/// id, or by name (nodes without a `FileName` first, then names
+/// bytewise), ties by ascending id.
+fn subtree_in(
+    view: &TreeView,
+    root: NodeId,
+    depth: u32,
+    order: ListOrder,
+) -> Option<Vec<NodeInfo>> {
     let first = match root {
         ROOT | TRASH => NodeInfo {
             id: root,
@@ -194,13 +212,114 @@ pub fn subtree(view: &TreeView, root: NodeId, depth: u32) -> Option<Vec<NodeInfo
     let mut stack = vec![(first, 1u32)];
     while let Some((info, level)) = stack.pop() {
         if depth == 0 || level < depth {
-            for child in view.children(info.id).iter().rev() {
-                stack.push((child.clone(), level + 1));
+            let mut children = view.children(info.id).to_vec();
+            if order == ListOrder::Name {
+                children.sort_by(|a, b| name_order(a).cmp(&name_order(b)));
+            }
+            for child in children.into_iter().rev() {
+                stack.push((child, level + 1));
             }
         }
         out.push(info);
     }
     Some(out)
+}
+
+/// Where a node sorts among its siblings in name order.
+fn name_order(node: &NodeInfo) -> (Option<&[u8]>, NodeId) {
+    let name = node.meta.items.iter().find(|kv| kv.key == ATTR_FILE_NAME);
+    (name.map(|kv| kv.value.as_slice()), node.id)
+}
+
+/// A page of a subtree listing: the model's walk (`subtree_in`) from
+/// where the page starts, as many nodes as the page holds and no more
+/// than it may; the whole rest of the walk when no cursor follows it, and
+/// a cursor at its last node when one does. A first page starts at the
+/// root. A page after a cursor starts after the cursor's node when that
+/// node still hangs where the cursor saw it (same parent, and same name
+/// in name order): a listing whose place still stands goes on from it. A
+/// cursor whose node moved or went leaves the page unjudged here: its
+/// place is the old one, which the model no longer has.
+fn check_subtree_page(request: &Request, response: &Response, view: &TreeView) -> Checked {
+    let Request::GetSubTreePage {
+        root,
+        depth,
+        order,
+        after,
+        limit,
+        ..
+    } = request
+    else {
+        unreachable!("a GetSubTreePage request");
+    };
+    let Response::Page { nodes, next } = response else {
+        return Checked::Wrong(format!("GetSubTreePage answered {}", brief(response)));
+    };
+    let Some(walk) = subtree_in(view, *root, *depth, *order) else {
+        return match after {
+            None => Checked::Wrong(format!("answered {} for a missing root", brief(response))),
+            Some(_) => Checked::Skipped,
+        };
+    };
+    let (start, kind) = match after {
+        None => (0, Coverage::GetSubTreePage),
+        Some(cursor) => {
+            let last = cursor.last();
+            let Some(here) = view.model().node(last).filter(|n| {
+                n.parent == cursor.last_parent()
+                    && (*order == ListOrder::Id || name_key_of(n) == cursor.last_name_key())
+            }) else {
+                return Checked::Skipped;
+            };
+            match walk.iter().position(|n| n.id == here.id) {
+                Some(at) => (at + 1, Coverage::SubTreePageContinued),
+                None => return Checked::Skipped,
+            }
+        }
+    };
+    if *limit > 0 && nodes.len() > *limit as usize {
+        return Checked::Wrong(format!(
+            "a page of {} nodes for a limit of {limit}",
+            nodes.len()
+        ));
+    }
+    let end = (start + nodes.len()).min(walk.len());
+    let expected = &walk[start..end];
+    if nodes.as_slice() != expected {
+        return Checked::Wrong(format!(
+            "a page from walk position {start} answered {}, the model says {}",
+            brief(&Response::Nodes(nodes.clone())),
+            brief(&Response::Nodes(expected.to_vec()))
+        ));
+    }
+    match next {
+        None if end < walk.len() => Checked::Wrong(format!(
+            "the listing ended after {end} of the walk's {} nodes",
+            walk.len()
+        )),
+        None => Checked::Agreed(kind),
+        Some(_) if nodes.is_empty() && start < walk.len() => Checked::Wrong(format!(
+            "an empty page with a cursor at walk position {start} of {}",
+            walk.len()
+        )),
+        Some(cursor) => match nodes.last() {
+            Some(last) if cursor.last() != last.id => Checked::Wrong(format!(
+                "a page ending at node {} gave a cursor at node {}",
+                last.id,
+                cursor.last()
+            )),
+            _ => Checked::Agreed(kind),
+        },
+    }
+}
+
+/// The name key a listing in name order sorts a node by: `[0]` without a
+/// `FileName`, else `[1]` and the name.
+fn name_key_of(node: &NodeInfo) -> Vec<u8> {
+    match node.meta.items.iter().find(|kv| kv.key == ATTR_FILE_NAME) {
+        None => vec![0],
+        Some(kv) => [&[1u8][..], &kv.value].concat(),
+    }
 }
 
 /// A page of the log in storage order: heights from `from_height` (or the
@@ -327,6 +446,17 @@ pub fn wrong_detail(replica: ReplicaId, request: &Request, wrong: &str) -> Strin
             path, latest_only, ..
         } => format!("GetNodeByPath {path:?} latest_only={latest_only}"),
         Request::GetSubTree { root, depth, .. } => format!("GetSubTree {root} depth {depth}"),
+        Request::GetSubTreePage {
+            root,
+            depth,
+            order,
+            after,
+            limit,
+            ..
+        } => format!(
+            "GetSubTreePage {root} depth {depth} order {order:?} limit {limit} after {:?}",
+            after.as_ref().map(|c| c.last())
+        ),
         Request::GetMeta { node, .. } => format!("GetMeta {node}"),
         Request::GetOpLog {
             from_height, limit, ..
@@ -341,4 +471,144 @@ pub fn wrong_detail(replica: ReplicaId, request: &Request, wrong: &str) -> Strin
         .map(|t| format!(" {:?}/{}", t.cid, t.tree))
         .unwrap_or_default();
     format!("replica-{replica}{tree}: {what}: {wrong}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor::forest::{AnswerBounds, ForestOptions, WriteOp, WriteRequest};
+    use arbor::{ContainerId, KeyValue};
+
+    /// A forest holding one directory with `names` under it (in that
+    /// order), and the tree's view.
+    fn directory(names: &[&str]) -> (Forest, TreeKey, TreeView, NodeId) {
+        let forest = Forest::in_memory(ForestOptions::default()).expect("a forest in memory");
+        let tree = TreeKey::new(ContainerId([7; 32]), "version");
+        let add = |parent, name: &str| WriteRequest {
+            tree: tree.clone(),
+            op: WriteOp::Move {
+                parent,
+                child: None,
+                items: vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())],
+            },
+        };
+        let committed = forest.write_batch(&[add(ROOT, "dir")]).expect("a write");
+        let dir = match committed.results[0].as_ref().expect("the add") {
+            arbor::forest::WriteOutcome::Moved { node, .. } => *node,
+            other => panic!("{other:?}"),
+        };
+        for name in names {
+            forest.write_batch(&[add(dir, name)]).expect("a write");
+        }
+        let view = TreeView::read(&forest, &tree)
+            .expect("a read")
+            .expect("the tree");
+        (forest, tree, view, dir)
+    }
+
+    fn page_request(
+        tree: &TreeKey,
+        root: NodeId,
+        order: ListOrder,
+        after: Option<ListCursor>,
+        limit: u32,
+    ) -> Request {
+        Request::GetSubTreePage {
+            tree: tree.clone(),
+            root,
+            depth: 2,
+            order,
+            after,
+            limit,
+        }
+    }
+
+    use arbor::forest::ListCursor;
+
+    /// Every page the forest gives of a listing, by id and by name, agrees
+    /// with the model; the same page without its first node, ending the
+    /// listing before the walk's end, or with a node too many for its
+    /// limit, does not.
+    #[test]
+    fn a_listing_s_own_pages_agree_and_broken_ones_do_not() {
+        let (forest, tree, view, dir) = directory(&["c", "a", "b", "a", "e"]);
+        let bounds = AnswerBounds {
+            nodes_max: 2,
+            ..AnswerBounds::UNBOUNDED
+        };
+        for order in [ListOrder::Id, ListOrder::Name] {
+            let mut after: Option<ListCursor> = None;
+            let mut pages = 0;
+            let mut listed = 0;
+            loop {
+                let page = forest
+                    .get_subtree_page(&tree, dir, 2, order, after.as_ref(), bounds)
+                    .expect("a page");
+                let request = page_request(&tree, dir, order, after.clone(), 2);
+                let response = Response::Page {
+                    nodes: page.nodes.clone(),
+                    next: page.next.clone(),
+                };
+                let kind = if after.is_none() {
+                    Coverage::GetSubTreePage
+                } else {
+                    Coverage::SubTreePageContinued
+                };
+                assert_eq!(
+                    check_read(&request, &response, Some(&view), &forest),
+                    Checked::Agreed(kind),
+                    "{order:?} page {pages}"
+                );
+                if page.nodes.len() == 2 {
+                    let skipped = Response::Page {
+                        nodes: page.nodes[1..].to_vec(),
+                        next: page.next.clone(),
+                    };
+                    let wrong = check_read(&request, &skipped, Some(&view), &forest);
+                    assert!(matches!(wrong, Checked::Wrong(_)), "{order:?}: {wrong:?}");
+                    let request_one = page_request(&tree, dir, order, after.clone(), 1);
+                    let too_many = check_read(&request_one, &response, Some(&view), &forest);
+                    assert!(
+                        matches!(too_many, Checked::Wrong(_)),
+                        "{order:?}: {too_many:?}"
+                    );
+                }
+                listed += page.nodes.len();
+                // A page that ends on its bound carries a cursor even at
+                // the walk's end: only one short of it must not end.
+                if page.next.is_some() && listed < 6 {
+                    let ended = Response::Page {
+                        nodes: page.nodes.clone(),
+                        next: None,
+                    };
+                    let wrong = check_read(&request, &ended, Some(&view), &forest);
+                    assert!(matches!(wrong, Checked::Wrong(_)), "{order:?}: {wrong:?}");
+                }
+                pages += 1;
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(listed, 6, "the directory and its five names");
+            assert!(pages >= 3, "six nodes over pages of two: {pages}");
+        }
+    }
+
+    /// In name order the walk is the names' order, ties by id: a page in
+    /// id order is wrong for a listing by name.
+    #[test]
+    fn a_page_by_name_follows_the_names() {
+        let (forest, tree, view, dir) = directory(&["c", "a", "b"]);
+        let by_id = forest
+            .get_subtree_page(&tree, dir, 2, ListOrder::Id, None, AnswerBounds::UNBOUNDED)
+            .expect("a page");
+        let request = page_request(&tree, dir, ListOrder::Name, None, 0);
+        let response = Response::Page {
+            nodes: by_id.nodes,
+            next: None,
+        };
+        let checked = check_read(&request, &response, Some(&view), &forest);
+        assert!(matches!(checked, Checked::Wrong(_)), "{checked:?}");
+    }
 }

@@ -9,6 +9,7 @@
 //! checker `check::answers` applies it to reads it issues itself once
 //! the cluster has converged.
 
+pub mod end_to_end;
 pub mod expect;
 pub mod watch;
 

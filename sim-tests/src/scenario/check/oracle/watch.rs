@@ -32,6 +32,17 @@ const CLIENT_LOG_READ_SAMPLE: u64 = 4;
 /// the model of the replica's log as it stood before the write.
 const PATH_CHECK_SAMPLE: u64 = 4;
 
+/// The client a caller is: one named by its connection, or a gateway
+/// named by the key that signed its gRPC call; `None` for a replica or
+/// an anonymous caller.
+fn client_name(caller: &Caller) -> Option<String> {
+    match caller {
+        Caller::Client(name) => Some(name.clone()),
+        Caller::Key(key) => Some(format!("key {key}")),
+        _ => None,
+    }
+}
+
 /// The reads of a log or of the tree list, not of a tree's state.
 fn is_log_read(request: &Request) -> bool {
     matches!(
@@ -324,14 +335,14 @@ impl AnswerWatch for AnswerOracle {
             let count = self.peer_reads.fetch_add(1, Ordering::Relaxed);
             count.is_multiple_of(every)
         };
-        let wanted = match caller {
-            Caller::Client(name) if self.strangers.contains(name) => false,
-            Caller::Client(_) if is_log_read(request) => sampled(CLIENT_LOG_READ_SAMPLE),
-            Caller::Client(_) => {
+        let wanted = match client_name(caller) {
+            Some(name) if self.strangers.contains(&name) => false,
+            Some(_) if is_log_read(request) => sampled(CLIENT_LOG_READ_SAMPLE),
+            Some(_) => {
                 is_read(request)
                     || matches!(request, Request::Add { .. } | Request::AddByPath { .. })
             }
-            _ => is_read(request) && sampled(PEER_READ_SAMPLE),
+            None => is_read(request) && sampled(PEER_READ_SAMPLE),
         };
         // A write's tree too: its path is held to the incarnation it
         // went into (`acked`).
@@ -354,10 +365,8 @@ impl AnswerWatch for AnswerOracle {
         response: &Response,
     ) {
         let request = &seen.request;
-        let client = match caller {
-            Caller::Client(name) => Some(name.as_str()),
-            _ => None,
-        };
+        let client = client_name(caller);
+        let client = client.as_deref();
         if !is_read(request) {
             if let Some(client) = client {
                 self.acked(client, service, &seen, response);
