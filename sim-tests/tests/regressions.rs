@@ -190,6 +190,25 @@ fn sync_heavy_seed_126_over_tcp_an_apply_sent_again_is_stored() {
     assert!(report.passed(), "seed 126 failed");
 }
 
+/// Seed 158 of the test-sized gateway profile failed with "the killed
+/// incarnation still holds its forest" while the gRPC gateways' answer
+/// check was being written: the check kept the replica's service from a
+/// read's start to its answer, and a drained restart of that replica
+/// came between, so the stopped process could not drop its database. The
+/// check now holds the incarnation weakly.
+#[test]
+fn gateway_seed_158_small_a_grpc_read_holds_no_stopping_replica() {
+    let options = Options {
+        profile: Profile::Gateway,
+        size: arbor_sim::scenario::plan::swarm::Size::TEST,
+        network: Network::Tcp,
+        ..Options::standard()
+    };
+    let report = run_seed_announced(158, &options);
+    println!("{report}");
+    assert!(report.passed(), "seed 158 failed");
+}
+
 /// The capsules under `sim-tests/regressions/`, in name order.
 fn committed_capsules() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("regressions");
