@@ -169,6 +169,7 @@ readonly CANARIES=(
     "EvictedSlotKept|standard|a connection closed to make room keeps its connection slot"
     "RetriesAnyCall|standard|a write that failed on a pooled connection is sent again on a fresh one"
     "StreamSkipsPageStart|gateway|the gRPC GetSubTree stream loses the first node of every page after the first"
+    "BrokenFrameKeepsBudget|standard|a frame whose connection breaks keeps the frame budget it reserved"
 )
 readonly PROFILES=(standard push-only sync-heavy storage-errors sync-only misconfig members replace gateway)
 

@@ -120,6 +120,10 @@ pub enum Canary {
     /// page after the first: a listing longer than one page misses nodes
     /// that the service's own pages hold.
     StreamSkipsPageStart = 32,
+    /// A frame whose connection breaks while its body is read keeps the
+    /// frame budget it reserved: every broken large frame leaves the
+    /// server less room, until it refuses every large frame.
+    BrokenFrameKeepsBudget = 33,
 }
 
 impl Canary {

@@ -273,3 +273,11 @@ fn retries_any_call() {
 fn stream_skips_page_start() {
     caught(Canary::StreamSkipsPageStart);
 }
+
+/// Over TCP: a storm's sockets each hold half of a large frame, and go
+/// when the storm ends; the frame budget they reserved stays taken, more
+/// than the server's live connections can be reading.
+#[test]
+fn broken_frame_keeps_budget() {
+    caught(Canary::BrokenFrameKeepsBudget);
+}

@@ -12,6 +12,7 @@
 //! so they add at most `max_connections` times that size to the bound.
 
 use super::io_error;
+use crate::canary::{self, Canary};
 use crate::error::{Error, Result};
 use crate::runtime::{until, Clock};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -123,7 +124,13 @@ impl FrameBudget {
             let before = body.len();
             body.reserve_exact(want);
             body.resize(before + want, 0);
-            read_within(reader, &mut body[before..], clock, deadline, length).await?;
+            let read = read_within(reader, &mut body[before..], clock, deadline, length).await;
+            if let Err(error) = read {
+                if canary::active(Canary::BrokenFrameKeepsBudget) {
+                    std::mem::forget(reserved);
+                }
+                return Err(error);
+            }
         }
         Ok((body, reserved))
     }

@@ -262,12 +262,27 @@ pub async fn run(
 }
 
 /// A server that holds more slots than it holds connections: a slot kept
-/// by a connection that is gone, which no later connection gets back.
+/// by a connection that is gone, which no later connection gets back. Or
+/// more of its frame budget than its connections can be receiving: each
+/// reads one frame at a time, of at most `limits.max_message_bytes`, and
+/// holds budget only while it reads one, so budget beyond that is kept
+/// for frames whose connections are gone.
 pub fn check_slots(world: &World) -> Result<(), Failure> {
     for node in &world.nodes {
         let Some((stats, alive)) = node.server_connections() else {
             continue;
         };
+        let frame_max = node.config.limits.max_message_bytes as u64;
+        if stats.partial_frame_bytes > alive as u64 * frame_max {
+            return Err(Failure::new(
+                FailureKind::Connections,
+                format!(
+                    "{} holds {} bytes of its frame budget for {alive} connections \
+                     of frames up to {frame_max} bytes (frames refused {})",
+                    node.name, stats.partial_frame_bytes, stats.partial_frames_refused
+                ),
+            ));
+        }
         if stats.connections_open > alive as u64 {
             return Err(Failure::new(
                 FailureKind::Connections,

@@ -117,7 +117,9 @@ impl Profile {
             Canary::ReplicaOfAnyContainer | Canary::RemoveMissingDone => Profile::Standard,
             // Transport bugs: every run draws connection faults and small
             // connection limits.
-            Canary::EvictedSlotKept | Canary::RetriesAnyCall => Profile::Standard,
+            Canary::EvictedSlotKept | Canary::RetriesAnyCall | Canary::BrokenFrameKeepsBudget => {
+                Profile::Standard
+            }
         }
     }
 
