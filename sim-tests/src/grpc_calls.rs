@@ -192,11 +192,28 @@ where
             }
             Ok(Response::Nodes(nodes))
         }
-        other => Ok(Response::Error(Error::InvalidOp(format!(
-            "{} has no gRPC call",
-            other.kind()
-        )))),
+        other => Ok(without_call(&other).expect("a request without a gRPC call")),
     }
+}
+
+/// The answer to a request the gRPC API has no call for; `None` when it
+/// has one (`send` makes it).
+pub fn without_call(request: &Request) -> Option<Response> {
+    let has_call = matches!(
+        request,
+        Request::Add { .. }
+            | Request::AddByPath { .. }
+            | Request::Move { .. }
+            | Request::Remove { .. }
+            | Request::GetNodeByPath { .. }
+            | Request::GetSubTree { .. }
+    );
+    (!has_call).then(|| {
+        Response::Error(Error::InvalidOp(format!(
+            "{} has no gRPC call",
+            request.kind()
+        )))
+    })
 }
 
 /// The service's error behind a gRPC status, as far as the load's error

@@ -472,12 +472,10 @@ impl World {
         let node = self.node(replica);
         self.trace.record(&node.name, "crash (power failure)");
         self.trace.fingerprint(RunEvent::Crash, &node.name, &[]);
-        node.service.lock().unwrap().take();
-        node.boot.server.lock().unwrap().take();
-        node.disk.power_fail();
-        self.kernels.power_lost(node.addr.ip());
-        Handle::current().kill(node.node.id());
-        end_grpc_front(node);
+        kill_incarnation_after(node, || {
+            node.disk.power_fail();
+            self.kernels.power_lost(node.addr.ip());
+        });
     }
 
     /// Ends the world at the end of a run: every replica is killed, as by
@@ -521,11 +519,7 @@ impl World {
             .record(&node.name, "disk destroyed (node replacement)");
         self.trace
             .fingerprint(RunEvent::DiskDestroyed, &node.name, &[]);
-        node.service.lock().unwrap().take();
-        node.boot.server.lock().unwrap().take();
-        self.kernels.power_lost(node.addr.ip());
-        Handle::current().kill(node.node.id());
-        end_grpc_front(node);
+        kill_incarnation_after(node, || self.kernels.power_lost(node.addr.ip()));
         node.disk.destroy();
         node.disk_generation.fetch_add(1, Ordering::SeqCst);
         *node.rejoin.lock().unwrap() = Some(containers);
@@ -710,6 +704,12 @@ impl World {
 /// drops its tasks when it next runs); the old incarnation's forest, to
 /// wait for.
 fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
+    kill_incarnation_after(node, || {})
+}
+
+/// `kill_incarnation`, with `before_kill` run between taking the
+/// service and the kill (what a power loss does to the machine).
+fn kill_incarnation_after(node: &SimNode, before_kill: impl FnOnce()) -> Option<Weak<Forest>> {
     let old = node
         .service
         .lock()
@@ -718,18 +718,15 @@ fn kill_incarnation(node: &SimNode) -> Option<Weak<Forest>> {
         .map(|service| Arc::downgrade(service.forest()));
     // The server's handle holds the service too.
     node.boot.server.lock().unwrap().take();
+    before_kill();
     Handle::current().kill(node.node.id());
-    end_grpc_front(node);
-    old
-}
-
-/// Ends the gRPC front's tasks of a node just killed (`simgrpc::Stop`).
-/// After the kill, not before: the tasks it wakes then belong to the dead
-/// process. Woken before it, they ran once more against the connections
-/// the kill was closing, and the same seed's runs differed from one
-/// process to the next.
-fn end_grpc_front(node: &SimNode) {
+    // The gRPC front's tasks (`simgrpc::Stop`) end after the kill, not
+    // before: the tasks it wakes then belong to the dead process. Woken
+    // before it, they ran once more against the connections the kill was
+    // closing, and the same seed's runs differed from one process to the
+    // next.
     node.boot.grpc.lock().unwrap().take();
+    old
 }
 
 /// Kills the node's incarnation and waits (bounded) until its database
@@ -992,16 +989,7 @@ impl Boot {
         handler: Arc<dyn transport::Handler>,
     ) {
         let addr: SocketAddr = listen.parse().expect("grpc.listen is ip:port");
-        let listener = match simnet::SimListener::bind(addr, caller_at, self.kernels.clone()).await
-        {
-            Ok(listener) => listener,
-            Err(e) => panic!("simulated node cannot bind {addr}: {e}"),
-        };
-        let handler = Arc::new(simnet::TcpHandler {
-            inner: handler,
-            server: addr.to_string(),
-            trace: self.trace.clone(),
-        });
+        let (listener, handler) = self.listen_traced(addr, handler).await;
         let front = arbor::grpc::Front::through(config, handler);
         *self.grpc.lock().unwrap() = Some(simgrpc::serve(
             listener,
@@ -1021,6 +1009,22 @@ impl Boot {
         handler: Arc<dyn transport::Handler>,
         env: Env,
     ) {
+        let (listener, handler) = self.listen_traced(addr, handler).await;
+        let options = arbor::tcp::ServerOptions::from_config(config);
+        let number = listener.number();
+        let server =
+            arbor::tcp::Server::with_env(Box::new(listener), handler, options, self.tls(), env);
+        *self.server.lock().unwrap() = Some((server.handle(), number));
+        server.run().await
+    }
+
+    /// A listener at `addr` on the node, and `handler` behind it with
+    /// every request and answer it serves there going into the trace.
+    async fn listen_traced(
+        &self,
+        addr: SocketAddr,
+        handler: Arc<dyn transport::Handler>,
+    ) -> (simnet::SimListener, Arc<simnet::TcpHandler>) {
         let listener = match simnet::SimListener::bind(addr, caller_at, self.kernels.clone()).await
         {
             Ok(listener) => listener,
@@ -1031,12 +1035,7 @@ impl Boot {
             server: addr.to_string(),
             trace: self.trace.clone(),
         });
-        let options = arbor::tcp::ServerOptions::from_config(config);
-        let number = listener.number();
-        let server =
-            arbor::tcp::Server::with_env(Box::new(listener), handler, options, self.tls(), env);
-        *self.server.lock().unwrap() = Some((server.handle(), number));
-        server.run().await
+        (listener, handler)
     }
 
     async fn open_forest(&self, config: &Config, disk: &SimDisk) -> Option<arbor::forest::Forest> {

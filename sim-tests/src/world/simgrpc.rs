@@ -207,11 +207,9 @@ impl Transport for GrpcTransport {
 
 impl Routes {
     async fn exchange(&self, peer: ReplicaId, request: Request) -> Result<Response, Error> {
-        if !has_grpc_call(&request) {
-            return Ok(Response::Error(Error::InvalidOp(format!(
-                "{} has no gRPC call",
-                request.kind()
-            ))));
+        // Refused before a connection is opened for it.
+        if let Some(answer) = crate::grpc_calls::without_call(&request) {
+            return Ok(answer);
         }
         let client = self.connection(peer).await?;
         match crate::grpc_calls::send(client, &self.signer, request).await {
@@ -258,19 +256,6 @@ impl Routes {
     fn forget(&self, peer: ReplicaId) {
         self.connections.lock().unwrap().remove(&peer);
     }
-}
-
-/// Whether the gRPC API has a call for `request` (`crate::grpc_calls::send`).
-pub fn has_grpc_call(request: &Request) -> bool {
-    matches!(
-        request,
-        Request::Add { .. }
-            | Request::AddByPath { .. }
-            | Request::Move { .. }
-            | Request::Remove { .. }
-            | Request::GetNodeByPath { .. }
-            | Request::GetSubTree { .. }
-    )
 }
 
 /// A failed call as the caller may know it: the front's answer (a status
