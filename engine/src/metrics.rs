@@ -317,6 +317,7 @@ fn server_stats(out: &mut Out<'_, '_>, stats: ServerStats) -> fmt::Result {
         partial_frame_bytes,
         partial_frame_bytes_peak,
         partial_frames_refused,
+        answers_timed_out,
     } = stats;
     let counters = [
         (
@@ -353,6 +354,11 @@ fn server_stats(out: &mut Out<'_, '_>, stats: ServerStats) -> fmt::Result {
             "arbor_tcp_partial_frames_refused",
             "Frames refused for finding no room in limits.partial_frames_bytes_max",
             partial_frames_refused,
+        ),
+        (
+            "arbor_tcp_answers_timed_out",
+            "Answers a client did not take within tree.replication_timeout; each closed its connection",
+            answers_timed_out,
         ),
     ];
     for (name, help, value) in counters {

@@ -50,6 +50,9 @@ pub enum Probe {
     /// A read refused because its answer would exceed its byte or count
     /// bound.
     AnswerTooLarge,
+    /// A TCP server's answer that its client did not take within the frame
+    /// timeout (it stopped reading): the connection was closed.
+    AnswerTimedOut,
 }
 
 impl Probe {

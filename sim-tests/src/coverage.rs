@@ -148,13 +148,17 @@ pub enum Coverage {
     DirCacheHitAfterUndo,
     LatestAmongSeveral,
     AnswerTooLarge,
+    AnswerTimedOut,
+    /// Writes on a connection that found its flow-control window full
+    /// and waited for the reader (`world::simnet`).
+    WriteStalled,
 }
 
 /// Undo/redo passes at least this deep count as deep.
 pub const DEEP_UNDO_OPS: usize = 4;
 
 impl Coverage {
-    pub const ALL: [Coverage; 67] = [
+    pub const ALL: [Coverage; 69] = [
         Coverage::UndoRedo,
         Coverage::UndoRedoDeep,
         Coverage::OlderThanLog,
@@ -222,6 +226,8 @@ impl Coverage {
         Coverage::DirCacheHitAfterUndo,
         Coverage::LatestAmongSeveral,
         Coverage::AnswerTooLarge,
+        Coverage::AnswerTimedOut,
+        Coverage::WriteStalled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -293,6 +299,8 @@ impl Coverage {
             Coverage::DirCacheHitAfterUndo => "dir cache hits after an undo",
             Coverage::LatestAmongSeveral => "latest-only lookups among several",
             Coverage::AnswerTooLarge => "answers refused as too large",
+            Coverage::AnswerTimedOut => "answers left unread past the frame timeout",
+            Coverage::WriteStalled => "writes stalled on a full connection window",
         }
     }
 
@@ -312,6 +320,7 @@ impl Coverage {
             Probe::DirCacheHitAfterUndo => Coverage::DirCacheHitAfterUndo,
             Probe::LatestAmongSeveral => Coverage::LatestAmongSeveral,
             Probe::AnswerTooLarge => Coverage::AnswerTooLarge,
+            Probe::AnswerTimedOut => Coverage::AnswerTimedOut,
         }
     }
 }

@@ -826,3 +826,119 @@ fn a_server_stalled_past_its_idle_timeout_closes_its_idle_connections() {
         assert_eq!(transport.connections_opened(), 2);
     })
 }
+
+/// Answers every request with an error carrying `ANSWER_TEXT_BYTES`
+/// bytes of text: an answer several windows long.
+struct Long;
+
+const ANSWER_TEXT_BYTES: usize = 20_000;
+
+impl Handler for Long {
+    fn handle<'a>(&'a self, _caller: &'a Caller, _request: Request) -> BoxFuture<'a, Response> {
+        Box::pin(async move { Response::Error(Error::InvalidOp("x".repeat(ANSWER_TEXT_BYTES))) })
+    }
+}
+
+/// A call with a request and an answer each longer than the connections'
+/// window; the writes that found the window full.
+fn long_call(window: Option<usize>) -> (Result<Response, Error>, u64) {
+    simulate(17, || async move {
+        let kernels = Kernels::default();
+        kernels.set_window(window);
+        start_server_in(Arc::new(Long), options(4), None, kernels.clone()).await;
+        let net = SimNet::new(kernels.clone());
+        let answer = on(&client_machine(), async move {
+            let dialer = Dialer::plaintext(PATIENCE, MAX);
+            let mut connection = Connection::open_via(&net, &*clock(), SERVER, None, &dialer)
+                .await
+                .expect("connects");
+            let request = Request::Hello {
+                cluster_id: "c".repeat(10_000),
+                replica_id: None,
+            };
+            connection.call(&request).await
+        })
+        .await;
+        (answer, kernels.writes_stalled())
+    })
+}
+
+/// With a window of 4 KiB a 10 KB request and a 20 KB answer go in parts,
+/// their writers waiting for the reader, and arrive whole; without one
+/// no write waits.
+#[test]
+fn frames_longer_than_the_window_go_in_parts_and_arrive_whole() {
+    let long = Response::Error(Error::InvalidOp("x".repeat(ANSWER_TEXT_BYTES)));
+    let (answer, stalled) = long_call(Some(4 << 10));
+    assert_eq!(answer, Ok(long.clone()));
+    assert!(stalled >= 4, "writes that waited: {stalled}");
+    let (answer, stalled) = long_call(None);
+    assert_eq!(answer, Ok(long));
+    assert_eq!(stalled, 0);
+}
+
+/// A client that sends requests without end and never reads an answer
+/// fills its connection's window; the server's next answer then waits,
+/// and the connection is closed when the frame timeout is up, not before,
+/// its slot given back while the client still holds its socket. Another
+/// client is served while the answer waits.
+#[test]
+fn answers_never_read_close_their_connection_at_the_frame_timeout() {
+    simulate(23, || async move {
+        let window = 4 << 10;
+        let kernels = Kernels::default();
+        kernels.set_window(Some(window));
+        let frame_timeout = Duration::from_secs(5);
+        let options = ServerOptions {
+            frame_timeout,
+            idle_timeout: Duration::from_secs(60),
+            ..options(2)
+        };
+        let handle = start_server_in(Arc::new(Fake), options, None, kernels.clone()).await;
+        let net = SimNet::new(kernels.clone());
+        let frame = tcp::encode_frame(0, &Request::Healthcheck).unwrap();
+        let burst = frame.as_bytes().repeat(8 * window / frame.as_bytes().len());
+        let started = Instant::now();
+        let (held, holding) = oneshot::channel::<()>();
+        client_machine().spawn(async move {
+            let mut stream = net.connect(SERVER.to_string()).await.expect("connects");
+            let _ = stream.write_all(&burst).await;
+            let _ = holding.await;
+            drop(stream);
+        });
+        while kernels.writes_stalled() == 0 {
+            assert!(started.elapsed() < frame_timeout, "no write waited");
+            madsim::time::sleep(Duration::from_millis(1)).await;
+        }
+        let other = Handle::current()
+            .create_node()
+            .name("client-2")
+            .ip(client_ip(2))
+            .build();
+        let net = SimNet::new(kernels.clone());
+        let answer = on(&other, async move {
+            let dialer = Dialer::plaintext(PATIENCE, MAX);
+            let clock = clock();
+            let connection = Connection::open_via(&net, &*clock, SERVER, None, &dialer);
+            connection
+                .await
+                .expect("connects")
+                .call(&Request::Healthcheck)
+                .await
+        });
+        assert_eq!(answer.await, Ok(HEALTH));
+        assert_eq!(handle.stats().answers_timed_out, 0);
+        settled(&handle, |s| s.answers_timed_out == 1).await;
+        let closed_after = started.elapsed();
+        assert!(
+            closed_after >= frame_timeout,
+            "closed after {closed_after:?}"
+        );
+        assert!(
+            closed_after < frame_timeout + Duration::from_secs(1),
+            "closed after {closed_after:?}"
+        );
+        settled(&handle, |s| s.connections_open == 0).await;
+        drop(held);
+    })
+}

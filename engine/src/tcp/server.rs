@@ -112,6 +112,9 @@ pub struct ServerStats {
     pub partial_frame_bytes_peak: u64,
     /// Frames refused (`Overloaded`) for finding no room in the budget.
     pub partial_frames_refused: u64,
+    /// Answers the client did not take within the frame timeout (it
+    /// stopped reading, or reads too slowly); each closed its connection.
+    pub answers_timed_out: u64,
 }
 
 #[derive(Default)]
@@ -122,6 +125,7 @@ struct Counters {
     idle_evicted: AtomicU64,
     handshakes_failed: AtomicU64,
     identities_refused: AtomicU64,
+    answers_timed_out: AtomicU64,
 }
 
 /// Connections waiting for their next frame (or for their handshake), in
@@ -249,6 +253,7 @@ impl ServerHandle {
             partial_frame_bytes: shared.budget.in_use_bytes() as u64,
             partial_frame_bytes_peak: shared.budget.peak_bytes() as u64,
             partial_frames_refused: shared.budget.refused() as u64,
+            answers_timed_out: load(&c.answers_timed_out),
         }
     }
 
@@ -583,13 +588,18 @@ impl Shared {
             frame = encode_frame(id, &Response::Error(error))?;
         }
         let clock = &*self.env.clock;
-        with_timeout(
+        let written = with_timeout(
             clock,
             self.options.frame_timeout,
             write_frame(stream, &frame),
-        )
-        .await
-        .ok_or(Error::Timeout)?
+        );
+        written.await.unwrap_or_else(|| {
+            crate::probe::hit(crate::probe::Probe::AnswerTimedOut);
+            self.counters
+                .answers_timed_out
+                .fetch_add(1, Ordering::Relaxed);
+            Err(Error::Timeout)
+        })
     }
 }
 

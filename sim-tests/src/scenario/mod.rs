@@ -335,7 +335,10 @@ fn build_world(
         config.faults.torn_write_probability = swarm.torn_write_probability;
         config
     };
-    World::build_on_disks_over(configs, &swarm.skews, disk_config, trace.clone(), network)
+    let world =
+        World::build_on_disks_over(configs, &swarm.skews, disk_config, trace.clone(), network);
+    world.set_stream_window(swarm.stream_window);
+    world
 }
 
 /// A gRPC front on `config`'s node with `grpc`'s limits, and the keys of
@@ -435,6 +438,10 @@ async fn simulate(
     }
     .await;
     count_disk_situations(&world);
+    (world.hooks.coverage).add(
+        coverage::Coverage::WriteStalled,
+        world.kernels().writes_stalled(),
+    );
     let mut coverage = world.hooks.coverage.counts();
     coverage.add_probes(&arbor::probe::take());
     world.hooks.clear();

@@ -223,6 +223,17 @@ impl World {
         self.network
     }
 
+    /// Every connection opened from now on carries at most `window` bytes
+    /// its reader has not read, each way (`simnet::Kernels::set_window`).
+    pub fn set_stream_window(&self, window: Option<usize>) {
+        self.kernels.set_window(window);
+    }
+
+    /// The window connections open with now (`set_stream_window`).
+    pub fn stream_window(&self) -> Option<usize> {
+        self.kernels.window()
+    }
+
     /// The kernels of the world's machines: where connection faults strike.
     pub fn kernels(&self) -> &simnet::Kernels {
         &self.kernels

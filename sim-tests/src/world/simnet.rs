@@ -36,6 +36,16 @@
 //! survive anyway. Writes are madsim's: to a dead end they fail once madsim
 //! dropped its stream, and are lost until then.
 //!
+//! madsim's streams have no flow control: a write never waits, however
+//! little the other end reads. A world may set a window instead
+//! (`Kernels::set_window`): each direction of a connection then carries
+//! at most that many bytes its reader has not read yet, and a write past
+//! it takes what fits and waits for the reader, as a TCP sender waits on
+//! a full receive buffer. A reader that stops (a paused process, a client
+//! that never reads its answers) so stalls its writer. Once the reading
+//! end is closed, a write fails with a reset, as the other kernel answers
+//! it; when that end's machine lost power, what is written is lost.
+//!
 //! The connection faults of the nemesis (`scenario::nemesis::wire`) act on
 //! single streams, which `Kernels` keeps a register of while they live:
 //! a reset fails every read and write of both ends at once (what arrived
@@ -58,7 +68,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -81,6 +92,85 @@ struct KernelBook {
     streams: BTreeMap<u64, Registered>,
     /// Numbers given to stream ends and listeners so far.
     numbered: u64,
+    /// The flow-control window of every connection opened from now on,
+    /// in bytes each way; `None`: madsim's own streams, which never wait.
+    window: Option<usize>,
+    /// The window of each connection with an end alive, by its address
+    /// pair (lower first).
+    windows: BTreeMap<(SocketAddr, SocketAddr), Weak<Window>>,
+    /// Writes that found their window full, over every connection.
+    stalled: Arc<AtomicU64>,
+}
+
+/// Flow control of one connection: per direction, the bytes its writer
+/// wrote that its reader has not read yet, held to `limit`.
+#[derive(Debug)]
+struct Window {
+    limit: usize,
+    /// The world's count of writes that found a window full.
+    stalled: Arc<AtomicU64>,
+    /// Indexed by the writing end's side (`side_of`).
+    directions: Mutex<[Direction; 2]>,
+}
+
+#[derive(Debug, Default)]
+struct Direction {
+    unread: usize,
+    /// The writer waiting for room.
+    writer: Option<Waker>,
+    /// The reading end is gone: nothing holds the writer back any more.
+    reader_gone: bool,
+}
+
+impl Window {
+    /// Bytes the writer on `side` may write now (`None`: its reader is
+    /// gone); when none, it is woken once the reader makes room.
+    fn room(&self, side: usize, cx: &Context<'_>) -> Option<usize> {
+        let mut directions = self.directions.lock().unwrap();
+        let direction = &mut directions[side];
+        if direction.reader_gone {
+            return None;
+        }
+        let room = self.limit.saturating_sub(direction.unread);
+        if room == 0 {
+            direction.writer = Some(cx.waker().clone());
+            self.stalled.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(room)
+    }
+
+    /// The writer on `side` wrote `bytes`.
+    fn wrote(&self, side: usize, bytes: usize) {
+        let mut directions = self.directions.lock().unwrap();
+        let direction = &mut directions[side];
+        if !direction.reader_gone {
+            direction.unread += bytes;
+            assert!(
+                direction.unread <= self.limit,
+                "a write went past the window: {} of {} bytes unread",
+                direction.unread,
+                self.limit
+            );
+        }
+    }
+
+    /// The reader of what `side` writes read `bytes` (or, `gone`, went):
+    /// room for the writer.
+    fn read(&self, side: usize, bytes: usize, gone: bool) {
+        let mut directions = self.directions.lock().unwrap();
+        let direction = &mut directions[side];
+        direction.unread = direction.unread.saturating_sub(bytes);
+        direction.reader_gone |= gone;
+        if let Some(writer) = direction.writer.take() {
+            writer.wake();
+        }
+    }
+}
+
+/// The side of the end at `local` of the connection `pair`: 0 for the
+/// lower address.
+fn side_of(local: SocketAddr, pair: (SocketAddr, SocketAddr)) -> usize {
+    usize::from(local != pair.0)
 }
 
 /// A live stream end in the register.
@@ -190,6 +280,23 @@ impl Kernels {
         }
     }
 
+    /// Every connection opened from now on carries at most `window`
+    /// unread bytes each way (`None`: no limit, as madsim's streams).
+    pub fn set_window(&self, window: Option<usize>) {
+        assert!(window != Some(0), "a window of no bytes carries nothing");
+        self.0.lock().unwrap().window = window;
+    }
+
+    /// Writes that found their connection's window full so far.
+    pub fn writes_stalled(&self) -> u64 {
+        self.0.lock().unwrap().stalled.load(Ordering::Relaxed)
+    }
+
+    /// The window of connections opened now.
+    pub fn window(&self) -> Option<usize> {
+        self.0.lock().unwrap().window
+    }
+
     /// Strikes every live stream with an end at `ip` (both ends of each
     /// connection); how many stream ends changed.
     pub fn strike(&self, ip: IpAddr, fault: StreamFault) -> usize {
@@ -225,6 +332,15 @@ impl Kernels {
             .count()
     }
 
+    /// Stream ends alive at `local` that a listener there accepted from
+    /// the machine at `remote`.
+    pub fn accepted_from(&self, local: IpAddr, remote: IpAddr) -> usize {
+        let book = self.0.lock().unwrap();
+        (book.streams.values())
+            .filter(|stream| stream.listener.is_some() && stream.ips == [local, remote])
+            .count()
+    }
+
     /// A new number for a stream end or a listener.
     fn number(&self) -> u64 {
         let mut book = self.0.lock().unwrap();
@@ -239,7 +355,7 @@ impl Kernels {
         ends: [End; 2],
         pair: (SocketAddr, SocketAddr),
         listener: Option<u64>,
-    ) -> (u64, Arc<Fate>) {
+    ) -> (u64, Arc<Fate>, Option<Arc<Window>>) {
         let number = self.number();
         let fate = Arc::new(Fate::default());
         let entry = Registered {
@@ -248,8 +364,22 @@ impl Kernels {
             pair,
             fate: fate.clone(),
         };
-        self.0.lock().unwrap().streams.insert(number, entry);
-        (number, fate)
+        let mut book = self.0.lock().unwrap();
+        book.streams.insert(number, entry);
+        let window = match book.windows.get(&pair).and_then(Weak::upgrade) {
+            Some(window) => Some(window),
+            None => book.window.map(|limit| {
+                let window = Arc::new(Window {
+                    limit,
+                    stalled: book.stalled.clone(),
+                    directions: Mutex::default(),
+                });
+                book.windows.retain(|_, w| w.strong_count() > 0);
+                book.windows.insert(pair, Arc::downgrade(&window));
+                window
+            }),
+        };
+        (number, fate, window)
     }
 
     fn unregister(&self, number: u64) {
@@ -288,6 +418,10 @@ pub struct SimStream {
     number: u64,
     pair: (SocketAddr, SocketAddr),
     fate: Arc<Fate>,
+    /// The connection's flow control, when the world has a window, and
+    /// this end's side of it.
+    window: Option<Arc<Window>>,
+    side: usize,
 }
 
 impl SimStream {
@@ -299,9 +433,10 @@ impl SimStream {
         ends: [End; 2],
         listener: Option<u64>,
     ) -> io::Result<Self> {
-        let pair = (inner.local_addr()?, inner.peer_addr()?);
+        let local = inner.local_addr()?;
+        let pair = (local, inner.peer_addr()?);
         let pair = (pair.0.min(pair.1), pair.0.max(pair.1));
-        let (number, fate) = kernels.register(ends, pair, listener);
+        let (number, fate, window) = kernels.register(ends, pair, listener);
         Ok(Self {
             inner,
             kernels,
@@ -309,6 +444,8 @@ impl SimStream {
             number,
             pair,
             fate,
+            window,
+            side: side_of(local, pair),
         })
     }
 
@@ -349,9 +486,15 @@ impl AsyncRead for SimStream {
             State::Silent => return Poll::Pending,
             _ => {}
         }
+        let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if read.is_pending() {
-            *this.fate.reader.lock().unwrap() = Some(cx.waker().clone());
+        match (&read, &this.window) {
+            (Poll::Pending, _) => *this.fate.reader.lock().unwrap() = Some(cx.waker().clone()),
+            (Poll::Ready(Ok(())), Some(window)) => {
+                let bytes = buf.filled().len() - before;
+                window.read(1 - this.side, bytes, false);
+            }
+            _ => {}
         }
         read
     }
@@ -368,10 +511,36 @@ impl AsyncWrite for SimStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.fate_of_write() {
-            State::Reset => Poll::Ready(Err(reset())),
-            State::Silent => Poll::Ready(Ok(buf.len())),
-            _ => Pin::new(&mut self.inner).poll_write(cx, buf),
+            State::Reset => return Poll::Ready(Err(reset())),
+            State::Silent => return Poll::Ready(Ok(buf.len())),
+            _ => {}
         }
+        let this = &mut *self;
+        let Some(window) = this.window.clone() else {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        };
+        let room = match window.room(this.side, cx) {
+            Some(room) => room,
+            // The other end closed while its machine runs: its kernel
+            // answers what comes with a reset. A machine that lost power
+            // says nothing, and what is written to it is lost.
+            None if !this.severed() => return Poll::Ready(Err(reset())),
+            None => buf.len(),
+        };
+        if room == 0 {
+            // What this end holds unsent must go, or its reader could never
+            // make room; madsim sends on flush, and never waits there.
+            return match Pin::new(&mut this.inner).poll_flush(cx) {
+                Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+                _ => Poll::Pending,
+            };
+        }
+        let take = room.min(buf.len());
+        let wrote = Pin::new(&mut this.inner).poll_write(cx, &buf[..take]);
+        if let Poll::Ready(Ok(bytes)) = wrote {
+            window.wrote(this.side, bytes);
+        }
+        wrote
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -389,6 +558,9 @@ impl AsyncWrite for SimStream {
 
 impl Drop for SimStream {
     fn drop(&mut self) {
+        if let Some(window) = &self.window {
+            window.read(1 - self.side, 0, true);
+        }
         self.kernels.unregister(self.number);
     }
 }

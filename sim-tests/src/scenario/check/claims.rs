@@ -104,6 +104,8 @@ impl Profile {
                 (C::ReplicaCallerServed, SMALL),
                 (C::OtherContainerReplicaRefused, SMALL),
                 (C::AckedByThree, SMALL),
+                (C::AnswerTimedOut, FULL),
+                (C::WriteStalled, SMALL),
             ],
             Profile::PushOnly => &[(C::PushCutByBytes, FULL)],
             Profile::SyncHeavy => &[

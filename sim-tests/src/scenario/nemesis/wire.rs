@@ -11,7 +11,10 @@
 //! - silence: every connection it has turns half-open, nothing arriving
 //!   any more at either end and neither end told;
 //! - a storm: a stranger opens many connections to it and holds them for
-//!   the window, silent or each with half a frame sent;
+//!   the window, silent, each with half a frame sent, or (when the run's
+//!   connections have a flow-control window, `Swarm::stream_window`)
+//!   each sending requests without end and never reading an answer, so
+//!   the replica's answers fill the window and its writes stall;
 //! - a pause of its process (`Supervisor::pause`, a machine that stalls):
 //!   it accepts nothing and reads nothing, its peers and clients time out
 //!   against it, and when it goes on every timer that fell due meanwhile
@@ -22,7 +25,8 @@
 //! - a server never holds more connection slots than connections: checked
 //!   every second on every live node, and at the end of each storm;
 //! - during a storm, a client is served within the idle timeout (plus the
-//!   frame timeout when the storm holds half frames, and two attempts of
+//!   frame timeout when the storm holds half frames or stalls the
+//!   replica's writes, and two attempts of
 //!   1 s and the network's longest delay on each trip of a call: one may
 //!   be lost to a connection silenced under it), unless the replica went
 //!   down, was restarted or paused meanwhile;
@@ -32,12 +36,13 @@ use super::super::plan::swarm::{pick, Swarm};
 use crate::disk::SplitMix64;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::world::clock::global_now;
-use crate::world::simnet::{SimNet, StreamFault};
+use crate::world::simnet::{Network, SimNet, StreamFault};
 use crate::world::supervisor::Supervisor;
 use crate::world::{Client, World};
 use arbor::config::Config;
-use arbor::net::Net;
+use arbor::net::{Net, Stream};
 use arbor::proto::Request;
+use arbor::tcp::encode_frame;
 use arbor::ReplicaId;
 use madsim::runtime::Handle;
 use std::net::{IpAddr, Ipv4Addr};
@@ -73,6 +78,12 @@ const PROBE_MARGIN: Duration = Duration::from_secs(1);
 const PROBE_TRIPS: u32 = 8;
 /// Between two attempts of the storm's probe client.
 const PROBE_RETRY: Duration = Duration::from_millis(10);
+/// How long before an unread storm's end its connections are checked.
+const UNREAD_CHECK_LEAD: Duration = Duration::from_millis(100);
+/// Between two bursts of an unread storm's socket.
+const UNREAD_BURST_PAUSE: Duration = Duration::from_millis(10);
+/// Most requests in one unread storm socket's burst.
+const UNREAD_BURST_MAX: usize = 8_192;
 
 /// The connection limits of every node of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,13 +105,35 @@ pub enum WireKind {
     Reset,
     ResetOnAnswer,
     Silence,
-    /// `sockets` connections held for the window, silent or each with
-    /// half a frame sent.
+    /// `sockets` connections held for the window.
     Storm {
         sockets: usize,
-        half_frames: bool,
+        mode: StormMode,
     },
     Pause(PauseLength),
+}
+
+/// What each socket of a storm does while it is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StormMode {
+    /// Sends nothing.
+    Silent,
+    /// Sends half a frame: a header that claims the largest frame.
+    HalfFrames,
+    /// Sends requests as fast as the connection takes them and never
+    /// reads an answer. Drawn only in runs whose connections have a
+    /// window: without one, the answers pile up unread and no write stalls.
+    Unread,
+}
+
+impl StormMode {
+    fn name(self) -> &'static str {
+        match self {
+            StormMode::Silent => "silent",
+            StormMode::HalfFrames => "half-frame",
+            StormMode::Unread => "unread",
+        }
+    }
 }
 
 /// How long a pause lasts, against the paused node's own timeouts.
@@ -175,10 +208,16 @@ impl WirePlan {
                     0..=1 => WireKind::Reset,
                     2..=4 => WireKind::ResetOnAnswer,
                     5..=6 => WireKind::Silence,
-                    7..=9 => WireKind::Storm {
-                        sockets: pick(&mut rng, &STORM_SOCKETS),
-                        half_frames: rng.next_u64() % 2 == 0,
-                    },
+                    7..=9 => {
+                        let sockets = pick(&mut rng, &STORM_SOCKETS);
+                        let roll = rng.next_u64();
+                        let mode = match (roll % 2, swarm.stream_window) {
+                            (0, _) => StormMode::HalfFrames,
+                            (_, Some(_)) if roll / 2 % 3 != 0 => StormMode::Unread,
+                            _ => StormMode::Silent,
+                        };
+                        WireKind::Storm { sockets, mode }
+                    }
                     _ => WireKind::Pause(pick(&mut rng, &PAUSE_LENGTHS)),
                 };
                 WireFault {
@@ -224,8 +263,11 @@ pub async fn run(
     supervisor.world().trace.record(
         "wire",
         format!(
-            "{} connection slots, idle timeout {:?}; faults {:?}",
-            plan.knobs.max_connections, plan.knobs.idle_timeout, plan.faults
+            "{} connection slots, idle timeout {:?}, window {:?}; faults {:?}",
+            plan.knobs.max_connections,
+            plan.knobs.idle_timeout,
+            supervisor.world().stream_window(),
+            plan.faults
         ),
     );
     let slots = {
@@ -333,10 +375,7 @@ impl Strike {
                 "silence {} stream ends (half-open)",
                 hit(StreamFault::Silence)
             ),
-            WireKind::Storm {
-                sockets,
-                half_frames,
-            } => return self.storm(sockets, half_frames).await,
+            WireKind::Storm { sockets, mode } => return self.storm(sockets, mode).await,
             WireKind::Pause(length) => {
                 let length = length.of(&self.world().node(replica).config);
                 self.note(format!("replica-{replica}: process pause of {length:?}"));
@@ -357,7 +396,8 @@ impl Strike {
     /// Opens `sockets` connections to the replica from a machine of its
     /// own, holds them for the window while a client must still be
     /// served, then drops them and checks the replica's slots.
-    async fn storm(self, sockets: usize, half_frames: bool) {
+    async fn storm(self, sockets: usize, mode: StormMode) {
+        let half_frames = mode == StormMode::HalfFrames;
         let replica = self.fault.replica;
         let node = self.world().node(replica);
         let (address, config) = (node.addr.to_string(), node.config.clone());
@@ -388,22 +428,56 @@ impl Strike {
         self.note(format!(
             "replica-{replica}: storm of {} {} sockets for {}ms",
             held.len(),
-            if half_frames { "half-frame" } else { "silent" },
+            mode.name(),
             self.fault.window_ms
         ));
+        let began = global_now();
+        let before = self.watch();
         // One attempt may be lost whole to a connection another fault
         // silences under it.
         let attempt = PROBE_MARGIN + self.latency_max * PROBE_TRIPS;
+        // When every connection of an unread storm must be closed: each
+        // stalled answer waits its frame timeout at most. Over TLS the
+        // stranger's sockets never finish a handshake: the handshake
+        // timeout ends them.
+        let stalled_for = match self.world().network() {
+            Network::Tls => config.limits.handshake_timeout,
+            Network::Tcp => config.tree.replication_timeout,
+        };
+        let due = began + stalled_for + attempt;
+        let mut window_end = began + Duration::from_millis(self.fault.window_ms);
+        if mode == StormMode::Unread && due + UNREAD_CHECK_LEAD <= self.deadline {
+            // Held until the check, in the workload.
+            window_end = window_end.max(due + UNREAD_CHECK_LEAD);
+        }
+        let held = match mode {
+            StormMode::Unread => {
+                let burst = unread_burst(&config, self.world().stream_window());
+                Held::Writing(machine.spawn(send_unread(held, burst, window_end)))
+            }
+            _ => Held::Here(held),
+        };
         let mut bound = config.limits.idle_connection_timeout + attempt * 2;
-        if half_frames {
+        if mode != StormMode::Silent {
+            // A half frame, or an answer the storm never reads, holds its
+            // connection busy until the frame timeout ends it.
             bound += config.tree.replication_timeout;
         }
-        let window_end = global_now() + Duration::from_millis(self.fault.window_ms);
         if let Err(failure) = self.served_within(bound, attempt).await {
             self.verdict.fail(failure);
         }
+        if mode == StormMode::Unread && due < window_end {
+            madsim::time::sleep(due.saturating_sub(global_now())).await;
+            if let Err(failure) = self.stalled_closed(ip, before, due - began) {
+                self.verdict.fail(failure);
+            }
+        }
         madsim::time::sleep(window_end.saturating_sub(global_now())).await;
-        drop(held);
+        match held {
+            Held::Here(held) => drop(held),
+            // It drops its sockets at the window's end.
+            Held::Writing(task) => drop(task.await),
+        }
         if let Err(failure) = check_slots(self.world()) {
             self.verdict.fail(failure);
         }
@@ -415,14 +489,9 @@ impl Strike {
     async fn served_within(&self, bound: Duration, attempt: Duration) -> Result<(), Failure> {
         let replica = self.fault.replica;
         let node = self.world().node(replica);
-        // Weak: a strong handle would keep a killed incarnation's forest.
-        let Some(before) = node.service().map(|service| Arc::downgrade(&service)) else {
+        let Some(before) = self.watch() else {
             return Ok(());
         };
-        let pauses = self.supervisor.pauses(replica);
-        if self.supervisor.is_paused(replica) {
-            return Ok(());
-        }
         let hello = Request::Hello {
             cluster_id: node.config.node.cluster_id.clone(),
             replica_id: None,
@@ -438,11 +507,7 @@ impl Strike {
             }
             madsim::time::sleep(PROBE_RETRY.min(end.saturating_sub(global_now()))).await;
         }
-        let same = node
-            .service()
-            .is_some_and(|now| before.upgrade().is_some_and(|b| Arc::ptr_eq(&b, &now)));
-        let paused = self.supervisor.pauses(replica) != pauses;
-        if !same || paused || self.supervisor.is_supervised(replica) {
+        if !self.undisturbed_since(&before) {
             return Ok(());
         }
         Err(Failure::new(
@@ -453,6 +518,113 @@ impl Strike {
             ),
         ))
     }
+
+    /// The replica's incarnation and pauses now, to hold a bound to:
+    /// `None` when it is down or paused, which excuses any bound.
+    fn watch(&self) -> Option<Watched> {
+        let replica = self.fault.replica;
+        // Weak: a strong handle would keep a killed incarnation's forest.
+        let service = self.world().node(replica).service()?;
+        if self.supervisor.is_paused(replica) {
+            return None;
+        }
+        Some(Watched {
+            service: Arc::downgrade(&service),
+            pauses: self.supervisor.pauses(replica),
+        })
+    }
+
+    /// True when the replica ran as `before` saw it ever since: the same
+    /// incarnation, no pause, no supervised restart under way.
+    fn undisturbed_since(&self, before: &Watched) -> bool {
+        let replica = self.fault.replica;
+        let same = (self.world().node(replica).service()).is_some_and(|now| {
+            before
+                .service
+                .upgrade()
+                .is_some_and(|b| Arc::ptr_eq(&b, &now))
+        });
+        same && self.supervisor.pauses(replica) == before.pauses
+            && !self.supervisor.is_supervised(replica)
+    }
+
+    /// The replica holds no connection of the storm at `storm`, whose
+    /// sockets never read an answer, `after` the storm began to write
+    /// (it is now): each answer it writes there waits at most its frame
+    /// timeout (over TLS, a handshake its handshake timeout). `before`:
+    /// the replica when the storm began.
+    fn stalled_closed(
+        &self,
+        storm: IpAddr,
+        before: Option<Watched>,
+        after: Duration,
+    ) -> Result<(), Failure> {
+        let replica = self.fault.replica;
+        let ip = self.world().node(replica).addr.ip();
+        let open = self.world().kernels().accepted_from(ip, storm);
+        if open == 0 || !before.is_some_and(|b| self.undisturbed_since(&b)) {
+            return Ok(());
+        }
+        Err(Failure::new(
+            FailureKind::Connections,
+            format!(
+                "replica-{replica} still holds {open} connections of a storm that reads none of \
+                 its answers, {after:?} after the storm began to write"
+            ),
+        ))
+    }
+}
+
+/// A replica as a bound began: its incarnation and its pauses so far.
+struct Watched {
+    service: std::sync::Weak<arbor::service::Service>,
+    pauses: u64,
+}
+
+/// A storm's sockets while it holds them.
+enum Held {
+    /// Held by the strike, sending nothing more.
+    Here(Vec<Box<dyn Stream>>),
+    /// On the storm's machine, sending without end until the window's end.
+    Writing(madsim::task::JoinHandle<()>),
+}
+
+/// Requests that one unread socket sends over and over: `Hello`s, which
+/// any caller may send and each has an answer, about a window of them.
+fn unread_burst(config: &Config, window: Option<usize>) -> Vec<u8> {
+    let hello = Request::Hello {
+        cluster_id: config.node.cluster_id.clone(),
+        replica_id: None,
+    };
+    let frame = encode_frame(0, &hello).expect("a Hello fits a frame");
+    let frame = frame.as_bytes();
+    let count = (window.unwrap_or(0) / frame.len()).clamp(1, UNREAD_BURST_MAX);
+    frame.repeat(count)
+}
+
+/// Sends `burst` on every socket over and over, as far as each connection
+/// takes it, never reading, until a write fails or `window_end`; drops
+/// the sockets then. Their answers pile up unread until they fill the
+/// window and the replica's writes wait.
+async fn send_unread(mut held: Vec<Box<dyn Stream>>, burst: Vec<u8>, window_end: Duration) {
+    let writes = held.iter_mut().map(|stream| {
+        let burst = &burst;
+        async move {
+            while stream.write_all(burst).await.is_ok() {
+                // madsim sends on flush; the window holds the loop back,
+                // and the pause a silenced connection, whose writes all
+                // pass at once.
+                if stream.flush().await.is_err() {
+                    break;
+                }
+                madsim::time::sleep(UNREAD_BURST_PAUSE).await;
+            }
+        }
+    });
+    let left = window_end.saturating_sub(global_now());
+    let _ = madsim::time::timeout(left, futures::future::join_all(writes)).await;
+    madsim::time::sleep(window_end.saturating_sub(global_now())).await;
+    drop(held);
 }
 
 #[cfg(test)]
@@ -466,10 +638,12 @@ mod tests {
 
     /// A seed draws one plan; its faults fall inside the workload, in
     /// time order, against replicas of the run, and a run without faults
-    /// draws none (its limits still bind).
+    /// draws none (its limits still bind). Storms of answers never read
+    /// come only in runs whose connections have a window.
     #[test]
     fn plans_are_pure_and_stay_inside_the_run() {
         let mut kinds = std::collections::HashSet::new();
+        let mut modes = std::collections::BTreeSet::new();
         for seed in 1..60 {
             let s = swarm(seed);
             let plan = WirePlan::draw(&s, true);
@@ -481,6 +655,11 @@ mod tests {
                 assert!(fault.at_ms < span, "{fault:?}");
                 assert!((1..=s.replicas as ReplicaId).contains(&fault.replica));
                 kinds.insert(std::mem::discriminant(&fault.kind));
+                if let WireKind::Storm { mode, .. } = fault.kind {
+                    // Without a window, answers never read stall nothing.
+                    assert!(mode != StormMode::Unread || s.stream_window.is_some());
+                    modes.insert(mode.name());
+                }
             }
             assert!(MAX_CONNECTIONS.contains(&plan.knobs.max_connections));
             let quiet = WirePlan::draw(&s, false);
@@ -488,6 +667,7 @@ mod tests {
             assert_eq!(quiet.knobs, plan.knobs);
         }
         assert_eq!(kinds.len(), 5, "every kind of fault is drawn");
+        assert_eq!(modes.len(), 3, "every kind of storm is drawn: {modes:?}");
     }
 
     /// The knobs reach the config and keep it valid.

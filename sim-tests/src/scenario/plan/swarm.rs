@@ -245,6 +245,30 @@ pub struct Swarm {
     /// own generator.
     #[serde(default)]
     pub grpc: Option<GrpcKnobs>,
+    /// Flow control of every connection (`world::simnet`): each direction
+    /// carries at most this many bytes its reader has not read, so a
+    /// reader that stops stalls its writer and big frames go in parts.
+    /// `None`: no window, a write never waits (every capsule written
+    /// before it existed). Drawn after everything else, from its own
+    /// generator.
+    #[serde(default)]
+    pub stream_window: Option<usize>,
+}
+
+/// Windows a run's connections may draw (`Swarm::stream_window`), in
+/// bytes: from smaller than one full op-log page to a common socket
+/// buffer's size.
+const STREAM_WINDOWS: [usize; 3] = [4 << 10, 16 << 10, 64 << 10];
+/// Of all seeds, those whose connections have no window: one in this.
+const STREAM_WINDOW_NONE_ONE_IN: u64 = 4;
+
+/// The seed's connection window, from its own generator.
+fn draw_stream_window(seed: u64) -> Option<usize> {
+    let mut rng = SplitMix64::new(seed ^ 0x7769_6e64_6f77_5354);
+    if rng.next_u64() % STREAM_WINDOW_NONE_ONE_IN == 0 {
+        return None;
+    }
+    Some(pick(&mut rng, &STREAM_WINDOWS))
 }
 
 /// The gRPC side of a seed (`Swarm::grpc`): how many of the plan's
@@ -529,6 +553,7 @@ impl Swarm {
             rogue_replica: None,
             gateway_clients: false,
             grpc: None,
+            stream_window: None,
         };
         let pair_roll = rng.next_u64();
         if swarm.knobs.sync_interval.is_some() && rng.chance(SYNC_ONLY_PAIR_PROBABILITY) {
@@ -585,6 +610,7 @@ impl Swarm {
         // they were.
         let jump_roll = rng.next_u64();
         swarm.draw_counter_jump(jump_roll);
+        swarm.stream_window = draw_stream_window(seed);
         swarm
     }
 
