@@ -33,6 +33,22 @@ fn standard_seed_6_invariant_sweep_on_failed_disk() {
     assert!(report.faults_injected > 0);
 }
 
+/// Seed 97 of the standard scenario never finished once storms could
+/// leave their answers unread: the storm writes `Hello`s to its sockets
+/// until its window ends, and a socket another fault had silenced takes
+/// every write at once, so the loop spun without simulated time passing.
+/// The storm now pauses between bursts.
+#[test]
+fn standard_seed_97_unread_storm_on_a_silenced_socket() {
+    let report = run_seed_announced(97, &Options::standard());
+    println!("{report}");
+    assert!(report.passed(), "seed 97 failed");
+    let unread = report
+        .coverage
+        .get(arbor_sim::coverage::Coverage::AnswerTimedOut);
+    assert!(unread > 0, "no answer was left unread");
+}
+
 /// Sweep seed 1000 of the standard scenario diverged: replica 1's disk
 /// failed a write near the end of an I/O-error window, after which redb
 /// refused every write ("Previous I/O error occurred") until the database
