@@ -697,6 +697,91 @@ async fn sync_survives_dropped_calls() {
     assert_converged(&nodes, &[t]);
 }
 
+/// A node that holds the first op of a tree and missed the 100 after it
+/// while its peer could not push to it, pulling in pages of 16.
+async fn joiner_behind_by_100(net: &Arc<LocalNet>) -> (Vec<Arc<Service>>, TreeKey) {
+    let mut configs = cluster_configs(2);
+    for c in &mut configs {
+        c.limits.sync_page_size = 16;
+    }
+    let nodes = start_cluster(net, configs);
+    let t = tree("t");
+    add(&nodes[0], &t, ROOT, "first").await;
+    eventually("first write replicated", PATIENCE, || all_idle(&nodes)).await;
+    // Node 1's pushes are lost; node 2's calls to it get through.
+    net.cut(1, 2, true);
+    for i in 0..100 {
+        add(&nodes[0], &t, ROOT, &format!("n{i}")).await;
+    }
+    (nodes, t)
+}
+
+/// The heights node 2's GetOpLog calls asked from, each with the height
+/// node 2's own log had reached when the call was sent.
+fn watch_pulls(
+    net: &LocalNet,
+    joiner: &Arc<Service>,
+    t: &TreeKey,
+) -> Arc<std::sync::Mutex<Vec<(u64, u64)>>> {
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (seen, joiner, t) = (asked.clone(), Arc::downgrade(joiner), t.clone());
+    net.watch_oplog_calls(Some(Arc::new(move |from, height| {
+        let held = joiner
+            .upgrade()
+            .map(|j| j.forest().next_height(&t).unwrap_or(0));
+        if let (2, Some(held)) = (from, held) {
+            seen.lock().unwrap().push((height, held));
+        }
+    })));
+    asked
+}
+
+/// A pull asks for the next page of a run while the page before it
+/// applies: every GetOpLog call but the first is sent before the joiner's
+/// log reaches the height it asks from. It ends with the whole log.
+#[tokio::test(start_paused = true)]
+async fn a_pull_fetches_the_next_page_while_one_applies() {
+    let net = LocalNet::new();
+    let (nodes, t) = joiner_behind_by_100(&net).await;
+    let asked = watch_pulls(&net, &nodes[1], &t);
+    nodes[1].sync_now().await;
+    let asked = asked.lock().unwrap().clone();
+    let heights: Vec<u64> = asked.iter().map(|&(height, _)| height).collect();
+    let pages: Vec<u64> = (1..101).step_by(16).collect();
+    assert_eq!(heights, pages, "one call a page, in height order");
+    let ahead = asked
+        .iter()
+        .filter(|&&(height, held)| held < height)
+        .count();
+    assert_eq!(ahead, pages.len() - 1, "{asked:?}");
+    assert_eq!(nodes[1].stats().ops_pulled, 100);
+    assert_eq!(dump(&nodes[1], &t), dump(&nodes[0], &t));
+}
+
+/// A page asked for ahead whose call fails stops the pass only once the
+/// page before it has applied, as it would have without the overlap; the
+/// next round goes on from there.
+#[tokio::test(start_paused = true)]
+async fn a_page_asked_for_ahead_that_fails_keeps_the_page_before() {
+    let net = LocalNet::new();
+    let (nodes, t) = joiner_behind_by_100(&net).await;
+    let weak = Arc::downgrade(&net);
+    net.watch_oplog_calls(Some(Arc::new(move |from, height| {
+        if let (2, 33, Some(net)) = (from, height, weak.upgrade()) {
+            net.cut(2, 1, true);
+        }
+    })));
+    nodes[1].sync_now().await;
+    assert!(nodes[1].stats().sync_peer_errors > 0);
+    assert_eq!(nodes[1].forest().next_height(&t).unwrap(), 33);
+    assert_eq!(nodes[1].stats().ops_pulled, 32);
+    net.watch_oplog_calls(None);
+    net.cut(2, 1, false);
+    nodes[1].sync_now().await;
+    assert_eq!(nodes[1].stats().ops_pulled, 100);
+    assert_eq!(dump(&nodes[1], &t), dump(&nodes[0], &t));
+}
+
 /// Adds `count` nodes to `t`, retrying each add that a full batcher
 /// refused: a client load that keeps the node's write queue full.
 async fn add_through_overload(service: Arc<Service>, t: TreeKey, name: String, count: usize) {

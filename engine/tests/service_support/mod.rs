@@ -61,7 +61,13 @@ pub struct LocalNet {
     oplog_entries: Mutex<u64>,
     /// Rewrites every answer to a sync read: a broken or lying peer.
     sync_answer_filter: Mutex<Option<SyncAnswerFilter>>,
+    /// Told of every GetOpLog call as it is sent: the caller and the
+    /// height it asks from.
+    oplog_watch: Mutex<Option<OplogWatch>>,
 }
+
+/// See `LocalNet::watch_oplog_calls`.
+pub type OplogWatch = Arc<dyn Fn(ReplicaId, u64) + Send + Sync>;
 
 /// A rewrite of a sync read's answer (see `LocalNet::set_sync_answer_filter`).
 pub type SyncAnswerFilter = fn(Response) -> Response;
@@ -92,6 +98,12 @@ impl LocalNet {
     /// `filter` (`None`: answers arrive as sent).
     pub fn set_sync_answer_filter(&self, filter: Option<SyncAnswerFilter>) {
         *self.sync_answer_filter.lock().unwrap() = filter;
+    }
+
+    /// Calls `watch` with the caller and the first height of every
+    /// GetOpLog call, when the call is sent (`None`: no more).
+    pub fn watch_oplog_calls(&self, watch: Option<OplogWatch>) {
+        *self.oplog_watch.lock().unwrap() = watch;
     }
 
     /// Cuts (or heals) the one-way link `from -> to`.
@@ -186,6 +198,12 @@ impl Transport for LocalTransport {
             true => *self.net.sync_answer_filter.lock().unwrap(),
             false => None,
         };
+        if let Request::GetOpLog { from_height, .. } = &request {
+            let watch = self.net.oplog_watch.lock().unwrap().clone();
+            if let Some(watch) = watch {
+                watch(self.from, *from_height);
+            }
+        }
         let routed = match oplog_lost {
             true => Err(Error::Timeout),
             false => self.net.route(self.from, peer),

@@ -70,7 +70,11 @@ impl Puller {
     }
 
     /// Fetches and applies heights `first..=last` of `peer`'s log, moving
-    /// `pulled.applied_to` over what was applied.
+    /// `pulled.applied_to` over what was applied. While a page applies,
+    /// the one after it is fetched: a joiner's pull waits for the slower
+    /// of the two, not for their sum. A page fetched ahead is used only
+    /// once the page before it applied whole; an error fetching it counts
+    /// only then, as it would have without the overlap.
     async fn pull_run(
         &self,
         tree: &TreeKey,
@@ -84,20 +88,40 @@ impl Puller {
             "a run starts where the pull is"
         );
         let mut from = first;
+        let mut ahead = None;
         while from <= last {
             if from > first {
                 probe::hit(Probe::PullOpPageNext);
             }
-            let fetched = self.fetch_page(tree, peer, from, last - from + 1).await?;
-            let mut entries = fetched.unwrap_or_default();
+            let fetched = match ahead.take() {
+                Some(fetched) => fetched,
+                None => self.fetch_page(tree, peer, from, last - from + 1).await,
+            };
+            let mut entries: Vec<LogEntry> = match fetched {
+                Ok(fetched) => fetched.unwrap_or_default(),
+                // What applied before stays applied, counted and passed.
+                Err(error) => {
+                    pulled.stop = Some(error);
+                    return Ok(());
+                }
+            };
             entries.retain(|e| e.height <= last);
-            if entries.is_empty() {
+            let Some(end) = entries.last().map(|e| e.height + 1) else {
                 // The peer dropped the tree since it listed the stamps:
                 // end the pass, the cursor stays before what is unapplied.
                 pulled.complete = false;
                 return Ok(());
-            }
-            let (applied_to, fresh, stop) = self.apply_page(tree, from, entries).await?;
+            };
+            let apply = self.apply_page(tree, from, entries);
+            let applied = if end <= last {
+                let next = self.fetch_page(tree, peer, end, last - end + 1);
+                let (applied, next) = futures::join!(apply, next);
+                ahead = Some(next);
+                applied
+            } else {
+                apply.await
+            };
+            let (applied_to, fresh, stop) = applied?;
             self.counters
                 .sync_pages_pulled
                 .fetch_add(1, Ordering::Relaxed);
@@ -107,7 +131,10 @@ impl Puller {
                 pulled.stop = stop;
                 return Ok(());
             }
-            assert!(applied_to > from, "a whole page applied moves the pull on");
+            assert_eq!(
+                applied_to, end,
+                "a whole page applied moves the pull past it"
+            );
             from = applied_to;
         }
         Ok(())

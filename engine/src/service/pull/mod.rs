@@ -179,7 +179,7 @@ struct Pulled {
     applied_to: u64,
     /// Ops that were new here.
     fresh: u64,
-    /// The error that stopped the page early.
+    /// The error that stopped the page early: applying or fetching ops.
     stop: Option<Error>,
     /// False when the pass should end without an error (the peer lost the
     /// tree meanwhile).
