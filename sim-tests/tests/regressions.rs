@@ -49,6 +49,34 @@ fn standard_seed_97_unread_storm_on_a_silenced_socket() {
     assert!(unread > 0, "no answer was left unread");
 }
 
+/// Test-size seed 357 diverged: after a sync round with pushes blocked,
+/// replicas 2 and 3 lacked five ops of replica 1, every call to which was
+/// reset. A fault had silenced replica 1's stream ends (half-open), and
+/// those ends lived on until their idle timeout; the peers' new
+/// connections reused the ports of their closed ones, so the simulated
+/// network handed each the flow-control window of the silenced connection
+/// between the same two addresses, whose reader was gone: every write
+/// failed as reset. A window now belongs to one connection.
+#[test]
+fn test_seed_357_a_new_connection_gets_its_own_window() {
+    let report = run_seed_announced(357, &Options::test());
+    println!("{report}");
+    assert!(report.passed(), "seed 357 failed");
+}
+
+/// Test-size seed 111 failed the check that a storm whose sockets never
+/// read leaves the replica none of its connections past the frame
+/// timeout: another fault had silenced the replica's ends of them, whose
+/// writes then all pass at once, so no answer stalled and the
+/// connections waited for the idle timeout instead. The check now leaves
+/// silenced connections out.
+#[test]
+fn test_seed_111_a_silenced_storm_connection_never_stalls() {
+    let report = run_seed_announced(111, &Options::test());
+    println!("{report}");
+    assert!(report.passed(), "seed 111 failed");
+}
+
 /// Sweep seed 1000 of the standard scenario diverged: replica 1's disk
 /// failed a write near the end of an I/O-error window, after which redb
 /// refused every write ("Previous I/O error occurred") until the database

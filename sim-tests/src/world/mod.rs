@@ -121,7 +121,7 @@ impl SimNode {
     pub fn server_connections(&self) -> Option<(arbor::tcp::ServerStats, usize)> {
         self.service()?;
         let (handle, listener) = self.boot.server.lock().unwrap().clone()?;
-        let alive = self.boot.kernels.accepted_alive(listener);
+        let alive = (self.boot.kernels).accepted_alive(simnet::Accepted::By(listener));
         Some((handle.stats(), alive))
     }
 

@@ -95,8 +95,8 @@ struct KernelBook {
     /// The flow-control window of every connection opened from now on,
     /// in bytes each way; `None`: madsim's own streams, which never wait.
     window: Option<usize>,
-    /// The window of each connection with an end alive, by its address
-    /// pair (lower first).
+    /// The window of each connection only one of whose ends has
+    /// registered so far, by its address pair (lower first).
     windows: BTreeMap<(SocketAddr, SocketAddr), Weak<Window>>,
     /// Writes that found their window full, over every connection.
     stalled: Arc<AtomicU64>,
@@ -183,6 +183,18 @@ struct Registered {
     /// The connection's two addresses, lower first: the same at both ends.
     pair: (SocketAddr, SocketAddr),
     fate: Arc<Fate>,
+}
+
+/// Accepted stream ends that `Kernels::accepted_alive` counts.
+#[derive(Clone, Copy, Debug)]
+pub enum Accepted {
+    /// Those that listener accepted (`SimListener::number`), whatever
+    /// their fate.
+    By(u64),
+    /// Those at `local` accepted from the machine at `remote` whose writes
+    /// still reach it: not silenced (a silenced end's answers vanish, so
+    /// they never wait for a reader).
+    Answering { local: IpAddr, remote: IpAddr },
 }
 
 /// What the nemesis did to a stream end, and who waits on it.
@@ -323,21 +335,18 @@ impl Kernels {
         }
     }
 
-    /// Stream ends that listener `listener` (`SimListener::number`)
-    /// accepted and that are still alive, whatever their fate.
-    pub fn accepted_alive(&self, listener: u64) -> usize {
+    /// Stream ends still alive that a listener accepted and that `which`
+    /// picks.
+    pub fn accepted_alive(&self, which: Accepted) -> usize {
         let book = self.0.lock().unwrap();
         (book.streams.values())
-            .filter(|stream| stream.listener == Some(listener))
-            .count()
-    }
-
-    /// Stream ends alive at `local` that a listener there accepted from
-    /// the machine at `remote`.
-    pub fn accepted_from(&self, local: IpAddr, remote: IpAddr) -> usize {
-        let book = self.0.lock().unwrap();
-        (book.streams.values())
-            .filter(|stream| stream.listener.is_some() && stream.ips == [local, remote])
+            .filter(|stream| match (which, stream.listener) {
+                (_, None) => false,
+                (Accepted::By(listener), Some(by)) => by == listener,
+                (Accepted::Answering { local, remote }, Some(_)) => {
+                    stream.ips == [local, remote] && stream.fate.get() != State::Silent
+                }
+            })
             .count()
     }
 
@@ -366,7 +375,11 @@ impl Kernels {
         };
         let mut book = self.0.lock().unwrap();
         book.streams.insert(number, entry);
-        let window = match book.windows.get(&pair).and_then(Weak::upgrade) {
+        // The first end of a connection to register makes its window and
+        // the second takes it out of the book: a later connection between
+        // the same two addresses (a port used again while an end of this
+        // one lives on, silenced) gets a window of its own.
+        let window = match book.windows.remove(&pair).and_then(|w| w.upgrade()) {
             Some(window) => Some(window),
             None => book.window.map(|limit| {
                 let window = Arc::new(Window {

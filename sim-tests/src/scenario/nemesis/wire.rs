@@ -36,7 +36,7 @@ use super::super::plan::swarm::{pick, Swarm};
 use crate::disk::SplitMix64;
 use crate::failure::{Failure, FailureKind, Verdict};
 use crate::world::clock::global_now;
-use crate::world::simnet::{Network, SimNet, StreamFault};
+use crate::world::simnet::{Accepted, Network, SimNet, StreamFault};
 use crate::world::supervisor::Supervisor;
 use crate::world::{Client, World};
 use arbor::config::Config;
@@ -551,8 +551,9 @@ impl Strike {
     /// The replica holds no connection of the storm at `storm`, whose
     /// sockets never read an answer, `after` the storm began to write
     /// (it is now): each answer it writes there waits at most its frame
-    /// timeout (over TLS, a handshake its handshake timeout). `before`:
-    /// the replica when the storm began.
+    /// timeout (over TLS, a handshake its handshake timeout). Connections
+    /// another fault silenced are left out. `before`: the replica when
+    /// the storm began.
     fn stalled_closed(
         &self,
         storm: IpAddr,
@@ -561,7 +562,13 @@ impl Strike {
     ) -> Result<(), Failure> {
         let replica = self.fault.replica;
         let ip = self.world().node(replica).addr.ip();
-        let open = self.world().kernels().accepted_from(ip, storm);
+        // A connection another fault silenced takes every answer at once:
+        // it waits for the idle timeout instead.
+        let answering = Accepted::Answering {
+            local: ip,
+            remote: storm,
+        };
+        let open = self.world().kernels().accepted_alive(answering);
         if open == 0 || !before.is_some_and(|b| self.undisturbed_since(&b)) {
             return Ok(());
         }
