@@ -314,8 +314,8 @@ pub fn verify(key: &CombTable, digest: &[u8; 64], signature: &Signature) -> bool
 
 /// [`verify`] with the comb tables and the incomplete addition; `Err` when
 /// an addition is one it does not cover.
-fn fast_verify<const BITS: u32>(
-    key: &Comb<BITS>,
+fn fast_verify(
+    key: &CombTable,
     digest: &[u8; 64],
     signature: &Signature,
 ) -> Result<bool, Exceptional> {
@@ -354,11 +354,7 @@ fn invert_vartime(value: [u8; 32], modulus: &U256) -> Option<[u8; 32]> {
 }
 
 /// `p256`'s own verification of the table's key.
-fn complete_verify<const BITS: u32>(
-    key: &Comb<BITS>,
-    digest: &[u8; 64],
-    signature: &Signature,
-) -> bool {
+fn complete_verify(key: &CombTable, digest: &[u8; 64], signature: &Signature) -> bool {
     VerifyingKey::from_affine(key.base)
         .and_then(|key| key.verify_prehash(digest, signature))
         .is_ok()
