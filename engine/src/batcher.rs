@@ -142,6 +142,19 @@ impl BatcherOptions {
 type JobReply = Result<Vec<Result<WriteOutcome>>>;
 
 /// One caller's writes; they always go into the same batch.
+/// Requests the batcher did not queue, given back with the reason.
+#[derive(Debug)]
+pub struct NotTaken {
+    pub error: Error,
+    pub requests: Vec<WriteRequest>,
+}
+
+impl NotTaken {
+    fn new(error: Error, requests: Vec<WriteRequest>) -> Self {
+        NotTaken { error, requests }
+    }
+}
+
 struct Job {
     requests: Vec<WriteRequest>,
     reply: Reply,
@@ -291,14 +304,31 @@ impl Batcher {
         &self,
         requests: Vec<WriteRequest>,
     ) -> Result<Vec<Result<WriteOutcome>>> {
+        match self.offer_all(requests).await {
+            Ok(answer) => answer,
+            Err(NotTaken { error, .. }) => Err(error),
+        }
+    }
+
+    /// [`Batcher::submit_all`] for a caller that waits and offers the same
+    /// requests again: a job the batcher does not take (bound reached,
+    /// queue full, shutting down) comes back whole in [`NotTaken`], so the
+    /// caller need not keep a copy. `Ok` holds the batch's answer.
+    pub async fn offer_all(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> std::result::Result<Result<Vec<Result<WriteOutcome>>>, NotTaken> {
         if requests.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Ok(Vec::new()));
         }
         if self.shared.closed.load(Ordering::SeqCst) {
-            return Err(Error::ShuttingDown);
+            return Err(NotTaken::new(Error::ShuttingDown, requests));
         }
         let count = requests.len() as u64;
-        let pending = self.admit(count)?;
+        let pending = match self.admit(count) {
+            Ok(pending) => pending,
+            Err(error) => return Err(NotTaken::new(error, requests)),
+        };
         let (sender, answer) = oneshot::channel();
         let reply = Reply {
             sender,
@@ -313,12 +343,18 @@ impl Batcher {
         };
         match self.queue.try_send(job) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => return Err(self.reject(count)),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(Error::ShuttingDown),
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                return Err(NotTaken::new(self.reject(count), job.requests))
+            }
+            Err(mpsc::error::TrySendError::Closed(job)) => {
+                return Err(NotTaken::new(Error::ShuttingDown, job.requests))
+            }
         }
         // A dropped sender means the worker is gone: the node is stopping.
-        let results = answer.await.unwrap_or(Err(Error::ShuttingDown))?;
-        assert_eq!(results.len() as u64, count, "one result per request");
+        let results = answer.await.unwrap_or(Err(Error::ShuttingDown));
+        if let Ok(results) = &results {
+            assert_eq!(results.len() as u64, count, "one result per request");
+        }
         Ok(results)
     }
 

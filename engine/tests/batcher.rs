@@ -344,14 +344,21 @@ fn gated_batcher(gate: &Gate, options: BatcherOptions) -> Arc<Batcher> {
     ))
 }
 
-#[tokio::test(start_paused = true)]
-async fn full_queue_refuses_at_once() {
-    let gate = Gate::default();
-    let batcher = gated_batcher(&gate, options(1, 2));
+/// A batcher bounded at 2 pending writes, with two writes pending and
+/// its commit stuck at `gate`; gives the two writers' tasks.
+async fn at_its_bound(gate: &Gate) -> (Arc<Batcher>, Vec<Writer>) {
+    let batcher = gated_batcher(gate, options(1, 2));
     let waiting = spawn_writes(&batcher, 1..3);
     while batcher.stats().pending < 2 || gate.entered() == 0 {
         tokio::task::yield_now().await;
     }
+    (batcher, waiting)
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_refuses_at_once() {
+    let gate = Gate::default();
+    let (batcher, waiting) = at_its_bound(&gate).await;
     // Both slots are taken and the commit is stuck: a third write is refused
     // without waiting for anything.
     let refused = futures::FutureExt::now_or_never(batcher.submit(request("t", 3)));
@@ -367,6 +374,38 @@ async fn full_queue_refuses_at_once() {
             Ok(WriteOutcome::Applied { fresh: true })
         );
     }
+    assert_eq!(batcher.stats().pending, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_offer_gives_the_requests_back() {
+    let gate = Gate::default();
+    let (batcher, waiting) = at_its_bound(&gate).await;
+    // The bound is reached: the page is refused and comes back whole, in
+    // its order, so a caller can offer it again without a copy.
+    let page: Vec<WriteRequest> = (10..13).map(|n| request("t", n)).collect();
+    let refused = futures::FutureExt::now_or_never(batcher.offer_all(page.clone()))
+        .expect("a refusal does not wait");
+    let not_taken = refused.expect_err("the bound is reached");
+    assert!(
+        matches!(not_taken.error, Error::Overloaded(_)),
+        "{:?}",
+        not_taken.error
+    );
+    assert_eq!(not_taken.requests, page);
+    assert_eq!(batcher.stats().rejected, 3);
+    assert_eq!(batcher.stats().pending, 2, "the refused page holds no slot");
+    gate.open();
+    for caller in waiting {
+        assert_eq!(
+            caller.await.unwrap(),
+            Ok(WriteOutcome::Applied { fresh: true })
+        );
+    }
+    // Offered again once there is room, the same requests are taken.
+    let answer = batcher.offer_all(not_taken.requests).await;
+    let results = answer.expect("taken").expect("committed");
+    assert_eq!(results.len(), 3);
     assert_eq!(batcher.stats().pending, 0);
 }
 
@@ -534,10 +573,10 @@ impl Recorder {
     }
 }
 
-fn spawn_writes(
-    batcher: &Arc<Batcher>,
-    tags: std::ops::Range<u64>,
-) -> Vec<tokio::task::JoinHandle<arbor::Result<WriteOutcome>>> {
+/// A task writing through a batcher.
+type Writer = tokio::task::JoinHandle<arbor::Result<WriteOutcome>>;
+
+fn spawn_writes(batcher: &Arc<Batcher>, tags: std::ops::Range<u64>) -> Vec<Writer> {
     tags.map(|tag| {
         let b = batcher.clone();
         tokio::spawn(async move { b.submit(request("t", tag)).await })

@@ -271,6 +271,12 @@ impl Forest {
         };
         let mut out = Vec::with_capacity(ops.len());
         for op in ops {
+            // An op newer than every stored one cannot be stored: no lookup
+            // (a pulled page from a peer ahead is mostly such ops).
+            if timestamp_counter(op.ts()) > rec.max_counter {
+                out.push(false);
+                continue;
+            }
             let same = match rows.get(log_key(op.ts()))? {
                 Some(guard) => {
                     let view = LogView::parse(guard.value())?;

@@ -3,6 +3,7 @@
 //! stores them like pushed ops.
 
 use super::*;
+use crate::batcher::NotTaken;
 
 impl Puller {
     /// Fetches and applies the ops of a page of `peer`'s stamps, which
@@ -200,15 +201,24 @@ impl Puller {
     /// the pass (which skips the peer for the rest of the round).
     async fn submit_pulled(
         &self,
-        requests: Vec<WriteRequest>,
+        mut requests: Vec<WriteRequest>,
     ) -> Result<Vec<Result<WriteOutcome>>> {
         let cap = self.core.config.tree.replication_timeout;
         let mut waited = Duration::ZERO;
         let mut refusals = 0;
         loop {
-            let error = match self.core.batcher.submit_all(requests.clone()).await {
-                Err(error @ Error::Overloaded(_)) if waited < cap => error,
-                answer => return answer,
+            // A refused page comes back whole: it is offered again, not
+            // copied for every offer.
+            let error = match self.core.batcher.offer_all(requests).await {
+                Ok(answer) => return answer,
+                Err(NotTaken {
+                    error: error @ Error::Overloaded(_),
+                    requests: back,
+                }) if waited < cap => {
+                    requests = back;
+                    error
+                }
+                Err(NotTaken { error, .. }) => return Err(error),
             };
             refusals += 1;
             let wait = backoff(refusals, cap).min(cap - waited);
