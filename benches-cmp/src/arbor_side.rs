@@ -76,6 +76,7 @@ pub fn run(objects: &[Object], batch: usize, mode: Mode) -> Row {
         forest.clone(),
         Arc::new(SystemClock::new()),
         defaults.checkpoint_interval,
+        arbor::metrics::latency_histogram(),
     );
     let tree = TreeKey::new(ContainerId([0xab; 32]), "bench");
     let requests: Vec<WriteRequest> = objects.iter().map(|o| request(&tree, o)).collect();

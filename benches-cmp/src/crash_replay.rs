@@ -27,6 +27,7 @@ pub fn child(objects: &[Object], batch: usize) {
         forest.clone(),
         Arc::new(SystemClock::new()),
         arbor::config::PiloramaConfig::default().checkpoint_interval,
+        arbor::metrics::latency_histogram(),
     );
     let tree = TreeKey::new(ContainerId([0xab; 32]), "bench");
     let requests: Vec<_> = objects

@@ -100,6 +100,11 @@ pub fn registry(sources: Sources) -> Registry {
         sources.service.commit_latency(),
     );
     registry.register(
+        "arbor_checkpoint_seconds",
+        "Duration of the commits that were checkpoints (durable, with a write-ahead log)",
+        sources.service.checkpoint_latency(),
+    );
+    registry.register(
         "arbor_request_seconds",
         "Time from a request's arrival at the service to its answer, by kind",
         sources.service.request_latency().family.clone(),
@@ -190,6 +195,8 @@ fn service_stats(out: &mut Out<'_, '_>, stats: ServiceStats) -> fmt::Result {
         sync_rounds,
         pending_writes,
         commit_us,
+        wal,
+        wal_bytes_since_checkpoint,
         push_failures,
         push_passes,
         sync_peer_errors,
@@ -240,6 +247,11 @@ fn service_stats(out: &mut Out<'_, '_>, stats: ServiceStats) -> fmt::Result {
         ("arbor_stamp_conflicts", "Timestamps held here with another op than a peer holds (a fault)", stamp_conflicts),
         ("arbor_peer_identity_mismatches", "Sync passes skipped: the peer answered as another replica", peer_identity_mismatches),
         ("arbor_pull_cursors_reset", "Pull cursors started again because a peer's log was rebuilt", pull_cursors_reset),
+        ("arbor_wal_records", "Records appended to the write-ahead log", wal.records),
+        ("arbor_wal_bytes", "Bytes appended to the write-ahead log, headers included", wal.bytes),
+        ("arbor_wal_syncs", "Syncs of write-ahead log segments and of their directory", wal.syncs),
+        ("arbor_wal_records_replayed", "Log records replayed into the database when it was opened", wal.replayed),
+        ("arbor_checkpoints", "Durable database commits that let covered log segments go", wal.checkpoints),
     ];
     for (name, help, value) in counters {
         out.counter(name, help, value)?;
@@ -296,6 +308,11 @@ fn service_stats(out: &mut Out<'_, '_>, stats: ServiceStats) -> fmt::Result {
             "arbor_writes_awaiting_replicas",
             "Local writes waiting for tree.ack_replicas replicas",
             writes_awaiting_replicas,
+        ),
+        (
+            "arbor_wal_bytes_since_checkpoint",
+            "Log bytes no checkpoint covers yet: at most what a reopen after a crash replays",
+            wal_bytes_since_checkpoint,
         ),
     ];
     for (name, help, value) in gauges {

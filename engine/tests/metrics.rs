@@ -27,42 +27,30 @@ async fn get(address: &str) -> String {
     page
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
+/// A node on `forest` with its TCP server and metrics endpoint (closing
+/// silent connections after `timeout`); gives the service, a connection
+/// to the server and the endpoint's address.
+async fn node_with_metrics(
+    config: &Config,
+    forest: Forest,
+    timeout: Duration,
+) -> (Arc<Service>, Connection, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
-    let config = Config::default_for_test(1);
-    let forest = Forest::in_memory(config.forest_options()).unwrap();
-    let transport = Arc::new(TcpTransport::new(&config, None));
+    let transport = Arc::new(TcpTransport::new(config, None));
     let service =
         Service::start(config.clone(), Arc::new(forest), system_env(), transport).unwrap();
     let server = Server::new(
         listener,
         service.clone(),
-        ServerOptions::from_config(&config),
+        ServerOptions::from_config(config),
         None,
     );
     let handle = server.handle();
     tokio::spawn(server.run());
-    let mut connection = Connection::connect(&address, Duration::from_secs(2), 4 << 20)
+    let connection = Connection::connect(&address, Duration::from_secs(2), 4 << 20)
         .await
         .unwrap();
-    let tree = TreeKey::new(ContainerId([7; 32]), "t");
-    let add = Request::Add {
-        tree: tree.clone(),
-        parent: 0,
-        items: vec![KeyValue::new(ATTR_FILE_NAME, b"a")],
-    };
-    assert!(matches!(
-        connection.call(&add).await.unwrap(),
-        Response::Added { .. }
-    ));
-    let list = Request::TreeList { cid: tree.cid };
-    assert!(matches!(
-        connection.call(&list).await.unwrap(),
-        Response::Trees(_)
-    ));
-
     let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics_address = metrics_listener.local_addr().unwrap().to_string();
     let sources = Sources {
@@ -72,8 +60,42 @@ async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
         certificates: Vec::new(),
     };
     let registry = Arc::new(metrics::registry(sources));
-    let timeout = Duration::from_secs(2);
     tokio::spawn(metrics::serve(metrics_listener, registry, timeout));
+    (service, connection, metrics_address)
+}
+
+fn add(tree: &TreeKey, name: &str) -> Request {
+    Request::Add {
+        tree: tree.clone(),
+        parent: 0,
+        items: vec![KeyValue::new(ATTR_FILE_NAME, name.as_bytes())],
+    }
+}
+
+/// The value of the sample `name` on `page`.
+fn sample(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing:\n{page}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
+    let config = Config::default_for_test(1);
+    let forest = Forest::in_memory(config.forest_options()).unwrap();
+    let timeout = Duration::from_secs(2);
+    let (_service, mut connection, metrics_address) =
+        node_with_metrics(&config, forest, timeout).await;
+    let tree = TreeKey::new(ContainerId([7; 32]), "t");
+    assert!(matches!(
+        connection.call(&add(&tree, "a")).await.unwrap(),
+        Response::Added { .. }
+    ));
+    let list = Request::TreeList { cid: tree.cid };
+    assert!(matches!(
+        connection.call(&list).await.unwrap(),
+        Response::Trees(_)
+    ));
 
     let page = get(&metrics_address).await;
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
@@ -89,6 +111,9 @@ async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
         assert!(page.lines().any(|l| l == line), "{line} missing:\n{page}");
     }
     assert!(!page.contains("arbor_grpc_"), "no gRPC port here:\n{page}");
+    // An in-memory forest has no log.
+    assert_eq!(sample(&page, "arbor_wal_records_total"), 0.0);
+    assert_eq!(sample(&page, "arbor_checkpoint_seconds_count"), 0.0);
 
     // Every slot held by a connection that sends nothing: the next
     // scrape waits for a slot, and gets one when the endpoint closes a
@@ -117,4 +142,55 @@ async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
         closed, METRICS_CONNECTIONS_MAX,
         "silent connections closed at the timeout"
     );
+}
+
+/// A durable node's write-ahead log: each batch appends a record, a
+/// checkpoint commits durably (timed in `arbor_checkpoint_seconds`) and
+/// leaves no record uncovered, and a reopen replays what no checkpoint
+/// covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_ahead_log_and_its_checkpoints_are_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default_for_test(1);
+    config.pilorama.no_sync = false;
+    config.pilorama.checkpoint_interval = Duration::from_secs(3600);
+    config.pilorama.path = dir.path().join("node.db");
+    let forest = Forest::open(&config.pilorama.path, config.forest_options()).unwrap();
+    assert!(forest.has_wal());
+    let (service, mut connection, metrics_address) =
+        node_with_metrics(&config, forest, Duration::from_secs(2)).await;
+    // Opening the node may checkpoint (outside the batcher, untimed).
+    let opened = service.stats().wal.checkpoints;
+    let tree = TreeKey::new(ContainerId([7; 32]), "t");
+    for name in ["a", "b"] {
+        let answer = connection.call(&add(&tree, name)).await.unwrap();
+        assert!(matches!(answer, Response::Added { .. }), "{answer:?}");
+    }
+    let page = get(&metrics_address).await;
+    assert_eq!(sample(&page, "arbor_wal_records_total"), 2.0);
+    assert!(sample(&page, "arbor_wal_bytes_total") > 0.0);
+    assert!(
+        sample(&page, "arbor_wal_syncs_total") >= 2.0,
+        "a sync a record"
+    );
+    assert_eq!(sample(&page, "arbor_checkpoints_total"), opened as f64);
+    assert_eq!(sample(&page, "arbor_checkpoint_seconds_count"), 0.0);
+    let uncovered = sample(&page, "arbor_wal_bytes_since_checkpoint");
+    assert_eq!(uncovered, sample(&page, "arbor_wal_bytes_total"));
+
+    // The next batch commits durably, as a checkpoint, and writes no record.
+    service.forest().request_checkpoint();
+    let answer = connection.call(&add(&tree, "c")).await.unwrap();
+    assert!(matches!(answer, Response::Added { .. }), "{answer:?}");
+    let page = get(&metrics_address).await;
+    assert_eq!(
+        sample(&page, "arbor_checkpoints_total"),
+        opened as f64 + 1.0
+    );
+    assert_eq!(sample(&page, "arbor_checkpoint_seconds_count"), 1.0);
+    assert_eq!(sample(&page, "arbor_wal_records_total"), 2.0);
+    assert_eq!(sample(&page, "arbor_wal_bytes_since_checkpoint"), 0.0);
+    assert_eq!(sample(&page, "arbor_commit_seconds_count"), 3.0);
+    let stats = service.stats();
+    assert_eq!((stats.wal.records, stats.wal.checkpoints), (2, opened + 1));
 }

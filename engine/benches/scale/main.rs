@@ -269,7 +269,12 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
     let (forest, counters) = open_counted(db, forest_options(args));
     let forest = Arc::new(forest);
     let interval = PiloramaConfig::default().checkpoint_interval;
-    let commit = checkpointing_commit(forest.clone(), Arc::new(SystemClock::new()), interval);
+    let commit = checkpointing_commit(
+        forest.clone(),
+        Arc::new(SystemClock::new()),
+        interval,
+        arbor::metrics::latency_histogram(),
+    );
     println!(
         "ingest: {} objects, batches of {}, durable on the write-ahead log, a checkpoint every {:?}",
         args.objects, args.batch, interval

@@ -617,6 +617,12 @@ impl Forest {
         }
     }
 
+    /// Bytes of log records no checkpoint covers yet (0 without a log):
+    /// at most what a reopen after a crash would replay.
+    pub fn wal_bytes_since_checkpoint(&self) -> u64 {
+        self.lock_wal().as_ref().map_or(0, Wal::since_checkpoint)
+    }
+
     /// True when batches go through a write-ahead log.
     pub fn has_wal(&self) -> bool {
         self.wal_opener.is_some()

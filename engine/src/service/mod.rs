@@ -74,6 +74,12 @@ pub struct ServiceStats {
     pub pending_writes: u64,
     /// Time the batcher spent in commit transactions (`BatcherStats`).
     pub commit_us: u64,
+    /// What the write-ahead log did since the node started (zeros
+    /// without one): records, bytes, syncs, checkpoints, replayed records.
+    pub wal: crate::forest::wal::WalStats,
+    /// Bytes of log records no checkpoint covers yet: at most what a
+    /// reopen after a crash replays.
+    pub wal_bytes_since_checkpoint: u64,
     /// Push calls that failed (retried later).
     pub push_failures: u64,
     /// Passes of pushers over the local log (each a read of the log), also
@@ -197,6 +203,8 @@ struct Core {
     log_epoch: std::sync::OnceLock<u64>,
     /// How long requests took to answer, by kind (the metrics endpoint).
     request_latency: crate::metrics::RequestLatency,
+    /// How long commits that were checkpoints took (the metrics endpoint).
+    checkpoint_latency: crate::metrics::Histogram,
 }
 
 impl Core {
@@ -299,7 +307,8 @@ impl Service {
             #[cfg(feature = "canary")]
             forest: forest.clone(),
         });
-        let batcher = start_batcher(&config, &forest, &env, observer);
+        let checkpoint_latency = crate::metrics::latency_histogram();
+        let batcher = start_batcher(&config, &forest, &env, observer, &checkpoint_latency);
         let access = Access::new(config.access.clone());
         let rejoin = Rejoin::new(config.node.rejoin);
         let acks = ReplicaAcks::new(config.limits.max_pending_writes);
@@ -321,6 +330,7 @@ impl Service {
             acks,
             log_epoch,
             request_latency: Default::default(),
+            checkpoint_latency,
         });
         let service = Arc::new(Service {
             pusher: Pusher::start(core.clone(), book, windows.clone()),
@@ -369,6 +379,8 @@ impl Service {
             sync_rounds: load(&pull.sync_rounds),
             pending_writes: batcher.pending,
             commit_us: batcher.commit_us,
+            wal: self.core.forest.wal_stats(),
+            wal_bytes_since_checkpoint: self.core.forest.wal_bytes_since_checkpoint(),
             push_failures: load(&push.push_failures),
             push_passes: load(&push.push_passes),
             sync_peer_errors: load(&pull.sync_peer_errors),
@@ -404,6 +416,11 @@ impl Service {
     /// Commit durations (the batcher's histogram, shared).
     pub fn commit_latency(&self) -> crate::metrics::Histogram {
         self.core.batcher.commit_latency()
+    }
+
+    /// Durations of the commits that were checkpoints (shared).
+    pub fn checkpoint_latency(&self) -> crate::metrics::Histogram {
+        self.core.checkpoint_latency.clone()
     }
 
     /// Request durations by kind, as `handle` answered them.
@@ -488,11 +505,13 @@ fn start_batcher(
     forest: &Arc<Forest>,
     env: &Env,
     observer: Arc<dyn CommitObserver>,
+    checkpoint_latency: &crate::metrics::Histogram,
 ) -> Batcher {
     let commit = crate::batcher::checkpointing_commit(
         forest.clone(),
         env.clock.clone(),
         config.pilorama.checkpoint_interval,
+        checkpoint_latency.clone(),
     );
     let options = BatcherOptions {
         max_batch_size: config.pilorama.max_batch_size,

@@ -29,6 +29,9 @@ pub struct NodeSecond {
     /// nothing but commit.
     pub commit_busy: f64,
     pub commit_ms_avg: f64,
+    /// Of the commits, those that were checkpoints (durable, with a
+    /// write-ahead log): each stalls the batcher for its whole duration.
+    pub checkpoints: u64,
     pub ops_pushed: u64,
     pub ops_pulled: u64,
     /// (tree, peer) pairs waiting for a push worker at the end: queued,
@@ -65,6 +68,7 @@ impl NodeSecond {
                 0 => 0.0,
                 n => commit_us as f64 / n as f64 / 1000.0,
             },
+            checkpoints: delta(|s| s.wal.checkpoints),
             ops_pushed: delta(|s| s.ops_pushed),
             ops_pulled: delta(|s| s.ops_pulled),
             push_pairs_waiting: after.push_pairs_queued
@@ -115,12 +119,12 @@ pub fn sample(watched: Watched, interval: Duration, stop: Arc<AtomicBool>) -> Ve
 pub fn text(rows: &[NodeSecond], windows: &[WindowStats]) -> String {
     let mut out = String::from(
         "\n  node timeline (per interval: the scenario's p50 and generator lag; commits, \
-         writes/commit, commit ms avg, share of time committing, queue at the end, ops \
-         pushed/pulled, push pairs waiting, file)\n",
+         writes/commit, commit ms avg, share of time committing, checkpoints, queue at the \
+         end, ops pushed/pulled, push pairs waiting, file)\n",
     );
     let _ = writeln!(
         out,
-        "  {:>6} {:>8} {:>8} {:>4} {:>7} {:>7} {:>8} {:>5} {:>6} {:>7} {:>7} {:>5} {:>8}",
+        "  {:>6} {:>8} {:>8} {:>4} {:>7} {:>7} {:>8} {:>5} {:>4} {:>6} {:>7} {:>7} {:>5} {:>8}",
         "s",
         "p50 ms",
         "lag ms",
@@ -129,6 +133,7 @@ pub fn text(rows: &[NodeSecond], windows: &[WindowStats]) -> String {
         "w/c",
         "ms/c",
         "busy",
+        "ckpt",
         "queue",
         "pushed",
         "pulled",
@@ -146,7 +151,7 @@ pub fn text(rows: &[NodeSecond], windows: &[WindowStats]) -> String {
         };
         let _ = writeln!(
             out,
-            "  {:>6.1} {:>8.1} {:>8.1} {:>4} {:>7} {:>7.1} {:>8.2} {:>5.2} {:>6} {:>7} {:>7} {:>5} {:>8.1}",
+            "  {:>6.1} {:>8.1} {:>8.1} {:>4} {:>7} {:>7.1} {:>8.2} {:>5.2} {:>4} {:>6} {:>7} {:>7} {:>5} {:>8.1}",
             r.at_s,
             p50_ms,
             lag_ms,
@@ -155,6 +160,7 @@ pub fn text(rows: &[NodeSecond], windows: &[WindowStats]) -> String {
             per_commit,
             r.commit_ms_avg,
             r.commit_busy,
+            r.checkpoints,
             r.pending_writes,
             r.ops_pushed,
             r.ops_pulled,
@@ -168,6 +174,7 @@ pub fn text(rows: &[NodeSecond], windows: &[WindowStats]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arbor::forest::wal::WalStats;
 
     /// Deltas, averages and the busy share come from the two snapshots;
     /// gauges from the later one.
@@ -177,6 +184,10 @@ mod tests {
             writes_committed: 1000,
             batches_committed: 10,
             commit_us: 50_000,
+            wal: WalStats {
+                checkpoints: 2,
+                ..WalStats::default()
+            },
             ops_pushed: 7,
             pending_writes: 99,
             ..ServiceStats::default()
@@ -186,6 +197,10 @@ mod tests {
             batches_committed: 13,
             batches_failed: 1,
             commit_us: 850_000,
+            wal: WalStats {
+                checkpoints: 3,
+                ..WalStats::default()
+            },
             ops_pushed: 1207,
             pending_writes: 4,
             push_pairs_backlog: 2,
@@ -194,6 +209,7 @@ mod tests {
         };
         let row = NodeSecond::between(2.0, 3, &before, &after, Duration::from_secs(1), 1 << 21);
         assert_eq!((row.commits, row.writes, row.ops_pushed), (4, 600, 1200));
+        assert_eq!(row.checkpoints, 1);
         assert!((row.commit_busy - 0.8).abs() < 1e-9, "{}", row.commit_busy);
         assert!((row.commit_ms_avg - 200.0).abs() < 1e-9);
         assert_eq!((row.pending_writes, row.push_pairs_waiting), (4, 3));

@@ -398,6 +398,12 @@ impl Wal {
         self.last_seq
     }
 
+    /// Bytes of records appended since a checkpoint last covered the
+    /// whole log: at most what a reopen after a crash replays.
+    pub fn since_checkpoint(&self) -> u64 {
+        self.since_checkpoint
+    }
+
     /// True when the next batch should commit durably, as a checkpoint.
     pub fn checkpoint_due(&self) -> bool {
         self.since_checkpoint >= self.options.checkpoint_bytes
