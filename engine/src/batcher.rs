@@ -152,7 +152,6 @@ impl BatcherOptions {
 
 type JobReply = Result<Vec<Result<WriteOutcome>>>;
 
-/// One caller's writes; they always go into the same batch.
 /// Requests the batcher did not queue, given back with the reason.
 #[derive(Debug)]
 pub struct NotTaken {
@@ -166,6 +165,7 @@ impl NotTaken {
     }
 }
 
+/// One caller's writes; they always go into the same batch.
 struct Job {
     requests: Vec<WriteRequest>,
     reply: Reply,
