@@ -6,10 +6,19 @@ mod common;
 use arbor_sim::cli::run_seed_announced;
 use arbor_sim::scenario::capsule::Capsule;
 use arbor_sim::scenario::plan::swarm::Profile;
-use arbor_sim::scenario::Options;
+use arbor_sim::scenario::{Options, Report};
 use arbor_sim::world::Network;
 use common::{arbor_sim, printed};
 use std::path::{Path, PathBuf};
+
+/// Runs `seed` under `options`, prints its report and asserts that it
+/// passed; gives the report for further checks.
+fn replay_passes(seed: u64, options: &Options) -> Report {
+    let report = run_seed_announced(seed, options);
+    println!("{report}");
+    assert!(report.passed(), "seed {seed} failed");
+    report
+}
 
 /// The full-size scenario of the `storage-errors` profile.
 fn storage_errors() -> Options {
@@ -27,9 +36,7 @@ fn storage_errors() -> Options {
 /// now stops at the first error.
 #[test]
 fn standard_seed_6_invariant_sweep_on_failed_disk() {
-    let report = run_seed_announced(6, &Options::standard());
-    println!("{report}");
-    assert!(report.passed(), "seed 6 failed");
+    let report = replay_passes(6, &Options::standard());
     assert!(report.faults_injected > 0);
 }
 
@@ -40,9 +47,7 @@ fn standard_seed_6_invariant_sweep_on_failed_disk() {
 /// The storm now pauses between bursts.
 #[test]
 fn standard_seed_97_unread_storm_on_a_silenced_socket() {
-    let report = run_seed_announced(97, &Options::standard());
-    println!("{report}");
-    assert!(report.passed(), "seed 97 failed");
+    let report = replay_passes(97, &Options::standard());
     let unread = report
         .coverage
         .get(arbor_sim::coverage::Coverage::AnswerTimedOut);
@@ -59,9 +64,7 @@ fn standard_seed_97_unread_storm_on_a_silenced_socket() {
 /// failed as reset. A window now belongs to one connection.
 #[test]
 fn test_seed_357_a_new_connection_gets_its_own_window() {
-    let report = run_seed_announced(357, &Options::test());
-    println!("{report}");
-    assert!(report.passed(), "seed 357 failed");
+    replay_passes(357, &Options::test());
 }
 
 /// Test-size seed 111 failed the check that a storm whose sockets never
@@ -72,9 +75,7 @@ fn test_seed_357_a_new_connection_gets_its_own_window() {
 /// silenced connections out.
 #[test]
 fn test_seed_111_a_silenced_storm_connection_never_stalls() {
-    let report = run_seed_announced(111, &Options::test());
-    println!("{report}");
-    assert!(report.passed(), "seed 111 failed");
+    replay_passes(111, &Options::test());
 }
 
 /// Sweep seed 1000 of the standard scenario diverged: replica 1's disk
@@ -86,9 +87,7 @@ fn test_seed_111_a_silenced_storm_connection_never_stalls() {
 /// the database itself after a storage error (bounded retries, backoff).
 #[test]
 fn standard_seed_1000_database_poisoned_by_io_error() {
-    let report = run_seed_announced(1000, &Options::standard());
-    println!("{report}");
-    assert!(report.passed(), "seed 1000 failed");
+    let report = replay_passes(1000, &Options::standard());
     assert!(report.faults_injected > 0);
 }
 
@@ -102,9 +101,7 @@ fn standard_seed_1000_database_poisoned_by_io_error() {
 /// caught on seed 1).
 #[test]
 fn storage_errors_seed_52_late_request_in_the_drain_window() {
-    let report = run_seed_announced(52, &storage_errors());
-    println!("{report}");
-    assert!(report.passed(), "seed 52 failed");
+    let report = replay_passes(52, &storage_errors());
     assert!(report.faults_injected > 0);
 }
 
@@ -121,9 +118,7 @@ fn storage_errors_seed_52_late_request_in_the_drain_window() {
 /// task pending at the end, which killing the replicas alone missed.
 #[test]
 fn standard_seed_2023_nothing_outlives_the_run() {
-    let report = run_seed_announced(2023, &Options::standard());
-    println!("{report}");
-    assert!(report.passed(), "seed 2023 failed");
+    replay_passes(2023, &Options::standard());
 }
 
 /// Sweep seed 100738 of the standard scenario diverged: after replication
@@ -138,9 +133,7 @@ fn standard_seed_2023_nothing_outlives_the_run() {
 /// Seeds 101307 and 102355 failed the same way.
 #[test]
 fn standard_seed_100738_stale_answer_after_a_restart() {
-    let report = run_seed_announced(100738, &Options::standard());
-    println!("{report}");
-    assert!(report.passed(), "seed 100738 failed");
+    replay_passes(100738, &Options::standard());
 }
 
 /// Seed 194 of the standard scenario, once the swarm drew
@@ -156,9 +149,7 @@ fn standard_seed_100738_stale_answer_after_a_restart() {
 /// calls keep the bound.
 #[test]
 fn standard_seed_194_a_log_above_a_drop_is_pulled() {
-    let report = run_seed_announced(194, &Options::standard());
-    println!("{report}");
-    assert!(report.passed(), "seed 194 failed");
+    let report = replay_passes(194, &Options::standard());
     let jump = report.swarm.knobs.counter_jump_max;
     assert!(
         jump.is_some_and(|j| j <= 16),
@@ -179,9 +170,7 @@ fn standard_seed_194_a_log_above_a_drop_is_pulled() {
 /// check now returns storage errors as errors.
 #[test]
 fn storage_errors_seed_200385_storage_error_is_not_a_broken_tree() {
-    let report = run_seed_announced(200385, &storage_errors());
-    println!("{report}");
-    assert!(report.passed(), "seed 200385 failed");
+    replay_passes(200385, &storage_errors());
 }
 
 /// Storage-errors seed 201270 panicked with "a process restart never
@@ -191,9 +180,7 @@ fn storage_errors_seed_200385_storage_error_is_not_a_broken_tree() {
 /// s. The wait now covers the longest supervised restart (15 s).
 #[test]
 fn storage_errors_seed_201270_healing_waits_for_a_supervised_restart() {
-    let report = run_seed_announced(201270, &storage_errors());
-    println!("{report}");
-    assert!(report.passed(), "seed 201270 failed");
+    replay_passes(201270, &storage_errors());
 }
 
 /// Seed 232 of the standard scenario over TCP failed as `connections`:
@@ -209,9 +196,7 @@ fn standard_seed_232_over_tcp_the_storm_probe_tries_again() {
         network: Network::Tcp,
         ..Options::standard()
     };
-    let report = run_seed_announced(232, &options);
-    println!("{report}");
-    assert!(report.passed(), "seed 232 failed");
+    replay_passes(232, &options);
 }
 
 /// Seed 126 of the sync-heavy scenario over TCP failed as `wrong
@@ -229,9 +214,7 @@ fn sync_heavy_seed_126_over_tcp_an_apply_sent_again_is_stored() {
         network: Network::Tcp,
         ..Options::standard()
     };
-    let report = run_seed_announced(126, &options);
-    println!("{report}");
-    assert!(report.passed(), "seed 126 failed");
+    replay_passes(126, &options);
 }
 
 /// Seed 158 of the test-sized gateway profile failed with "the killed
@@ -248,9 +231,7 @@ fn gateway_seed_158_small_a_grpc_read_holds_no_stopping_replica() {
         network: Network::Tcp,
         ..Options::standard()
     };
-    let report = run_seed_announced(158, &options);
-    println!("{report}");
-    assert!(report.passed(), "seed 158 failed");
+    replay_passes(158, &options);
 }
 
 /// The capsules under `sim-tests/regressions/`, in name order.
