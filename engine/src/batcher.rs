@@ -41,12 +41,71 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// `Forest::write_batch` in production; tests plug in failing commits.
 pub type CommitFn = Arc<dyn Fn(&[WriteRequest]) -> Result<Committed> + Send + Sync>;
 
-/// `Forest::write_batch` for a batcher, asking for a checkpoint whenever
-/// `interval` passed on `clock` since the last one it asked for: with a
-/// write-ahead log, the log kept (and replayed after a crash) never spans
-/// more than one interval of batches, and never more than
-/// `pilorama.checkpoint_bytes` (docs/design.md §5). The duration of every
-/// commit that was a checkpoint goes to `checkpoint_seconds`.
+/// Work the batcher does between batches, after it has answered the last
+/// one's callers (production: the checkpoint of a forest with a log, see
+/// [`checkpointing`]). `None`: nothing was due; `Some(Err)` fails no
+/// caller but is told to the observer as a failed commit, so a storage
+/// error starts the same recovery as a failed batch.
+pub type BetweenFn = Arc<dyn Fn() -> Option<Result<()>> + Send + Sync>;
+
+/// What a batcher runs: the commit of each batch and, between batches,
+/// work no caller should wait for.
+#[derive(Clone)]
+pub struct Commits {
+    pub commit: CommitFn,
+    pub between: Option<BetweenFn>,
+}
+
+/// Commits into `forest` with a checkpoint every `interval` on `clock`, or
+/// once `pilorama.checkpoint_bytes` of log are written, whichever comes
+/// first: with a write-ahead log, the log kept (and replayed after a
+/// crash) never spans more than one interval of batches
+/// (docs/design.md §5). The checkpoint runs between batches, after the
+/// batch before it was answered: its callers' records are durable in the
+/// log already, and they need not wait for every page of the interval to
+/// reach the file. Its duration goes to `checkpoint_seconds`.
+pub fn checkpointing(
+    forest: Arc<Forest>,
+    clock: Arc<dyn crate::runtime::Clock>,
+    interval: Duration,
+    checkpoint_seconds: crate::metrics::Histogram,
+) -> Commits {
+    forest.checkpoint_between_batches();
+    let last = Arc::new(std::sync::Mutex::new(clock.now()));
+    let commit: CommitFn = {
+        let (forest, clock, seconds) = (forest.clone(), clock.clone(), checkpoint_seconds.clone());
+        Arc::new(move |requests| timed_batch(&forest, &*clock, &seconds, requests))
+    };
+    let between: BetweenFn = Arc::new(move || {
+        if !forest.has_wal() {
+            return None;
+        }
+        let began = clock.now();
+        {
+            let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+            if began.saturating_sub(*last) < interval && !forest.checkpoint_due() {
+                return None;
+            }
+            *last = began;
+        }
+        let done = forest.checkpoint();
+        let took = clock.now().saturating_sub(began);
+        checkpoint_seconds.observe(took.as_secs_f64());
+        Some(done)
+    });
+    Commits {
+        commit,
+        between: Some(between),
+    }
+}
+
+/// `Forest::write_batch` for a caller that commits batches one after the
+/// other with nothing between them, asking for a checkpoint whenever
+/// `interval` passed on `clock` since the last one it asked for: the batch
+/// that finds it asked for (or `pilorama.checkpoint_bytes` of log written)
+/// commits durably itself, as the checkpoint. [`checkpointing`] moves the
+/// checkpoint between batches instead. The duration of every commit that
+/// was a checkpoint goes to `checkpoint_seconds`.
 pub fn checkpointing_commit(
     forest: Arc<Forest>,
     clock: Arc<dyn crate::runtime::Clock>,
@@ -66,14 +125,26 @@ pub fn checkpointing_commit(
                 *last = began;
             }
         }
-        let checkpoints = forest.wal_stats().checkpoints;
-        let committed = forest.write_batch(requests);
-        if forest.wal_stats().checkpoints > checkpoints {
-            let took = clock.now().saturating_sub(began);
-            checkpoint_seconds.observe(took.as_secs_f64());
-        }
-        committed
+        timed_batch(&forest, &*clock, &checkpoint_seconds, requests)
     })
+}
+
+/// `Forest::write_batch`, its duration observed in `checkpoint_seconds`
+/// when the batch was a checkpoint.
+fn timed_batch(
+    forest: &Forest,
+    clock: &dyn crate::runtime::Clock,
+    checkpoint_seconds: &crate::metrics::Histogram,
+    requests: &[WriteRequest],
+) -> Result<Committed> {
+    let began = clock.now();
+    let checkpoints = forest.wal_stats().checkpoints;
+    let committed = forest.write_batch(requests);
+    if forest.wal_stats().checkpoints > checkpoints {
+        let took = clock.now().saturating_sub(began);
+        checkpoint_seconds.observe(took.as_secs_f64());
+    }
+    committed
 }
 
 /// Told once per commit what it changed (`Forest::write_batch`'s summary,
@@ -104,9 +175,10 @@ pub struct BatcherStats {
     pub rejected: u64,
     /// Writes admitted and not answered yet.
     pub pending: u64,
-    /// Time spent in commit transactions (failed ones too), on the node's
-    /// clock: its growth per second is the share of time the batcher
-    /// spends committing, 1.0 when it is the bottleneck.
+    /// Time spent in commit transactions (failed ones too) and in the
+    /// work between batches (checkpoints), on the node's clock: its growth
+    /// per second is the share of time the batcher is busy, 1.0 when it
+    /// is the bottleneck.
     pub commit_us: u64,
 }
 
@@ -260,6 +332,22 @@ impl Batcher {
         env: Env,
         options: BatcherOptions,
     ) -> Batcher {
+        let commits = Commits {
+            commit,
+            between: None,
+        };
+        Self::start_with_commits(commits, observer, env, options)
+    }
+
+    /// Starts the worker with a commit function and work between batches
+    /// (`Commits`); `observer` hears of every commit and of every failure
+    /// of the work between them.
+    pub fn start_with_commits(
+        commits: Commits,
+        observer: Arc<dyn CommitObserver>,
+        env: Env,
+        options: BatcherOptions,
+    ) -> Batcher {
         assert!(options.max_batch_size >= 1 && options.max_pending >= 1);
         let shared = Arc::new(Shared {
             counters: Counters::default(),
@@ -276,7 +364,8 @@ impl Batcher {
             drain: drain_rx,
             shared: shared.clone(),
             env: env.clone(),
-            commit,
+            commit: commits.commit,
+            between: commits.between,
             observer,
             options,
             carry: None,
@@ -462,6 +551,7 @@ struct Worker {
     shared: Arc<Shared>,
     env: Env,
     commit: CommitFn,
+    between: Option<BetweenFn>,
     observer: Arc<dyn CommitObserver>,
     options: BatcherOptions,
     /// A job that did not fit into the previous batch; it opens the next.
@@ -474,7 +564,11 @@ impl Worker {
     async fn run(mut self) {
         while let Some(first) = self.next_job().await {
             match self.collect(first).await {
-                Ok(batch) => self.commit(batch).await,
+                Ok(batch) => {
+                    if self.commit(batch).await {
+                        self.between().await;
+                    }
+                }
                 Err(batch) => {
                     answer_all(batch, Error::ShuttingDown);
                     break;
@@ -568,7 +662,38 @@ impl Worker {
         Ok(batch)
     }
 
-    async fn commit(&mut self, batch: Vec<Job>) {
+    /// The work between batches, if any is due (see [`BetweenFn`]). Its
+    /// time counts as the batcher's busy time (`commit_us`).
+    async fn between(&mut self) {
+        let Some(between) = self.between.clone() else {
+            return;
+        };
+        let observer = self.observer.clone();
+        let started = self.env.clock.now();
+        let done = blocking(&*self.env.runtime, move || {
+            let done = between();
+            if let Some(Err(error)) = &done {
+                observer.committed(&CommitSummary::failed(&[], error.clone()));
+            }
+            done
+        })
+        .await;
+        let Some(done) = done else {
+            return;
+        };
+        let elapsed = self.env.clock.now().saturating_sub(started);
+        self.shared
+            .counters
+            .commit_us
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        if let Err(error) = done {
+            tracing::warn!(%error, "work between batches failed");
+        }
+    }
+
+    /// Commits a batch and answers its callers; true when the commit
+    /// succeeded.
+    async fn commit(&mut self, batch: Vec<Job>) -> bool {
         let mut requests = Vec::with_capacity(batch.iter().map(|job| job.requests.len()).sum());
         let mut replies = Vec::with_capacity(batch.len());
         for job in batch {
@@ -616,6 +741,7 @@ impl Worker {
                 for ((_, reply), answer) in replies.into_iter().zip(answers) {
                     reply.send(Ok(answer));
                 }
+                true
             }
             Err(error) => {
                 counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -623,11 +749,12 @@ impl Worker {
                 if canary::active(Canary::FailedBatchHangs) {
                     self.hung
                         .extend(replies.into_iter().map(|(_, reply)| reply));
-                    return;
+                    return false;
                 }
                 for (_, reply) in replies {
                     reply.send(Err(error.clone()));
                 }
+                false
             }
         }
     }

@@ -228,7 +228,7 @@ fn service_stats(out: &mut Out<'_, '_>, stats: ServiceStats) -> fmt::Result {
         ("arbor_batches_committed", "Committed batches", batches_committed),
         ("arbor_batches_failed", "Batches whose transaction failed", batches_failed),
         ("arbor_writes_rejected_overload", "Writes refused with Overloaded (write queue full)", writes_rejected_overload),
-        ("arbor_commit_microseconds", "Time spent in commit transactions, in microseconds", commit_us),
+        ("arbor_commit_microseconds", "Time the batcher spent in commit transactions and checkpoints, in microseconds", commit_us),
         ("arbor_ops_pushed", "Ops acknowledged by peers", ops_pushed),
         ("arbor_push_passes", "Passes of pushers over the local log", push_passes),
         ("arbor_push_failures", "Push calls that failed (retried later)", push_failures),

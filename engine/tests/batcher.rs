@@ -3,7 +3,9 @@
 
 mod service_support;
 
-use arbor::batcher::{Batcher, BatcherOptions, CommitFn, CommitObserver, Unobserved};
+use arbor::batcher::{
+    Batcher, BatcherOptions, BetweenFn, CommitFn, CommitObserver, Commits, Unobserved,
+};
 use arbor::forest::{CommitSummary, Committed, WriteOp, WriteOutcome, WriteRequest};
 use arbor::{ContainerId, Error, TreeKey};
 use service_support::test_env;
@@ -492,6 +494,80 @@ async fn the_observer_hears_of_each_commit_once_before_its_callers() {
         ..CommitSummary::default()
     };
     assert_eq!(heard, vec![(stored, false), (failed, false)]);
+}
+
+/// Work between batches (a forest's checkpoint) runs once the batch before
+/// it is answered: no write of it is pending any more. Its failure fails
+/// no caller; the observer hears of it as a failed commit, which starts a
+/// node's recovery, and the next batch commits as usual.
+#[tokio::test(start_paused = true)]
+async fn work_between_batches_runs_after_the_batch_is_answered() {
+    let script = Script::new();
+    let listener = Arc::new(Listener::default());
+    let fails = Arc::new(AtomicBool::new(false));
+    let slot: Arc<std::sync::OnceLock<std::sync::Weak<Batcher>>> = Arc::default();
+    let (ran, mut runs) = tokio::sync::mpsc::unbounded_channel();
+    let between: BetweenFn = {
+        let (fails, slot) = (fails.clone(), slot.clone());
+        Arc::new(move || {
+            let batcher = slot.get().and_then(std::sync::Weak::upgrade);
+            let pending = batcher.expect("the batcher is running").stats().pending;
+            let done = match fails.load(Ordering::SeqCst) {
+                true => Err(Error::Storage("checkpoint on fire".into())),
+                false => Ok(()),
+            };
+            ran.send(pending).unwrap();
+            Some(done)
+        })
+    };
+    let commits = Commits {
+        commit: script.commit_fn(),
+        between: Some(between),
+    };
+    let batcher = Arc::new(Batcher::start_with_commits(
+        commits,
+        listener.clone(),
+        test_env(),
+        options(100, 100),
+    ));
+    slot.set(Arc::downgrade(&batcher)).unwrap();
+
+    for write in spawn_writes(&batcher, 1..4) {
+        assert!(write.await.unwrap().is_ok());
+    }
+    assert_eq!(runs.recv().await, Some(0), "no write of the batch pending");
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![3]);
+
+    fails.store(true, Ordering::SeqCst);
+    let answer = batcher.submit(request("t", 4)).await;
+    assert!(
+        matches!(answer, Ok(WriteOutcome::Moved { node: 4, .. })),
+        "{answer:?}"
+    );
+    assert_eq!(runs.recv().await, Some(0));
+    // The next batch is taken only once the failed run was told.
+    fails.store(false, Ordering::SeqCst);
+    assert!(batcher.submit(request("t", 5)).await.is_ok());
+    assert_eq!(script.batches.lock().unwrap().clone(), vec![3, 1, 1]);
+    let heard: Vec<CommitSummary> = listener
+        .heard
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(summary, _)| summary.clone())
+        .collect();
+    let failed = CommitSummary {
+        failure: Some(Error::Storage("checkpoint on fire".into())),
+        ..CommitSummary::default()
+    };
+    assert_eq!(
+        heard.len(),
+        4,
+        "three commits and one failed run: {heard:?}"
+    );
+    assert_eq!(heard[2], failed);
+    assert!([0, 1, 3].iter().all(|&i| heard[i].failure.is_none()));
+    assert_eq!(batcher.stats().failed, 0, "no batch failed");
 }
 
 #[tokio::test(start_paused = true)]

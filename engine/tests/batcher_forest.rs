@@ -3,7 +3,7 @@
 
 mod service_support;
 
-use arbor::batcher::Batcher;
+use arbor::batcher::{checkpointing, Batcher};
 use arbor::forest::{Forest, ForestOptions, WriteOp, WriteOutcome, WriteRequest};
 use arbor::{make_timestamp, Error, KeyValue, Meta, Move, ROOT, TRASH};
 use service_support::{add_to_root as add, test_env, tree, FlakyBackend};
@@ -149,4 +149,70 @@ async fn concurrent_submitters_build_the_same_tree_as_one() {
         reference.dump(&tree("t")).unwrap()
     );
     forest.check_invariants(&tree("t")).unwrap();
+}
+
+/// With a write-ahead log, a checkpoint that falls due (asked for, after
+/// `pilorama.checkpoint_bytes` of log, or once the interval passed) is not
+/// made by a batch's commit, which its callers wait for, but between
+/// batches; it covers every record written before it.
+#[tokio::test(start_paused = true)]
+async fn a_due_checkpoint_is_made_between_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = ForestOptions::default();
+    options.wal.checkpoint_bytes = 1;
+    let forest = Arc::new(Forest::open(&dir.path().join("forest.db"), options).unwrap());
+    assert!(forest.has_wal());
+    let env = test_env();
+    let interval = Duration::from_secs(60);
+    let commits = checkpointing(
+        forest.clone(),
+        env.clock.clone(),
+        interval,
+        arbor::metrics::latency_histogram(),
+    );
+    let between = commits.between.clone().expect("work between batches");
+    let opened = forest.wal_stats().checkpoints;
+    assert!(between().is_none(), "nothing written, nothing due");
+
+    // Past checkpoint_bytes: the commit logs the batch, the checkpoint
+    // waits for the work between batches.
+    forest.request_checkpoint();
+    (commits.commit)(&[add("a")]).unwrap();
+    let logged = forest.wal_stats();
+    assert_eq!((logged.records, logged.checkpoints), (1, opened));
+    assert!(forest.checkpoint_due());
+    assert!(matches!(between(), Some(Ok(()))));
+    assert_eq!(forest.wal_stats().checkpoints, opened + 1);
+    assert_eq!(forest.wal_bytes_since_checkpoint(), 0);
+    assert!(!forest.checkpoint_due(), "the request was answered too");
+    assert!(between().is_none());
+
+    // By time alone: with a threshold no batch reaches, the interval.
+    drop(commits);
+    drop(between);
+    let forest = {
+        let forest = Arc::into_inner(forest).expect("the only owner");
+        forest.checkpoint().unwrap();
+        drop(forest);
+        let mut options = ForestOptions::default();
+        options.wal.checkpoint_bytes = u64::MAX;
+        Arc::new(Forest::open(&dir.path().join("forest.db"), options).unwrap())
+    };
+    let commits = checkpointing(
+        forest.clone(),
+        env.clock.clone(),
+        interval,
+        arbor::metrics::latency_histogram(),
+    );
+    let between = commits.between.clone().unwrap();
+    let before = forest.wal_stats().checkpoints;
+    (commits.commit)(&[add("b")]).unwrap();
+    assert!(between().is_none(), "the interval has not passed");
+    tokio::time::advance(interval).await;
+    (commits.commit)(&[add("c")]).unwrap();
+    assert_eq!(forest.wal_stats().checkpoints, before, "not in the commit");
+    assert!(matches!(between(), Some(Ok(()))));
+    assert_eq!(forest.wal_stats().checkpoints, before + 1);
+    assert_eq!(forest.wal_bytes_since_checkpoint(), 0);
+    assert_eq!(forest.dump(&tree("t")).unwrap().log.len(), 3);
 }

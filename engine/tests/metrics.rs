@@ -145,9 +145,8 @@ async fn requests_and_commits_are_measured_and_the_endpoint_is_bounded() {
 }
 
 /// A durable node's write-ahead log: each batch appends a record, a
-/// checkpoint commits durably (timed in `arbor_checkpoint_seconds`) and
-/// leaves no record uncovered, and a reopen replays what no checkpoint
-/// covered.
+/// checkpoint commits durably between batches (timed in
+/// `arbor_checkpoint_seconds`) and covers every record before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_write_ahead_log_and_its_checkpoints_are_measured() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,9 +177,15 @@ async fn the_write_ahead_log_and_its_checkpoints_are_measured() {
     let uncovered = sample(&page, "arbor_wal_bytes_since_checkpoint");
     assert_eq!(uncovered, sample(&page, "arbor_wal_bytes_total"));
 
-    // The next batch commits durably, as a checkpoint, and writes no record.
+    // The checkpoint asked for runs between batches, once the next batch
+    // is answered: that batch goes to the log like the others, and the
+    // batch after it is committed after the checkpoint.
     service.forest().request_checkpoint();
     let answer = connection.call(&add(&tree, "c")).await.unwrap();
+    assert!(matches!(answer, Response::Added { .. }), "{answer:?}");
+    let logged = service.stats().wal;
+    assert_eq!(logged.records, 3);
+    let answer = connection.call(&add(&tree, "d")).await.unwrap();
     assert!(matches!(answer, Response::Added { .. }), "{answer:?}");
     let page = get(&metrics_address).await;
     assert_eq!(
@@ -188,9 +193,14 @@ async fn the_write_ahead_log_and_its_checkpoints_are_measured() {
         opened as f64 + 1.0
     );
     assert_eq!(sample(&page, "arbor_checkpoint_seconds_count"), 1.0);
-    assert_eq!(sample(&page, "arbor_wal_records_total"), 2.0);
-    assert_eq!(sample(&page, "arbor_wal_bytes_since_checkpoint"), 0.0);
-    assert_eq!(sample(&page, "arbor_commit_seconds_count"), 3.0);
+    assert_eq!(sample(&page, "arbor_wal_records_total"), 4.0);
+    // The checkpoint covered the first three records; only the fourth is
+    // left for a reopen to replay.
+    assert_eq!(
+        sample(&page, "arbor_wal_bytes_since_checkpoint"),
+        sample(&page, "arbor_wal_bytes_total") - logged.bytes as f64
+    );
+    assert_eq!(sample(&page, "arbor_commit_seconds_count"), 4.0);
     let stats = service.stats();
-    assert_eq!((stats.wal.records, stats.wal.checkpoints), (2, opened + 1));
+    assert_eq!((stats.wal.records, stats.wal.checkpoints), (4, opened + 1));
 }

@@ -205,7 +205,8 @@ impl Forest {
     /// nothing of the batch is visible before its record is durable. Every
     /// `checkpoint_bytes` of log, or when asked (`request_checkpoint`), the
     /// batch commits durably instead, as a checkpoint, and writes no
-    /// record. An error aborts the transaction; the log then refuses
+    /// record, unless checkpoints are made between batches
+    /// (`checkpoint_between_batches`). An error aborts the transaction; the log then refuses
     /// appends until the forest is reopened.
     fn commit_logged(
         &self,
@@ -214,7 +215,10 @@ impl Forest {
     ) -> Result<()> {
         let mut slot = self.lock_wal();
         let wal = slot.as_mut().ok_or_else(closed_database)?;
-        if wal.checkpoint_due() || self.checkpoint_requested.swap(false, Ordering::SeqCst) {
+        let in_batch = !self.checkpoints_between.load(Ordering::SeqCst);
+        if in_batch
+            && (wal.checkpoint_due() || self.checkpoint_requested.swap(false, Ordering::SeqCst))
+        {
             txn.set_durable(true)?;
             return super::checkpoint_commit(txn.txn, wal);
         }

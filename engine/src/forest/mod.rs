@@ -212,8 +212,12 @@ pub struct Forest {
     wal: Mutex<Option<Wal>>,
     /// Stats of logs closed by reopens.
     wal_stats_closed: Mutex<WalStats>,
-    /// The next batch commits durably, as a checkpoint.
+    /// The next batch commits durably, as a checkpoint (with checkpoints
+    /// between batches: the next `checkpoint` is due).
     checkpoint_requested: AtomicBool,
+    /// Batches never commit as checkpoints: whoever set it
+    /// (`checkpoint_between_batches`) makes them with `checkpoint`.
+    checkpoints_between: AtomicBool,
 }
 
 /// A read snapshot of one existing tree.
@@ -520,6 +524,7 @@ impl Forest {
             wal: Mutex::new(None),
             wal_stats_closed: Mutex::default(),
             checkpoint_requested: AtomicBool::new(false),
+            checkpoints_between: AtomicBool::new(false),
         }
     }
 
@@ -634,13 +639,33 @@ impl Forest {
         self.checkpoint_requested.store(true, Ordering::SeqCst);
     }
 
+    /// From now on no batch commits as a checkpoint, when asked to or
+    /// after `pilorama.checkpoint_bytes` of log: the caller makes every
+    /// checkpoint with [`Forest::checkpoint`], between batches, when
+    /// [`Forest::checkpoint_due`] says so (`batcher::checkpointing`).
+    pub fn checkpoint_between_batches(&self) {
+        self.checkpoints_between.store(true, Ordering::SeqCst);
+    }
+
+    /// True when a checkpoint was asked for (`request_checkpoint`) or
+    /// `pilorama.checkpoint_bytes` of log were written since the last one;
+    /// false without a log.
+    pub fn checkpoint_due(&self) -> bool {
+        self.wal_opener.is_some()
+            && (self.checkpoint_requested.load(Ordering::SeqCst)
+                || self.lock_wal().as_ref().is_some_and(Wal::checkpoint_due))
+    }
+
     /// A durable commit now that covers every log record so far and lets
-    /// whole segments go; nothing to do without a log.
+    /// whole segments go; nothing to do without a log. It answers a
+    /// pending `request_checkpoint`.
     pub fn checkpoint(&self) -> Result<()> {
         if self.wal_opener.is_none() {
             return Ok(());
         }
-        self.begin_write()?.commit()
+        let txn = self.begin_write()?;
+        self.checkpoint_requested.store(false, Ordering::SeqCst);
+        txn.commit()
     }
 
     fn begin_read(&self) -> Result<redb::ReadTransaction> {

@@ -72,7 +72,8 @@ pub struct ServiceStats {
     /// their caller still waits); a value that stays above 0 on an idle
     /// node means a write hangs.
     pub pending_writes: u64,
-    /// Time the batcher spent in commit transactions (`BatcherStats`).
+    /// Time the batcher spent in commit transactions and checkpoints
+    /// (`BatcherStats`).
     pub commit_us: u64,
     /// What the write-ahead log did since the node started (zeros
     /// without one): records, bytes, syncs, checkpoints, replayed records.
@@ -507,7 +508,7 @@ fn start_batcher(
     observer: Arc<dyn CommitObserver>,
     checkpoint_latency: &crate::metrics::Histogram,
 ) -> Batcher {
-    let commit = crate::batcher::checkpointing_commit(
+    let commits = crate::batcher::checkpointing(
         forest.clone(),
         env.clock.clone(),
         config.pilorama.checkpoint_interval,
@@ -520,7 +521,7 @@ fn start_batcher(
         max_pending: config.limits.max_pending_writes,
         max_commit_size: config.limits.max_commit_size,
     };
-    Batcher::start_with_commit(commit, observer, env.clone(), options)
+    Batcher::start_with_commits(commits, observer, env.clone(), options)
 }
 
 /// Background sync every `interval` (from the start).
