@@ -73,8 +73,8 @@ pub fn checkpointing(
     forest.checkpoint_between_batches();
     let last = Arc::new(std::sync::Mutex::new(clock.now()));
     let commit: CommitFn = {
-        let (forest, clock, seconds) = (forest.clone(), clock.clone(), checkpoint_seconds.clone());
-        Arc::new(move |requests| timed_batch(&forest, &*clock, &seconds, requests))
+        let forest = forest.clone();
+        Arc::new(move |requests| forest.write_batch(requests))
     };
     let between: BetweenFn = Arc::new(move || {
         if !forest.has_wal() {
@@ -125,26 +125,14 @@ pub fn checkpointing_commit(
                 *last = began;
             }
         }
-        timed_batch(&forest, &*clock, &checkpoint_seconds, requests)
+        let checkpoints = forest.wal_stats().checkpoints;
+        let committed = forest.write_batch(requests);
+        if forest.wal_stats().checkpoints > checkpoints {
+            let took = clock.now().saturating_sub(began);
+            checkpoint_seconds.observe(took.as_secs_f64());
+        }
+        committed
     })
-}
-
-/// `Forest::write_batch`, its duration observed in `checkpoint_seconds`
-/// when the batch was a checkpoint.
-fn timed_batch(
-    forest: &Forest,
-    clock: &dyn crate::runtime::Clock,
-    checkpoint_seconds: &crate::metrics::Histogram,
-    requests: &[WriteRequest],
-) -> Result<Committed> {
-    let began = clock.now();
-    let checkpoints = forest.wal_stats().checkpoints;
-    let committed = forest.write_batch(requests);
-    if forest.wal_stats().checkpoints > checkpoints {
-        let took = clock.now().saturating_sub(began);
-        checkpoint_seconds.observe(took.as_secs_f64());
-    }
-    committed
 }
 
 /// Told once per commit what it changed (`Forest::write_batch`'s summary,

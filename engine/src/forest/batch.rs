@@ -206,8 +206,8 @@ impl Forest {
     /// `checkpoint_bytes` of log, or when asked (`request_checkpoint`), the
     /// batch commits durably instead, as a checkpoint, and writes no
     /// record, unless checkpoints are made between batches
-    /// (`checkpoint_between_batches`). An error aborts the transaction; the log then refuses
-    /// appends until the forest is reopened.
+    /// (`checkpoint_between_batches`). An error aborts the transaction;
+    /// the log then refuses appends until the forest is reopened.
     fn commit_logged(
         &self,
         mut txn: WriteTxn<'_>,
