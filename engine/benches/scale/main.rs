@@ -2,13 +2,15 @@
 //! runs it. A binary printing tables (no timed assertions).
 //!
 //! `cargo bench -p arbor-engine --bench scale -- [--objects N] [--batch B]
-//! [--dir PATH] [--cache-bytes N] [--lookups N] [--no-catch-up]`
+//! [--dir PATH] [--cache-bytes N] [--checkpoint-bytes N] [--lookups N]
+//! [--no-catch-up]`
 //!
 //! - **Ingest**: `--objects` AddByPath calls (`workload.rs`: seven meta
 //!   fields, half of them under scrambled names in one flat directory,
 //!   half spread over 10,000 prefixes) in batches of `--batch`, through a
 //!   durable forest on its write-ahead log, committed as the batcher
-//!   commits (a checkpoint every `pilorama.checkpoint_interval`). One row
+//!   commits (a checkpoint every `pilorama.checkpoint_interval` or
+//!   `--checkpoint-bytes` of log, 4 MiB unless given). One row
 //!   per 10 % of the objects: ops/s of that segment, commit p50/p99, CPU
 //!   per op, the file's size and the pages in use (after a checkpoint at
 //!   the segment's end, timed apart), each per object, and the process's
@@ -47,6 +49,8 @@ struct Args {
     batch: u64,
     dir: Option<PathBuf>,
     cache_bytes: usize,
+    /// `pilorama.checkpoint_bytes` of the ingest and of both catch-up nodes.
+    checkpoint_bytes: usize,
     lookups: usize,
     catch_up: bool,
     /// Reads at full size (lookups, listings, reopen).
@@ -59,6 +63,7 @@ fn parse_args() -> Args {
         batch: 100,
         dir: None,
         cache_bytes: arbor::config::PILORAMA_CACHE_BYTES_DEFAULT,
+        checkpoint_bytes: PiloramaConfig::default().checkpoint_bytes,
         lookups: 10_000,
         catch_up: true,
         reads: true,
@@ -71,6 +76,9 @@ fn parse_args() -> Args {
             "--batch" => args.batch = value().parse().expect("--batch N"),
             "--dir" => args.dir = Some(value().into()),
             "--cache-bytes" => args.cache_bytes = value().parse().expect("--cache-bytes N"),
+            "--checkpoint-bytes" => {
+                args.checkpoint_bytes = value().parse().expect("--checkpoint-bytes N")
+            }
             "--lookups" => args.lookups = value().parse().expect("--lookups N"),
             "--no-catch-up" => args.catch_up = false,
             "--no-reads" => args.reads = false,
@@ -196,9 +204,14 @@ fn file_bytes(db: &Path) -> (u64, u64) {
 }
 
 fn forest_options(args: &Args) -> ForestOptions {
+    let defaults = ForestOptions::default();
     ForestOptions {
         cache_bytes: args.cache_bytes,
-        ..ForestOptions::default()
+        wal: wal::WalOptions {
+            checkpoint_bytes: args.checkpoint_bytes as u64,
+            ..defaults.wal
+        },
+        ..defaults
     }
 }
 
@@ -276,8 +289,9 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
         arbor::metrics::latency_histogram(),
     );
     println!(
-        "ingest: {} objects, batches of {}, durable on the write-ahead log, a checkpoint every {:?}",
-        args.objects, args.batch, interval
+        "ingest: {} objects, batches of {}, durable on the write-ahead log, a checkpoint every {:?} \
+         or {} bytes of log",
+        args.objects, args.batch, interval, args.checkpoint_bytes
     );
     println!(
         "| {:>9} | {:>9} | {:>8} | {:>7} | {:>7} | {:>9} | {:>10} | {:>9} | {:>9} | {:>7} | {:>9} | {:>7} |",
@@ -496,10 +510,19 @@ fn listing(forest: &Forest, flat: NodeId, expected: u64, state: &str) {
 }
 
 /// The config of replica `id` of the bucket's container, served at
-/// `listen`, with `peer` as its one peer.
-fn node_config(id: ReplicaId, path: &Path, listen: &str, peer: (ReplicaId, &str)) -> Config {
+/// `listen`, with `peer` as its one peer, and the bench's cache and
+/// checkpoint sizes.
+fn node_config(
+    args: &Args,
+    id: ReplicaId,
+    path: &Path,
+    listen: &str,
+    peer: (ReplicaId, &str),
+) -> Config {
     let mut config = Config::default_for_test(id);
     config.pilorama.path = path.to_path_buf();
+    config.pilorama.cache_bytes = args.cache_bytes;
+    config.pilorama.checkpoint_bytes = args.checkpoint_bytes;
     config.node.listen = listen.to_string();
     config.node.peers = vec![PeerConfig::new(peer.0, peer.1)];
     config.node.containers = vec![ContainerConfig::new(CID, vec![1, 2])];
@@ -540,14 +563,14 @@ fn serve(
     })
 }
 
-fn catch_up(db: &Path, dir: &Path, ops: u64) {
+fn catch_up(args: &Args, db: &Path, dir: &Path, ops: u64) {
     let bind = || std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let (donor_listener, joiner_listener) = (bind(), bind());
     let donor_addr = donor_listener.local_addr().unwrap().to_string();
     let joiner_addr = joiner_listener.local_addr().unwrap().to_string();
-    let donor_config = node_config(1, db, &donor_addr, (2, &joiner_addr));
+    let donor_config = node_config(args, 1, db, &donor_addr, (2, &joiner_addr));
     let joiner_path = dir.join("joiner.redb");
-    let joiner_config = node_config(2, &joiner_path, &joiner_addr, (1, &donor_addr));
+    let joiner_config = node_config(args, 2, &joiner_path, &joiner_addr, (1, &donor_addr));
     {
         // Pushes to the new replica count as acknowledged: the pull alone
         // moves the log.
@@ -600,10 +623,11 @@ fn main() {
     };
     let db = dir.join("bucket.redb");
     println!(
-        "scale: {} objects, batch {}, cache_bytes {}, in {}",
+        "scale: {} objects, batch {}, cache_bytes {}, checkpoint_bytes {}, in {}",
         args.objects,
         args.batch,
         args.cache_bytes,
+        args.checkpoint_bytes,
         dir.display()
     );
     let Ingested {
@@ -629,6 +653,6 @@ fn main() {
     listing(&forest, flat, flat_children, "reopened");
     drop(forest);
     if args.catch_up {
-        catch_up(&db, &dir, ops);
+        catch_up(&args, &db, &dir, ops);
     }
 }
