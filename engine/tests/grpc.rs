@@ -674,36 +674,117 @@ async fn the_front_over_tls() {
     server.shutdown().await;
 }
 
-/// A directory far larger than a page streams whole, in name order, a page
-/// at a time; a client that stops reading half-way leaves the node serving.
-#[tokio::test]
-async fn a_large_directory_streams_whole_in_pages() {
+/// A directory "big" under the root of `tree` with `children` children,
+/// written straight to the forest; its id.
+async fn fill_directory(
+    service: &Service,
+    client: &mut GrpcClient,
+    tree: &TreeKey,
+    children: usize,
+) -> u64 {
     use arbor::forest::{WriteOp, WriteRequest};
-    let mut config = config();
-    config.grpc.stream_page_nodes = 50;
-    let node = start(config).await;
-    let tree = tree("version");
-    let mut client = node.client(writer()).await;
     let dir = client
-        .add(&tree, ROOT, &[kv("FileName", "big")])
+        .add(tree, ROOT, &[kv("FileName", "big")])
         .await
         .unwrap();
-    const CHILDREN: usize = 3000;
-    let writes: Vec<WriteRequest> = (0..CHILDREN)
+    let writes: Vec<WriteRequest> = (0..children)
         .map(|i| WriteRequest {
             tree: tree.clone(),
             op: WriteOp::Move {
                 parent: dir,
                 child: None,
                 // Names in an order other than creation's.
-                items: vec![kv("FileName", &format!("k{:05}", (i * 7919) % CHILDREN))],
+                items: vec![kv("FileName", &format!("k{:05}", (i * 7919) % children))],
             },
         })
         .collect();
     for chunk in writes.chunks(500) {
-        let outcomes = node.service.forest().write_batch(chunk).unwrap();
+        let outcomes = service.forest().write_batch(chunk).unwrap();
         assert!(outcomes.results.iter().all(|r| r.is_ok()));
     }
+    dir
+}
+
+/// A GetSubTree stream of all of `dir` in tree "version", unread.
+async fn subtree_stream(
+    client: &mut GrpcClient,
+    dir: u64,
+) -> tonic::Streaming<pb::GetSubTreeResponse> {
+    let request = client.sign(pb::get_sub_tree_request::Body {
+        container_id: cid().0.to_vec(),
+        tree_id: "version".into(),
+        root_id: vec![dir],
+        depth: 0,
+        ..Default::default()
+    });
+    client
+        .raw()
+        .get_sub_tree(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Stopping the front answers the calls in flight whole, waits for them,
+/// and then takes no connection: a subtree stream held up by its client's
+/// flow control (the client reads nothing for a while) still streams to
+/// its end after the stop, and the shutdown ends only after it has.
+#[tokio::test]
+async fn a_stop_answers_the_calls_in_flight() {
+    let config = config();
+    let net = Arc::new(LocalNet::default());
+    let service = start_node(&net, config.clone(), memory_forest(&config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = arbor::grpc::serve(&config, listener, Front::new(service.clone()), None).unwrap();
+    let address = server.local_addr.to_string();
+    let mut client = GrpcClient::connect(&Target::plaintext(&address), writer())
+        .await
+        .unwrap();
+    let tree = tree("version");
+    // Far more than HTTP/2's initial stream window of 64 KiB: the front's
+    // stream stops until the client reads.
+    const CHILDREN: usize = 5000;
+    let dir = fill_directory(&service, &mut client, &tree, CHILDREN).await;
+    let mut stream = subtree_stream(&mut client, dir).await;
+    let mut read = 0;
+    for _ in 0..10 {
+        stream.next().await.unwrap().unwrap();
+        read += 1;
+    }
+    let handle = server.handle();
+    let shutting = tokio::spawn(server.shutdown());
+    handle.stop();
+    assert!(
+        !shutting.is_finished(),
+        "the shutdown ended with a stream unread"
+    );
+    while let Some(node) = stream.next().await {
+        node.expect("a stream in flight is answered whole after a stop");
+        read += 1;
+    }
+    assert_eq!(read, CHILDREN + 1);
+    tokio::time::timeout(std::time::Duration::from_secs(30), shutting)
+        .await
+        .expect("the shutdown ends once its last call is answered")
+        .unwrap();
+    let refused = match GrpcClient::connect(&Target::plaintext(&address), writer()).await {
+        Err(_) => true,
+        Ok(mut late) => late.healthcheck().await.is_err(),
+    };
+    assert!(refused, "a stopped front took a new call");
+}
+
+/// A directory far larger than a page streams whole, in name order, a page
+/// at a time; a client that stops reading half-way leaves the node serving.
+#[tokio::test]
+async fn a_large_directory_streams_whole_in_pages() {
+    let mut config = config();
+    config.grpc.stream_page_nodes = 50;
+    let node = start(config).await;
+    let tree = tree("version");
+    let mut client = node.client(writer()).await;
+    const CHILDREN: usize = 3000;
+    let dir = fill_directory(&node.service, &mut client, &tree, CHILDREN).await;
     let listed = client.get_subtree(&tree, dir, 2, true).await.unwrap();
     assert_eq!(listed.len(), CHILDREN + 1);
     let names = names(&listed[1..]);
@@ -712,19 +793,7 @@ async fn a_large_directory_streams_whole_in_pages() {
     sorted.dedup();
     assert_eq!(names, sorted, "every child once, by name");
     // Read a few nodes of a stream, then drop it.
-    let request = client.sign(pb::get_sub_tree_request::Body {
-        container_id: cid().0.to_vec(),
-        tree_id: "version".into(),
-        root_id: vec![dir],
-        depth: 0,
-        ..Default::default()
-    });
-    let mut stream = client
-        .raw()
-        .get_sub_tree(request)
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = subtree_stream(&mut client, dir).await;
     for _ in 0..10 {
         stream.next().await.unwrap().unwrap();
     }

@@ -381,9 +381,21 @@ async fn run_node(path: &Path) -> Result<(), String> {
     }
     let stopped = stop_gracefully(&config, &service, &handle).await;
     if let Some(grpc) = grpc {
-        grpc.shutdown().await;
+        // A client that stops reading a stream would hold the stop forever.
+        let grace = stop_grace(&config);
+        if tokio::time::timeout(grace, grpc.shutdown()).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                "gRPC calls still in flight after the grace; dropped"
+            );
+        }
     }
     stopped
+}
+
+/// How long a stop may wait for what is in flight.
+fn stop_grace(config: &Config) -> Duration {
+    (config.tree.replication_timeout * 4).max(Duration::from_secs(10))
 }
 
 /// Stops taking connections, lets busy ones answer, commits every queued
@@ -393,7 +405,7 @@ async fn stop_gracefully(
     service: &Service,
     handle: &tcp::ServerHandle,
 ) -> Result<(), String> {
-    let grace = (config.tree.replication_timeout * 4).max(Duration::from_secs(10));
+    let grace = stop_grace(config);
     handle.stop();
     let stop = async {
         let report = service.shutdown_gracefully().await;

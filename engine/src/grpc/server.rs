@@ -9,6 +9,9 @@ use super::front::Front;
 use super::pb::tree_service_server::TreeServiceServer;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -20,8 +23,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
-use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::Connected;
 
 /// Binds `grpc.listen`; `None` when the node has no gRPC front. A
 /// plaintext front must be on loopback unless `node.insecure_plaintext`.
@@ -150,32 +151,82 @@ pub fn serve(
     let service = TreeServiceServer::new(front)
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-    let mut stopped = stop.subscribe();
-    let shutdown = async move {
-        let _ = stopped.wait_for(|stop| *stop).await;
-    };
-    let server = tonic::transport::Server::builder()
-        .max_concurrent_streams(config.grpc.max_concurrent_streams)
+    let streams = config.grpc.max_concurrent_streams;
+    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(streams)
         // A call its client cancels before the server has taken it off the
         // connection (a deadline that passes under load) counts against
         // h2's guard on rapid resets, 20 by default, past which h2 closes
         // the connection and fails every call on it. The bound is the
         // calls a connection may have in flight instead.
-        .http2_max_pending_accept_reset_streams(Some(config.grpc.max_concurrent_streams as usize))
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(service)
-        .serve_with_incoming_shutdown(ReceiverStream::new(connections), shutdown);
-    let done = tokio::spawn(async move {
-        if let Err(error) = server.await {
-            tracing::error!(%error, "gRPC server failed");
-        }
-    });
+        .max_pending_accept_reset_streams(streams as usize)
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20))
+        // gRPC has no use for a `date` header on every answer.
+        .auto_date_header(false);
+    let done = tokio::spawn(serve_connections(
+        connections,
+        http2,
+        service,
+        stop.subscribe(),
+    ));
     Ok(GrpcServer {
         local_addr,
         handle,
         done,
     })
+}
+
+/// Serves each connection `connections` yields on its own task, until
+/// stopped; then asks every connection to finish (the calls in flight are
+/// answered, no new call is taken) and waits until all have closed.
+///
+/// Each connection is served by hyper's HTTP/2 directly, with tonic's
+/// generated service as the only layer: no router in between (the server
+/// has one service), and a call whose client gives up is dropped when
+/// the client resets its stream.
+async fn serve_connections(
+    mut connections: mpsc::Receiver<Connection>,
+    http2: http2::Builder<TokioExecutor>,
+    service: TreeServiceServer<Front>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut open = tokio::task::JoinSet::new();
+    loop {
+        let connection = tokio::select! {
+            biased;
+            _ = stop.wait_for(|stop| *stop) => break,
+            connection = connections.recv() => match connection {
+                Some(connection) => connection,
+                None => break,
+            },
+            // Reaps the tasks of closed connections as they end.
+            Some(_) = open.join_next(), if !open.is_empty() => continue,
+        };
+        let serving = http2.serve_connection(
+            TokioIo::new(connection),
+            TowerToHyperService::new(service.clone()),
+        );
+        let mut stop = stop.clone();
+        open.spawn(async move {
+            let mut serving = std::pin::pin!(serving);
+            let served = tokio::select! {
+                served = serving.as_mut() => served,
+                // (The guard `wait_for` returns is dropped at once.)
+                _ = async { drop(stop.wait_for(|stop| *stop).await) } => {
+                    serving.as_mut().graceful_shutdown();
+                    serving.await
+                }
+            };
+            if let Err(error) = served {
+                tracing::debug!(%error, "gRPC connection ended");
+            }
+        });
+    }
+    drop(connections);
+    while open.join_next().await.is_some() {}
 }
 
 /// The accept loop: takes a slot, then a connection, then (with TLS) its
@@ -186,7 +237,7 @@ struct Accept {
     slots: Arc<Semaphore>,
     handshake_timeout: Duration,
     counters: Arc<Counters>,
-    sender: mpsc::Sender<io::Result<Connection>>,
+    sender: mpsc::Sender<Connection>,
     stop: watch::Receiver<bool>,
 }
 
@@ -217,7 +268,7 @@ impl Accept {
             match &self.tls {
                 None => {
                     let connection = Connection::new(Box::new(stream), slot);
-                    if self.sender.send(Ok(connection)).await.is_err() {
+                    if self.sender.send(connection).await.is_err() {
                         return;
                     }
                 }
@@ -239,7 +290,7 @@ struct Handshake {
     acceptor: TlsAcceptor,
     timeout: Duration,
     counters: Arc<Counters>,
-    sender: mpsc::Sender<io::Result<Connection>>,
+    sender: mpsc::Sender<Connection>,
 }
 
 impl Handshake {
@@ -248,10 +299,7 @@ impl Handshake {
         let accepted = tokio::time::timeout(self.timeout, self.acceptor.accept(stream)).await;
         match accepted {
             Ok(Ok(tls)) => {
-                let _ = self
-                    .sender
-                    .send(Ok(Connection::new(Box::new(tls), slot)))
-                    .await;
+                let _ = self.sender.send(Connection::new(Box::new(tls), slot)).await;
             }
             Ok(Err(error)) => {
                 self.counters
@@ -287,12 +335,6 @@ impl Connection {
     fn new(io: Box<dyn Io>, slot: OwnedSemaphorePermit) -> Self {
         Self { io, _slot: slot }
     }
-}
-
-impl Connected for Connection {
-    type ConnectInfo = ();
-
-    fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
 impl AsyncRead for Connection {

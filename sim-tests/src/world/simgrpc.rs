@@ -5,10 +5,10 @@
 //! is the client of the scenario's gateways: the service's requests sent
 //! as gRPC calls and the answers read back as the service's responses.
 //!
-//! The production server (`arbor::grpc::serve`) runs tonic's own
-//! transport, which spawns on tokio's runtime and cannot run under madsim;
-//! here each accepted stream is served by hyper's HTTP/2 connection
-//! directly. What a call crosses is otherwise the same: HTTP/2 framing,
+//! The production server (`arbor::grpc::serve`) serves each connection
+//! with hyper's HTTP/2 too, on tokio's executor and timer, which cannot
+//! run under madsim; here the connection tasks are madsim's and there is
+//! no keep-alive. What a call crosses is otherwise the same: HTTP/2 framing,
 //! gRPC's length-prefixed messages, the message size limits, the signed
 //! body, the front's translation and the service.
 
