@@ -23,7 +23,7 @@
 # code. Needs bash, git, jq and cargo; cargo-fuzz for the fuzz section.
 set -euo pipefail
 
-readonly SECTIONS=(sweep campaign claims canaries shrink bench compare profile fuzz load tls clean-rate grid grpc sim-load scale mutants)
+readonly SECTIONS=(sweep campaign claims canaries shrink bench compare crash profile fuzz load tls clean-rate grid grpc sim-load scale mutants)
 # What a run without --only measures: every section but the opt-in ones.
 readonly OPT_IN=(mutants)
 
@@ -97,6 +97,7 @@ if [ "$quick" = 1 ]; then
     canary_seeds=10
     bench_args=(-- --ops 20000 --reapply 20000)
     compare_args=(--ops 20000 --rounds 1)
+    crash_args=(--crash-replay --ops 100000 --batch 100)
     profile_ops=20000
     profile_load=(--rate 20000 --duration 5s)
     fuzz_seconds=10
@@ -114,6 +115,7 @@ else
     canary_seeds=20
     bench_args=()
     compare_args=(--ops 100000 --rounds 2)
+    crash_args=(--crash-replay --ops 1000000 --batch 100)
     profile_ops=100000
     profile_load=(--rate 28000 --duration 20s)
     fuzz_seconds=40
@@ -186,6 +188,7 @@ shrink_cmd() {
 }
 bench_cmd() { echo "cargo bench -p arbor-engine --bench engine ${bench_args[*]}" | sed 's/ *$//'; }
 compare_cmd() { echo "cd benches-cmp && cargo run --release -- ${compare_args[*]}"; }
+crash_cmd() { echo "cd benches-cmp && cargo run --release -- ${crash_args[*]}"; }
 profile_cmd() {
     echo "perf record -F 4999 -o perf.data -- ENGINE_BENCH --only add_by_path --ops $profile_ops; perf report -i perf.data --no-children --sort sym --stdio"
 }
@@ -234,6 +237,7 @@ if [ "$list" = 1 ]; then
     echo "shrink:     $(shrink_cmd P C S), S the first failing seed of $(canary_cmd P C)"
     echo "bench:      $(bench_cmd)"
     echo "compare:    $(compare_cmd)"
+    echo "crash:      $(crash_cmd)"
     echo "profile:    $(profile_cmd); $(profile_load_cmd) (only when perf is installed; ENGINE_BENCH is the binary cargo bench builds)"
     echo "fuzz:       $(fuzz_cmd) (only when cargo-fuzz is installed)"
     echo "load:       $(load_cmd)"
@@ -333,6 +337,7 @@ title() {
         shrink) echo "Shrinking each canary's first failure" ;;
         bench) echo "Engine bench" ;;
         compare) echo "Arbor beside pilorama's layout and Loro, durable AddByPath" ;;
+        crash) echo "Opening a forest after a crash: what the write-ahead log replays" ;;
         profile) echo "Where the CPU goes: durable AddByPath, and three replicas over TCP" ;;
         fuzz) echo "Fuzzing speed" ;;
         load) echo "Load, real mode over TCP, 5000 requests/s" ;;
@@ -704,6 +709,46 @@ section_bench() {
             echo '```'
         fi
     } >"$work/bench.md"
+}
+
+section_crash() {
+    log "open after a crash"
+    local status="ran"
+    capture crash cargo run --release --manifest-path benches-cmp/Cargo.toml -- \
+        "${crash_args[@]}" || status="failed"
+    {
+        echo "## $(title crash)"
+        echo
+        provenance "built by \`cargo run --release\` in \`benches-cmp/\` (a workspace of its own) in this run"
+        echo "Command: \`$(crash_cmd)\`. A child process adds the objects by path (7 meta fields)"
+        echo "to a durable forest on its write-ahead log, in batches, asking for a checkpoint every"
+        echo "\`pilorama.checkpoint_interval\` as the batcher does (the forest also makes one every"
+        echo "\`pilorama.checkpoint_bytes\` of log), then aborts: no destructor runs, so redb holds"
+        echo "its last checkpoint and the log the batches after it. The parent times redb's own"
+        echo "recovery of the file (a database not closed cleanly is checked and its allocator"
+        echo "state rebuilt), then the forest's open: the replay of the log after the last"
+        echo "checkpoint, and a checkpoint. Defaults otherwise."
+        echo
+        if [ "$status" = ran ]; then
+            echo '```'
+            cat "$work/crash.out"
+            echo '```'
+            awk '
+                /^child:/ { records = $7; checkpoints = $10 }
+                /^crash replay:/ {
+                    for (i = 1; i <= NF; i++) if ($i == "replaying") replayed = $(i + 1)
+                }
+                END {
+                    if (checkpoints > 0) {
+                        per = records / checkpoints
+                        printf "\nThe log records between two checkpoints: %.0f on average; replayed after the crash: %d (%s one interval).\n", per, replayed, (replayed <= per ? "within" : "more than")
+                    }
+                }
+            ' "$work/crash.out"
+        else
+            command_failed crash "$(crash_cmd)"
+        fi
+    } >"$work/crash.md"
 }
 
 section_compare() {
