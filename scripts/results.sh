@@ -105,6 +105,7 @@ if [ "$quick" = 1 ]; then
     search_start=5000; search_duration=3s; search_probes=2
     grid_duration=3s
     grpc_profile_duration=8s; grpc_profile_delay_ms=4000
+    grpc_goal_rounds=1
     sim_load_duration=1m
     scale_default=100000
     mutants_files=(engine/src/service/backoff.rs)
@@ -123,6 +124,7 @@ else
     search_start=30000; search_duration=30s; search_probes=6
     grid_duration=30s
     grpc_profile_duration=30s; grpc_profile_delay_ms=10000
+    grpc_goal_rounds=3
     sim_load_duration=15m
     scale_default=1000000
     mutants_files=(engine/src/service/backoff.rs engine/src/service/pull/epoch.rs engine/src/service/cursor.rs)
@@ -211,6 +213,9 @@ grid_cmd() { echo "arbor-sim matrix --no-search --grid-duration $grid_duration";
 grpc_cmd() {
     echo "arbor-sim matrix --no-search --replicas $1 --transport grpc,tcp --requests loader --grid-duration $grid_duration"
 }
+grpc_goal_cmd() {
+    echo "arbor-sim load --replicas 3 --transport $1 --requests loader --rate 5000 --duration $grid_duration --sync 5m --no-progress"
+}
 grpc_profile_cmd() {
     echo "perf record -F 999 -D $grpc_profile_delay_ms -o perf.data -- arbor-sim load --replicas 3 --transport $1 --requests loader --rate 5000 --duration $grpc_profile_duration --no-progress; perf report -i perf.data --comms arbor-node --no-children --sort sym --stdio --percentage relative"
 }
@@ -244,7 +249,7 @@ if [ "$list" = 1 ]; then
     echo "tls:        $(tls_cmd 5000); $(tls_cmd 1000)"
     echo "clean-rate: $(clean_rate_cmd 1); $(clean_rate_cmd 3)"
     echo "grid:       $(grid_cmd)"
-    echo "grpc:       $(grpc_cmd 1); $(grpc_cmd 3); $(grpc_profile_cmd grpc); the same with tcp (the profiles only when perf is installed)"
+    echo "grpc:       $(grpc_cmd 1); $(grpc_cmd 3); $grpc_goal_rounds round(s) of $(grpc_goal_cmd grpc) and of the same with tcp, alternated; $(grpc_profile_cmd grpc); the same with tcp (the profiles only when perf is installed)"
     echo "sim-load:   $(sim_load_cmd)"
     echo "scale:      $(scale_cmd)"
     echo "mutants:    $(mutants_cmd) (opt-in; only when cargo-mutants is installed)"
@@ -1198,6 +1203,50 @@ grpc_profile_run() {
             --no-children --sort sym --stdio --percentage relative
 }
 
+# The CPU goal's cell again, in alternated rounds of gRPC and TCP (the
+# order swapped each round): one cell of the grid is one sample, and cells
+# differ by 10-20 % from run to run on a shared host.
+grpc_goal_part() {
+    local round path order ratios=()
+    echo "### The CPU goal's cell in $grpc_goal_rounds alternated round(s)"
+    echo
+    echo "Commands: \`$(grpc_goal_cmd grpc)\` and the same with \`--transport tcp\`, in each round"
+    echo "one after the other, the order swapped from one round to the next, each on fresh nodes."
+    echo
+    echo "| round | first | gRPC | TCP | gRPC / TCP | gRPC avg | gRPC p99 | errors |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|"
+    for round in $(seq 1 "$grpc_goal_rounds"); do
+        if [ $((round % 2)) = 1 ]; then order="grpc tcp"; else order="tcp grpc"; fi
+        for path in $order; do
+            log "grpc: goal cell, round $round, $path"
+            capture "grpc-goal-$round-$path" SIM load --replicas 3 --transport "$path" --requests loader \
+                --rate 5000 --duration "$grid_duration" --sync 5m --no-progress \
+                --json "$work/grpc-goal-$round-$path.json" || true
+        done
+        if [ -s "$work/grpc-goal-$round-grpc.json" ] && [ -s "$work/grpc-goal-$round-tcp.json" ]; then
+            jq -r -s --arg round "$round" --arg first "${order%% *}" '
+                .[0] as $g | .[1] as $t
+                | ($g.scenarios[] | select(.name == "user")) as $u
+                | "| \($round) | \($first) | \($g.cpu.nodes_us_per_request | round) µs | \($t.cpu.nodes_us_per_request | round) µs | \($g.cpu.nodes_us_per_request / $t.cpu.nodes_us_per_request * 100 | round / 100)x | \($u.latency.avg_ms * 100 | round / 100) ms | \($u.latency.p99_ms * 100 | round / 100) ms | \([$g.scenarios[].errors, $t.scenarios[].errors] | add) |"' \
+                "$work/grpc-goal-$round-grpc.json" "$work/grpc-goal-$round-tcp.json"
+        else
+            echo "| $round | ${order%% *} | failed | | | | | |"
+        fi
+    done
+    echo
+    jq -r -s '
+        [range(0; length; 2) as $i | .[$i].cpu.nodes_us_per_request / .[$i + 1].cpu.nodes_us_per_request] as $r
+        | if ($r | length) == 0 then "No round measured both paths: not judged."
+          else ($r | add / length) as $m
+            | "The mean of the rounds'"'"' ratios: \($m * 100 | round / 100)x against the goal of at most 1.3x: **\(if $m <= 1.3 then "met" else "missed" end)**."
+          end' $(for round in $(seq 1 "$grpc_goal_rounds"); do
+            if [ -s "$work/grpc-goal-$round-grpc.json" ] && [ -s "$work/grpc-goal-$round-tcp.json" ]; then
+                echo "$work/grpc-goal-$round-grpc.json" "$work/grpc-goal-$round-tcp.json"
+            fi
+        done) </dev/null
+    echo
+}
+
 grpc_profile_part() {
     echo "### Where the nodes' CPU goes, gRPC and TCP, 3 replicas at 5000/s"
     echo
@@ -1324,6 +1373,7 @@ section_grpc() {
                 command_failed "grpc-$replicas" "$(grpc_cmd "$replicas")"
             fi
         done
+        grpc_goal_part
         grpc_profile_part
     } >"$work/grpc.md"
 }
