@@ -1238,7 +1238,7 @@ grpc_goal_part() {
         [range(0; length; 2) as $i | .[$i].cpu.nodes_us_per_request / .[$i + 1].cpu.nodes_us_per_request] as $r
         | if ($r | length) == 0 then "No round measured both paths: not judged."
           else ($r | add / length) as $m
-            | "The mean of the rounds'"'"' ratios: \($m * 100 | round / 100)x against the goal of at most 1.3x: **\(if $m <= 1.3 then "met" else "missed" end)**."
+            | "The mean of the rounds'"'"' ratios: \($m * 1000 | round / 1000)x against the goal of at most 1.3x: **\(if $m <= 1.3 then "met" else "missed" end)**."
           end' $(for round in $(seq 1 "$grpc_goal_rounds"); do
             if [ -s "$work/grpc-goal-$round-grpc.json" ] && [ -s "$work/grpc-goal-$round-tcp.json" ]; then
                 echo "$work/grpc-goal-$round-grpc.json" "$work/grpc-goal-$round-tcp.json"
