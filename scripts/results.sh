@@ -716,15 +716,22 @@ section_bench() {
     } >"$work/bench.md"
 }
 
+# Runs the benches-cmp binary (its own workspace, built by cargo run) with
+# the given arguments, its output kept as `capture` keeps it under $1.
+benches_cmp() {
+    local name="$1"; shift
+    capture "$name" cargo run --release --manifest-path benches-cmp/Cargo.toml -- "$@"
+}
+readonly benches_cmp_note="built by \`cargo run --release\` in \`benches-cmp/\` (a workspace of its own) in this run"
+
 section_crash() {
     log "open after a crash"
     local status="ran"
-    capture crash cargo run --release --manifest-path benches-cmp/Cargo.toml -- \
-        "${crash_args[@]}" || status="failed"
+    benches_cmp crash "${crash_args[@]}" || status="failed"
     {
         echo "## $(title crash)"
         echo
-        provenance "built by \`cargo run --release\` in \`benches-cmp/\` (a workspace of its own) in this run"
+        provenance "$benches_cmp_note"
         echo "Command: \`$(crash_cmd)\`. A child process adds the objects by path (7 meta fields)"
         echo "to a durable forest on its write-ahead log, in batches, asking for a checkpoint every"
         echo "\`pilorama.checkpoint_interval\` as the batcher does (the forest also makes one every"
@@ -759,12 +766,11 @@ section_crash() {
 section_compare() {
     log "Arbor, pilorama layout, Loro"
     local status="ran"
-    capture compare cargo run --release --manifest-path benches-cmp/Cargo.toml -- \
-        "${compare_args[@]}" || status="failed"
+    benches_cmp compare "${compare_args[@]}" || status="failed"
     {
         echo "## $(title compare)"
         echo
-        provenance "built by \`cargo run --release\` in \`benches-cmp/\` (a workspace of its own) in this run"
+        provenance "$benches_cmp_note"
         echo "Command: \`$(compare_cmd)\`. The same AddByPath workload as the engine bench (7 meta"
         echo "fields, 2-3 directories) on three sides, one after the other in each round: Arbor's forest"
         echo "durable on its write-ahead log (one record and one fsync per batch, a checkpoint every"
