@@ -149,6 +149,8 @@ pub struct PiloramaConfig {
     pub checkpoint_bytes: usize,
     /// Size of a preallocated log segment.
     pub wal_segment_bytes: usize,
+    /// Covered log segments kept to be written again instead of removed.
+    pub wal_spare_segments: usize,
 }
 
 /// `node:` section: who this node is and who its peers are.
@@ -374,6 +376,18 @@ pub const PILORAMA_CHECKPOINT_BYTES_DEFAULT: u64 = 4 << 20;
 /// `pilorama.wal_segment_bytes` unless configured: 16 MiB.
 pub const PILORAMA_WAL_SEGMENT_BYTES_DEFAULT: u64 = 16 << 20;
 
+/// `pilorama.wal_spare_segments` unless configured: 2. A roll into a new
+/// segment writes it whole with zeros (writes into zeros sync faster than
+/// writes into a hole or an unwritten extent: 160-170 us against 225-235
+/// us per 40 KB append and `fdatasync` here), so a log that makes its
+/// segments anew writes every byte twice; a spare is written already.
+/// With the default checkpoint and segment sizes one spare is used per
+/// segment; the second covers a checkpoint that frees two at once.
+pub const PILORAMA_WAL_SPARE_SEGMENTS_DEFAULT: usize = 2;
+
+/// The most `pilorama.wal_spare_segments` accepted: 64.
+pub const PILORAMA_WAL_SPARE_SEGMENTS_MAX: usize = 64;
+
 /// The smallest `pilorama.wal_segment_bytes` accepted: 4 KiB.
 pub const PILORAMA_WAL_SEGMENT_BYTES_MIN: usize = 4 << 10;
 
@@ -399,6 +413,7 @@ impl Default for PiloramaConfig {
             checkpoint_interval: Duration::from_secs(5),
             checkpoint_bytes: PILORAMA_CHECKPOINT_BYTES_DEFAULT as usize,
             wal_segment_bytes: PILORAMA_WAL_SEGMENT_BYTES_DEFAULT as usize,
+            wal_spare_segments: PILORAMA_WAL_SPARE_SEGMENTS_DEFAULT,
         }
     }
 }
@@ -500,6 +515,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "pilorama.wal_segment_bytes: {} is below the minimum {PILORAMA_WAL_SEGMENT_BYTES_MIN}",
                 self.pilorama.wal_segment_bytes
+            )));
+        }
+        if self.pilorama.wal_spare_segments > PILORAMA_WAL_SPARE_SEGMENTS_MAX {
+            return Err(Error::Config(format!(
+                "pilorama.wal_spare_segments: {} is above the maximum {PILORAMA_WAL_SPARE_SEGMENTS_MAX}",
+                self.pilorama.wal_spare_segments
             )));
         }
         if self.pilorama.checkpoint_interval.is_zero() {
@@ -791,6 +812,7 @@ impl Config {
                 enabled: self.pilorama.wal,
                 checkpoint_bytes: self.pilorama.checkpoint_bytes as u64,
                 segment_bytes: self.pilorama.wal_segment_bytes as u64,
+                spare_segments: self.pilorama.wal_spare_segments,
             },
         }
     }

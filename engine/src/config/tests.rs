@@ -222,7 +222,7 @@ fn a_page_cache_below_one_mebibyte_is_refused() {
 fn the_write_ahead_log_keys_reach_the_forest_and_are_bounded() {
     let with = |keys: &str| format!("node: {{ replica_id: 1 }}\npilorama: {{ {keys} }}");
     let c = Config::from_yaml_str(&with(
-        "wal: false, checkpoint_interval: 250ms, checkpoint_bytes: 1000, wal_segment_bytes: 8192",
+        "wal: false, checkpoint_interval: 250ms, checkpoint_bytes: 1000, wal_segment_bytes: 8192, wal_spare_segments: 5",
     ))
     .unwrap();
     assert!(!c.pilorama.wal);
@@ -230,12 +230,17 @@ fn the_write_ahead_log_keys_reach_the_forest_and_are_bounded() {
     let wal = c.forest_options().wal;
     assert!(!wal.enabled);
     assert_eq!((wal.checkpoint_bytes, wal.segment_bytes), (1000, 8192));
+    assert_eq!(wal.spare_segments, 5);
     let defaults = Config::from_yaml_str(&with("")).unwrap();
     assert!(defaults.forest_options().wal.enabled);
+    assert_eq!(defaults.forest_options().wal.spare_segments, 2);
+    let none = Config::from_yaml_str(&with("wal_spare_segments: 0")).unwrap();
+    assert_eq!(none.forest_options().wal.spare_segments, 0);
     for (keys, key) in [
         ("checkpoint_interval: 0s", "pilorama.checkpoint_interval"),
         ("checkpoint_bytes: 0", "pilorama.checkpoint_bytes"),
         ("wal_segment_bytes: 4095", "pilorama.wal_segment_bytes"),
+        ("wal_spare_segments: 65", "pilorama.wal_spare_segments"),
     ] {
         let refused = Config::from_yaml_str(&with(keys)).unwrap_err().to_string();
         assert!(refused.contains(key), "{keys}: {refused}");

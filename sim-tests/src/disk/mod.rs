@@ -261,6 +261,8 @@ const DB_FILE: &str = "";
 
 /// Names of the write-ahead log's segment files.
 const WAL_PREFIX: &str = "wal/";
+/// Spare segments of the write-ahead log: `spare/<n>`.
+const SPARE_PREFIX: &str = "spare/";
 
 struct DiskState {
     config: DiskConfig,
@@ -708,6 +710,22 @@ impl DiskState {
         }
     }
 
+    /// Gives file `from` (its contents, synced or not) the name `to`,
+    /// replacing any file of that name. Until the directory is synced a
+    /// power failure brings the old name back, as it was durably, and
+    /// drops the new one.
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        let file = self.file(from)?;
+        file.linked = false;
+        let renamed = FileState {
+            linked: true,
+            durable_linked: false,
+            ..file.clone()
+        };
+        self.files.insert(to.to_string(), renamed);
+        Ok(())
+    }
+
     /// The directory's creations and removals become durable.
     fn sync_dir(&mut self) -> io::Result<()> {
         self.latency_owed += self.config.latency.per_sync;
@@ -880,6 +898,43 @@ impl arbor::forest::wal::WalStorage for SimWal {
 
     fn sync_dir(&self) -> io::Result<()> {
         with_power(&self.disk, self.generation, true, |s| s.sync_dir())
+    }
+
+    fn spares(&self) -> io::Result<Vec<u64>> {
+        with_power(&self.disk, self.generation, false, |s| {
+            Ok(s.files
+                .iter()
+                .filter(|(_, f)| f.linked)
+                .filter_map(|(name, _)| name.strip_prefix(SPARE_PREFIX)?.parse().ok())
+                .collect())
+        })
+    }
+
+    fn retire(&self, number: u64) -> io::Result<()> {
+        with_power(&self.disk, self.generation, true, |s| {
+            s.rename(
+                &format!("{WAL_PREFIX}{number}"),
+                &format!("{SPARE_PREFIX}{number}"),
+            )
+        })
+    }
+
+    fn reuse(&self, spare: u64, number: u64) -> io::Result<()> {
+        with_power(&self.disk, self.generation, true, |s| {
+            s.rename(
+                &format!("{SPARE_PREFIX}{spare}"),
+                &format!("{WAL_PREFIX}{number}"),
+            )
+        })
+    }
+
+    fn remove_spare(&self, spare: u64) -> io::Result<()> {
+        with_power(&self.disk, self.generation, true, |s| {
+            if let Some(file) = s.files.get_mut(&format!("{SPARE_PREFIX}{spare}")) {
+                file.linked = false;
+            }
+            Ok(())
+        })
     }
 }
 

@@ -468,3 +468,57 @@ fn wal_files_need_a_synced_directory_to_survive_a_power_failure() {
     assert!(disk.wal().segments().unwrap().is_empty());
     assert_eq!(disk.wal_files(), 0);
 }
+
+/// A segment kept as a spare and a spare taken back are renames: until the
+/// directory is synced a power failure brings the old name back with its
+/// synced contents; after the sync only the new name holds them.
+#[test]
+fn wal_renames_need_a_synced_directory_to_survive_a_power_failure() {
+    use arbor::forest::wal::WalStorage;
+    let disk = SimDisk::new(DiskConfig::reliable(4));
+    let wal = disk.wal();
+    let segment = wal.open(0).unwrap();
+    segment.set_len(4096).unwrap();
+    segment.write(0, b"old").unwrap();
+    segment.sync_data().unwrap();
+    wal.sync_dir().unwrap();
+    drop(segment);
+    wal.retire(0).unwrap();
+    assert!(wal.segments().unwrap().is_empty());
+    assert_eq!(wal.spares().unwrap(), vec![0]);
+    disk.power_fail();
+    let wal = disk.wal();
+    assert_eq!(wal.segments().unwrap(), vec![0], "the rename undone");
+    assert!(wal.spares().unwrap().is_empty());
+    wal.retire(0).unwrap();
+    wal.sync_dir().unwrap();
+    wal.reuse(0, 5).unwrap();
+    let reused = wal.open(5).unwrap();
+    let mut out = [0u8; 3];
+    reused.read(0, &mut out).unwrap();
+    assert_eq!(&out, b"old", "a spare keeps what it held");
+    assert_eq!(reused.len().unwrap(), 4096);
+    reused.write(0, b"new").unwrap();
+    disk.power_fail();
+    let wal = disk.wal();
+    assert_eq!(
+        (wal.segments().unwrap(), wal.spares().unwrap()),
+        (vec![], vec![0]),
+        "the second rename undone, the first kept"
+    );
+    wal.reuse(0, 5).unwrap();
+    wal.sync_dir().unwrap();
+    let reused = wal.open(5).unwrap();
+    reused.write(0, b"new").unwrap();
+    reused.sync_data().unwrap();
+    wal.remove_spare(7).unwrap();
+    disk.power_fail();
+    let wal = disk.wal();
+    assert_eq!(
+        (wal.segments().unwrap(), wal.spares().unwrap()),
+        (vec![5], vec![])
+    );
+    wal.open(5).unwrap().read(0, &mut out).unwrap();
+    assert_eq!(&out, b"new");
+    assert_eq!(disk.wal_files(), 1);
+}

@@ -51,8 +51,10 @@ pub enum Log {
     /// A durable redb commit per batch.
     PerBatch,
     /// The write-ahead log, with a checkpoint every `checkpoint * 64`
-    /// bytes of log (plus 64) and segments of `segment * 64` bytes (plus
-    /// 4 KiB): small, so checkpoints, rolls and removals happen.
+    /// bytes of log (plus 64), segments of `segment * 64` bytes (plus
+    /// 1 KiB, below what a node may configure, so that a few batches fill
+    /// one) and `(checkpoint ^ segment) % 3` spare segments: small, so
+    /// checkpoints, rolls, removals and rolls into spares happen.
     Wal { checkpoint: u8, segment: u8 },
 }
 
@@ -119,7 +121,8 @@ fn options(log: Log) -> ForestOptions {
         } => WalOptions {
             enabled: true,
             checkpoint_bytes: 64 + 64 * u64::from(checkpoint),
-            segment_bytes: 4096 + 64 * u64::from(segment),
+            segment_bytes: 1024 + 64 * u64::from(segment),
+            spare_segments: usize::from((checkpoint ^ segment) % 3),
         },
     };
     ForestOptions {
@@ -172,6 +175,8 @@ pub struct Summary {
     pub replayed: u64,
     pub checkpoints: u64,
     pub segments_removed: u64,
+    /// Rolls into a spare segment.
+    pub segments_reused: u64,
 }
 
 thread_local! {
@@ -268,6 +273,7 @@ impl Run<'_> {
             self.summary.replayed += stats.replayed;
             self.summary.checkpoints += stats.checkpoints;
             self.summary.segments_removed += stats.segments_removed;
+            self.summary.segments_reused += stats.segments_reused;
         }
     }
 
@@ -580,21 +586,24 @@ mod tests {
             let summary = run(&Input {
                 seed,
                 torn: 200,
+                // Two spares in even seeds, none in odd ones.
                 log: Log::Wal {
                     checkpoint: 8,
-                    segment: 0,
+                    segment: (seed % 2) as u8,
                 },
                 batches,
             });
             total.replayed += summary.replayed;
             total.checkpoints += summary.checkpoints;
             total.segments_removed += summary.segments_removed;
+            total.segments_reused += summary.segments_reused;
             total.failed_reopens += summary.failed_reopens;
             total.in_flight_kept += summary.in_flight_kept;
         }
         assert!(total.replayed > 0, "{total:?}");
         assert!(total.checkpoints > 0, "{total:?}");
         assert!(total.segments_removed > 0, "{total:?}");
+        assert!(total.segments_reused > 0, "{total:?}");
         assert!(total.failed_reopens > 0, "{total:?}");
     }
 }

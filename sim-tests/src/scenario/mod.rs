@@ -322,6 +322,7 @@ fn build_world(
         config.pilorama.checkpoint_interval = swarm.wal.checkpoint_interval;
         config.pilorama.checkpoint_bytes = swarm.wal.checkpoint_bytes;
         config.pilorama.wal_segment_bytes = swarm.wal.segment_bytes;
+        config.pilorama.wal_spare_segments = swarm.wal.spare_segments;
         config.tree.ack_replicas = swarm.ack_replicas;
         config.access = access.clone();
         if let Some(grpc) = &swarm.grpc {

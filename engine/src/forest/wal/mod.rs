@@ -15,12 +15,21 @@
 //! their directory synced) when the log rolls into them; a zero header
 //! ends a segment's records.
 //!
+//! A segment a checkpoint covers is kept as a spare (renamed) while fewer
+//! than `spare_segments` are, and the log rolls into a spare before it
+//! makes a new segment: the spare's blocks are written already, so the
+//! roll writes no zeros. Its old records stay until new ones overwrite
+//! them; each is older than every record the log held when the spare was
+//! retired, so none can pass for the next one. Before the log rolls, a
+//! zero header (synced) ends the segment it leaves, whatever bytes follow
+//! its last record.
+//!
 //! Opening reads every segment in order and stops at the first record that
 //! is torn, fails its checksum or breaks the sequence: what follows it in
 //! its segment is never read, and a later segment that starts with a good
-//! record is an error (the log was damaged in the middle), not something
-//! to skip to. Every record it kept is synced again before new ones are
-//! written after it.
+//! record (one newer than the last record kept) is an error (the log was
+//! damaged in the middle), not something to skip to. Every record it kept
+//! is synced again before new ones are written after it.
 
 mod storage;
 #[cfg(test)]
@@ -47,6 +56,9 @@ pub struct WalOptions {
     /// Size of a preallocated segment (`pilorama.wal_segment_bytes`); a
     /// record larger than it gets a segment of its own size.
     pub segment_bytes: u64,
+    /// Covered segments kept to be written again instead of removed
+    /// (`pilorama.wal_spare_segments`).
+    pub spare_segments: usize,
 }
 
 impl Default for WalOptions {
@@ -55,6 +67,7 @@ impl Default for WalOptions {
             enabled: true,
             checkpoint_bytes: crate::config::PILORAMA_CHECKPOINT_BYTES_DEFAULT,
             segment_bytes: crate::config::PILORAMA_WAL_SEGMENT_BYTES_DEFAULT,
+            spare_segments: crate::config::PILORAMA_WAL_SPARE_SEGMENTS_DEFAULT,
         }
     }
 }
@@ -75,6 +88,10 @@ pub struct WalStats {
     /// zeros when it preallocates).
     pub preallocated: u64,
     pub segments_removed: u64,
+    /// Rolls into a spare segment instead of a new one.
+    pub segments_reused: u64,
+    /// Covered segments kept as spares.
+    pub segments_retired: u64,
     /// Records replayed into the database when it was opened.
     pub replayed: u64,
 }
@@ -90,6 +107,8 @@ impl WalStats {
             segments_created: self.segments_created + other.segments_created,
             preallocated: self.preallocated + other.preallocated,
             segments_removed: self.segments_removed + other.segments_removed,
+            segments_reused: self.segments_reused + other.segments_reused,
+            segments_retired: self.segments_retired + other.segments_retired,
             replayed: self.replayed + other.replayed,
         }
     }
@@ -117,6 +136,8 @@ pub(crate) struct Wal {
     options: WalOptions,
     /// Oldest first; never empty once open.
     segments: Vec<Segment>,
+    /// Spare segments by number, at most `options.spare_segments`.
+    spares: Vec<u64>,
     /// Where the next record goes in the last segment.
     offset: u64,
     /// The last record appended (or, before any, the checkpoint).
@@ -164,6 +185,7 @@ impl Wal {
             storage,
             options,
             segments: Vec::new(),
+            spares: Vec::new(),
             offset: 0,
             last_seq: checkpointed,
             checkpointed,
@@ -180,7 +202,7 @@ impl Wal {
                 .open(number)
                 .map_err(|e| io("opening a segment", e))?;
             if stopped {
-                if Self::first_record_good(&*file)? {
+                if Self::first_record_follows(&*file, previous)? {
                     return Err(Error::Storage(format!(
                         "write-ahead log: segment {number} holds records after a damaged one"
                     )));
@@ -207,6 +229,7 @@ impl Wal {
         if let Some(last) = previous {
             wal.last_seq = wal.last_seq.max(last);
         }
+        wal.keep_spares()?;
         if wal.segments.is_empty() {
             wal.roll(0)?;
         } else {
@@ -265,9 +288,33 @@ impl Wal {
         Ok((checksum(length, seq, &payload) == sum).then_some((seq, payload)))
     }
 
-    fn first_record_good(file: &dyn StorageBackend) -> Result<bool> {
+    /// True when the segment's first record is good and newer than
+    /// `previous` (a spare's old records are not).
+    fn first_record_follows(file: &dyn StorageBackend, previous: Option<u64>) -> Result<bool> {
         let len = file.len().map_err(|e| io("reading", e))?;
-        Ok(Self::record_at(file, 0, len)?.is_some())
+        Ok(Self::record_at(file, 0, len)?.is_some_and(|(seq, _)| previous.is_none_or(|p| seq > p)))
+    }
+
+    /// Lists the spares found on open, keeping at most
+    /// `options.spare_segments` of them and removing the rest.
+    fn keep_spares(&mut self) -> Result<()> {
+        let mut spares = self.storage.spares().map_err(|e| io("listing spares", e))?;
+        spares.sort_unstable();
+        let extra = spares.len().saturating_sub(self.options.spare_segments);
+        for spare in spares.drain(..extra) {
+            self.storage
+                .remove_spare(spare)
+                .map_err(|e| io("removing a spare segment", e))?;
+            self.stats.segments_removed += 1;
+        }
+        if extra > 0 {
+            self.storage
+                .sync_dir()
+                .map_err(|e| io("syncing the directory", e))?;
+            self.stats.syncs += 1;
+        }
+        self.spares = spares;
+        Ok(())
     }
 
     /// Reads a segment's records into `replay` (those after the
@@ -313,20 +360,66 @@ impl Wal {
         }
     }
 
-    /// Starts segment `number` (preallocated to hold `need` bytes at least).
+    /// Writes a zero header after the last segment's last record and syncs
+    /// it, unless too little room is left for one: the segment's records
+    /// end there whatever follows (a spare's old records, or what a torn
+    /// append left before a reopen wrote over its start), so a scan passes
+    /// on to the next segment.
+    fn end_segment(&mut self) -> Result<()> {
+        let Some(segment) = self.segments.last() else {
+            return Ok(());
+        };
+        if segment.size.saturating_sub(self.offset) < RECORD_HEADER_BYTES {
+            return Ok(());
+        }
+        self.stats.syncs += 1;
+        segment
+            .file
+            .write(self.offset, &[0; RECORD_HEADER_BYTES as usize])
+            .and_then(|()| segment.file.sync_data())
+            .map_err(|e| io("ending a segment", e))
+    }
+
+    /// Starts segment `number` (preallocated to hold `need` bytes at
+    /// least): a spare renamed when there is one and `need` fits a
+    /// segment, else a new file.
     fn roll(&mut self, need: u64) -> Result<()> {
         let number = self.segments.last().map_or(0, |s| s.number + 1);
-        let file = self
-            .storage
-            .open(number)
-            .map_err(|e| io("creating a segment", e))?;
         let size = self.options.segment_bytes.max(need);
-        let created = file
-            .set_len(size)
+        let spare = if need <= self.options.segment_bytes {
+            self.spares.pop()
+        } else {
+            None
+        };
+        let file = match spare {
+            Some(spare) => self
+                .storage
+                .reuse(spare, number)
+                .and_then(|()| self.storage.open(number))
+                .map_err(|e| io("reusing a spare segment", e))?,
+            None => self
+                .storage
+                .open(number)
+                .map_err(|e| io("creating a segment", e))?,
+        };
+        let len = match spare {
+            Some(_) => file.len().map_err(|e| io("reading", e))?,
+            None => 0,
+        };
+        // A spare made while segments were smaller grows with zeros.
+        let grow = len < size;
+        let created = (if grow { file.set_len(size) } else { Ok(()) })
             .and_then(|()| file.sync_data())
             .and_then(|()| self.storage.sync_dir());
-        self.stats.segments_created += 1;
-        self.stats.preallocated += size;
+        let size = size.max(len);
+        if spare.is_some() {
+            self.stats.segments_reused += 1;
+        } else {
+            self.stats.segments_created += 1;
+        }
+        if grow {
+            self.stats.preallocated += size - len;
+        }
         self.stats.syncs += 2;
         self.segments.push(Segment {
             number,
@@ -355,6 +448,7 @@ impl Wal {
             .last()
             .map_or(0, |s| s.size.saturating_sub(self.offset));
         if total > room {
+            self.end_segment()?;
             self.roll(total)?;
         }
         let seq = self.last_seq + 1;
@@ -439,11 +533,20 @@ impl Wal {
         let gone: Vec<Segment> = self.segments.drain(..covered).collect();
         for segment in gone {
             let number = segment.number;
+            let whole = segment.size == self.options.segment_bytes;
             drop(segment);
-            self.storage
-                .remove(number)
-                .map_err(|e| io("removing a segment", e))?;
-            self.stats.segments_removed += 1;
+            if whole && self.spares.len() < self.options.spare_segments {
+                self.storage
+                    .retire(number)
+                    .map_err(|e| io("keeping a segment as a spare", e))?;
+                self.spares.push(number);
+                self.stats.segments_retired += 1;
+            } else {
+                self.storage
+                    .remove(number)
+                    .map_err(|e| io("removing a segment", e))?;
+                self.stats.segments_removed += 1;
+            }
         }
         self.stats.syncs += 1;
         self.storage
@@ -455,5 +558,11 @@ impl Wal {
     #[cfg(test)]
     pub fn segment_numbers(&self) -> Vec<u64> {
         self.segments.iter().map(|s| s.number).collect()
+    }
+
+    /// Spare segments (tests).
+    #[cfg(test)]
+    pub fn spare_numbers(&self) -> Vec<u64> {
+        self.spares.clone()
     }
 }

@@ -8,7 +8,8 @@ use redb::StorageBackend;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// A directory of WAL segments, named by number.
+/// A directory of WAL segments, named by number, and of spare segments
+/// (old segments kept to be written again), named by number too.
 pub trait WalStorage: Send + Sync + 'static {
     /// The numbers of the segments present, in any order.
     fn segments(&self) -> io::Result<Vec<u64>>;
@@ -18,8 +19,19 @@ pub trait WalStorage: Send + Sync + 'static {
     /// Removes segment `number` (nothing when absent); durable only after
     /// `sync_dir`.
     fn remove(&self, number: u64) -> io::Result<()>;
-    /// Makes every creation and removal so far durable.
+    /// Makes every creation, removal and renaming so far durable.
     fn sync_dir(&self) -> io::Result<()>;
+    /// The numbers of the spare segments present, in any order.
+    fn spares(&self) -> io::Result<Vec<u64>>;
+    /// Renames segment `number` to spare `number`, contents kept; durable
+    /// only after `sync_dir`.
+    fn retire(&self, number: u64) -> io::Result<()>;
+    /// Renames spare `spare` to segment `number`, contents kept; durable
+    /// only after `sync_dir`.
+    fn reuse(&self, spare: u64, number: u64) -> io::Result<()>;
+    /// Removes spare `spare` (nothing when absent); durable only after
+    /// `sync_dir`.
+    fn remove_spare(&self, spare: u64) -> io::Result<()>;
 }
 
 /// Reopens a WAL's storage after a storage error, as `DatabaseOpener`
@@ -27,7 +39,8 @@ pub trait WalStorage: Send + Sync + 'static {
 pub type WalOpener = Box<dyn Fn() -> crate::error::Result<Box<dyn WalStorage>> + Send + Sync>;
 
 /// A WAL in a directory of the host's file system: segment `n` is the
-/// file `wal-<n as 16 hex digits>.seg`.
+/// file `wal-<n as 16 hex digits>.seg`, spare `n` the file
+/// `wal-<n as 16 hex digits>.spare`.
 #[derive(Debug)]
 pub struct DirStorage {
     dir: PathBuf,
@@ -35,6 +48,7 @@ pub struct DirStorage {
 
 const PREFIX: &str = "wal-";
 const SUFFIX: &str = ".seg";
+const SPARE_SUFFIX: &str = ".spare";
 
 impl DirStorage {
     /// The WAL directory `dir`, created (and its parent synced) when absent.
@@ -53,6 +67,34 @@ impl DirStorage {
     fn path(&self, number: u64) -> PathBuf {
         self.dir.join(format!("{PREFIX}{number:016x}{SUFFIX}"))
     }
+
+    fn spare_path(&self, number: u64) -> PathBuf {
+        self.dir
+            .join(format!("{PREFIX}{number:016x}{SPARE_SUFFIX}"))
+    }
+
+    /// The numbers of the files named `wal-<16 hex digits><suffix>`.
+    fn numbered(&self, suffix: &str) -> io::Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let number = name
+                .strip_prefix(PREFIX)
+                .and_then(|n| n.strip_suffix(suffix))
+                .filter(|n| n.len() == 16)
+                .and_then(|n| u64::from_str_radix(n, 16).ok());
+            out.extend(number);
+        }
+        Ok(out)
+    }
+}
+
+fn remove_file(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 /// The WAL directory of the database file `db`: `<db>.wal` beside it.
@@ -64,18 +106,7 @@ pub fn wal_dir_of(db: &Path) -> PathBuf {
 
 impl WalStorage for DirStorage {
     fn segments(&self) -> io::Result<Vec<u64>> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let name = entry?.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let number = name
-                .strip_prefix(PREFIX)
-                .and_then(|n| n.strip_suffix(SUFFIX))
-                .filter(|n| n.len() == 16)
-                .and_then(|n| u64::from_str_radix(n, 16).ok());
-            out.extend(number);
-        }
-        Ok(out)
+        self.numbered(SUFFIX)
     }
 
     fn open(&self, number: u64) -> io::Result<Box<dyn StorageBackend>> {
@@ -89,14 +120,27 @@ impl WalStorage for DirStorage {
     }
 
     fn remove(&self, number: u64) -> io::Result<()> {
-        match std::fs::remove_file(self.path(number)) {
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
-        }
+        remove_file(&self.path(number))
     }
 
     fn sync_dir(&self) -> io::Result<()> {
         std::fs::File::open(&self.dir)?.sync_all()
+    }
+
+    fn spares(&self) -> io::Result<Vec<u64>> {
+        self.numbered(SPARE_SUFFIX)
+    }
+
+    fn retire(&self, number: u64) -> io::Result<()> {
+        std::fs::rename(self.path(number), self.spare_path(number))
+    }
+
+    fn reuse(&self, spare: u64, number: u64) -> io::Result<()> {
+        std::fs::rename(self.spare_path(spare), self.path(number))
+    }
+
+    fn remove_spare(&self, spare: u64) -> io::Result<()> {
+        remove_file(&self.spare_path(spare))
     }
 }
 

@@ -60,6 +60,34 @@ impl MemFs {
         }
     }
 
+    /// Gives file `from` the name `to`; until the directory is synced a
+    /// crash brings the old name back and drops the new one.
+    fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+        let mut fs = self.lock();
+        let file = fs
+            .files
+            .get_mut(from)
+            .filter(|f| f.linked)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        file.linked = false;
+        let renamed = MemFile {
+            linked: true,
+            durable_linked: false,
+            ..file.clone()
+        };
+        fs.files.insert(to.to_string(), renamed);
+        Ok(())
+    }
+
+    /// Spare segments present now.
+    fn spare_segments(&self) -> usize {
+        let fs = self.lock();
+        fs.files
+            .iter()
+            .filter(|(n, f)| n.starts_with("spare-") && f.linked)
+            .count()
+    }
+
     fn wal_segments(&self) -> usize {
         let fs = self.lock();
         fs.files
@@ -180,14 +208,47 @@ impl WalStorage for MemWal {
         }
         Ok(())
     }
+    fn spares(&self) -> std::io::Result<Vec<u64>> {
+        let fs = self.0.lock();
+        Ok(fs
+            .files
+            .iter()
+            .filter(|(_, f)| f.linked)
+            .filter_map(|(n, _)| n.strip_prefix("spare-")?.parse().ok())
+            .collect())
+    }
+    fn retire(&self, number: u64) -> std::io::Result<()> {
+        self.0
+            .rename(&format!("wal-{number}"), &format!("spare-{number}"))
+    }
+    fn reuse(&self, spare: u64, number: u64) -> std::io::Result<()> {
+        self.0
+            .rename(&format!("spare-{spare}"), &format!("wal-{number}"))
+    }
+    fn remove_spare(&self, spare: u64) -> std::io::Result<()> {
+        if let Some(f) = self.0.lock().files.get_mut(&format!("spare-{spare}")) {
+            f.linked = false;
+        }
+        Ok(())
+    }
 }
 
+/// Options without spares: covered segments are removed.
 fn options(checkpoint_bytes: u64, segment_bytes: u64) -> WalOptions {
     WalOptions {
         enabled: true,
         checkpoint_bytes,
         segment_bytes,
+        spare_segments: 0,
     }
+}
+
+fn open_with_spares(fs: &MemFs, checkpointed: u64, spares: usize) -> (Wal, Vec<Replayed>) {
+    let options = WalOptions {
+        spare_segments: spares,
+        ..options(u64::MAX, 4096)
+    };
+    Wal::open(Box::new(MemWal(fs.clone())), options, checkpointed).unwrap()
 }
 
 fn open_log(fs: &MemFs, checkpointed: u64) -> (Wal, Vec<Replayed>) {
@@ -303,6 +364,152 @@ fn a_checkpoint_removes_only_segments_it_covers() {
     assert_eq!(seqs(&replay), (11..=30).collect::<Vec<_>>());
     wal.checkpointed(30).unwrap();
     assert_eq!(wal.segment_numbers().len(), 1, "the written segment stays");
+}
+
+/// A log of 30 records of 500 bytes (over 4 KiB segments) checkpointed
+/// at its last record: the covered segments become spares, two at most.
+fn log_with_spares(fs: &MemFs) -> Wal {
+    let (mut wal, _) = open_with_spares(fs, 0, 2);
+    for i in 0..30u8 {
+        wal.append(&[i; 500]).unwrap();
+    }
+    let live = wal.segment_numbers().len();
+    assert!(live >= 4, "{live} segments");
+    wal.checkpointed(30).unwrap();
+    assert_eq!(wal.segment_numbers().len(), 1, "the written segment stays");
+    assert_eq!(wal.stats.segments_retired, 2);
+    assert_eq!(wal.stats.segments_removed as usize, live - 3);
+    assert_eq!(wal.spare_numbers().len(), 2);
+    assert_eq!(fs.spare_segments(), 2);
+    wal
+}
+
+#[test]
+fn a_roll_into_a_spare_writes_no_zeros_and_its_old_records_are_never_replayed() {
+    let fs = MemFs::default();
+    let mut wal = log_with_spares(&fs);
+    let (created, preallocated) = (wal.stats.segments_created, wal.stats.preallocated);
+    // Shorter records than the spares hold, so the new ones end in the
+    // middle of old ones.
+    let mut last = 30;
+    while wal.stats.segments_reused < 2 {
+        last = wal.append(&[last as u8; 300]).unwrap();
+    }
+    assert!(last > 40, "{last}");
+    assert_eq!(
+        (wal.stats.segments_created, wal.stats.preallocated),
+        (created, preallocated),
+        "a spare is written already"
+    );
+    assert_eq!(fs.spare_segments(), 0);
+    drop(wal);
+    fs.crash();
+    let (mut wal, replay) = open_with_spares(&fs, 30, 2);
+    assert_eq!(seqs(&replay), (31..=last).collect::<Vec<_>>());
+    assert!(replay
+        .iter()
+        .all(|r| r.payload == vec![r.seq as u8 - 1; 300]));
+    assert_eq!(wal.last_seq(), last);
+    assert_eq!(wal.append(&[1; 10]).unwrap(), last + 1);
+    drop(wal);
+    let (_, replay) = open_with_spares(&fs, 40, 2);
+    assert_eq!(seqs(&replay), (41..=last + 1).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_torn_first_record_of_a_spare_ends_the_log_before_its_old_records() {
+    let fs = MemFs::default();
+    let mut wal = log_with_spares(&fs);
+    let written = *wal.segment_numbers().last().unwrap();
+    // Fill the written segment, then one record rolls into a spare.
+    let mut seq = 30;
+    while wal.segment_numbers().len() == 1 {
+        seq = wal.append(&[7; 300]).unwrap();
+    }
+    let spare = *wal.segment_numbers().last().unwrap();
+    assert!(spare > written);
+    drop(wal);
+    fs.lock()
+        .files
+        .get_mut(&format!("wal-{spare}"))
+        .unwrap()
+        .current[30] ^= 1;
+    let (mut wal, replay) = open_with_spares(&fs, 30, 2);
+    assert_eq!(seqs(&replay), (31..seq).collect::<Vec<_>>());
+    assert_eq!(
+        wal.append(&[8; 10]).unwrap(),
+        seq,
+        "the torn record's number"
+    );
+    drop(wal);
+    let (_, replay) = open_with_spares(&fs, 30, 2);
+    assert_eq!(replay.last().unwrap().payload, vec![8; 10]);
+}
+
+#[test]
+fn a_spare_after_a_damaged_segment_holds_only_old_records_and_is_no_error() {
+    let fs = MemFs::default();
+    let mut wal = log_with_spares(&fs);
+    for i in 0..3u8 {
+        wal.append(&[i; 200]).unwrap();
+    }
+    let written = *wal.segment_numbers().last().unwrap();
+    let spare = wal.spare_numbers()[0];
+    drop(wal);
+    // A roll renamed a spare into the log, then the last record before it
+    // was found torn: the spare's first record is an old one.
+    MemWal(fs.clone()).reuse(spare, written + 1).unwrap();
+    let tail = {
+        let fs = fs.lock();
+        let file = &fs.files[&format!("wal-{written}")];
+        let end = file.current.iter().rposition(|b| *b != 0).unwrap();
+        end - 10
+    };
+    fs.lock()
+        .files
+        .get_mut(&format!("wal-{written}"))
+        .unwrap()
+        .current[tail] ^= 1;
+    let (wal, replay) = open_with_spares(&fs, 30, 2);
+    assert_eq!(seqs(&replay), vec![31, 32]);
+    assert_eq!(wal.segment_numbers(), vec![written]);
+    // A good record after the damage is still refused.
+    drop(wal);
+    let (mut wal, _) = open_with_spares(&fs, 30, 2);
+    while wal.segment_numbers().len() == 1 {
+        wal.append(&[5; 300]).unwrap();
+    }
+    drop(wal);
+    fs.lock()
+        .files
+        .get_mut(&format!("wal-{written}"))
+        .unwrap()
+        .current[tail] ^= 1;
+    let error = Wal::open(
+        Box::new(MemWal(fs.clone())),
+        WalOptions {
+            spare_segments: 2,
+            ..options(u64::MAX, 4096)
+        },
+        30,
+    )
+    .err()
+    .expect("damage before good records is refused");
+    assert!(error.to_string().contains("after a damaged one"), "{error}");
+}
+
+#[test]
+fn spares_over_the_limit_are_removed_on_open() {
+    let fs = MemFs::default();
+    drop(log_with_spares(&fs));
+    let (wal, _) = open_with_spares(&fs, 30, 1);
+    assert_eq!(wal.spare_numbers().len(), 1);
+    drop(wal);
+    fs.crash();
+    assert_eq!(fs.spare_segments(), 1, "the removal was synced");
+    let (wal, _) = open_with_spares(&fs, 30, 0);
+    assert!(wal.spare_numbers().is_empty());
+    assert_eq!(fs.spare_segments(), 0);
 }
 
 // ---- the forest on its log ----
@@ -441,27 +648,35 @@ fn replay_after_a_crash_gives_the_same_numbers_heights_and_counters() {
 
 #[test]
 fn checkpoints_by_bytes_let_segments_go_and_a_crash_loses_nothing() {
-    let fs = MemFs::default();
-    let open = || fs.forest(wal_forest_options(6000, 4096)).unwrap();
-    let forest = open();
-    run_batches(&forest, 40);
-    let stats = forest.wal_stats();
-    assert!(stats.checkpoints >= 2, "{stats:?}");
-    assert!(
-        stats.segments_created >= 3 && stats.segments_removed >= 2,
-        "{stats:?}"
-    );
-    assert!(
-        fs.wal_segments() <= 4,
-        "{} segments left",
-        fs.wal_segments()
-    );
-    let names = ["t-a", "t-b"];
-    let before = state(&forest, &names);
-    fs.crash();
-    drop(forest);
-    let forest = open();
-    assert_eq!(state(&forest, &names), before);
+    for spares in [0, 2] {
+        let fs = MemFs::default();
+        let mut options = wal_forest_options(6000, 4096);
+        options.wal.spare_segments = spares;
+        let open = || fs.forest(options.clone()).unwrap();
+        let forest = open();
+        run_batches(&forest, 40);
+        let stats = forest.wal_stats();
+        assert!(stats.checkpoints >= 2, "{stats:?}");
+        let gone = stats.segments_removed + stats.segments_retired;
+        assert!(stats.segments_created >= 2 && gone >= 2, "{stats:?}");
+        if spares > 0 {
+            assert!(stats.segments_reused >= 1, "{stats:?}");
+        } else {
+            assert_eq!(stats.segments_reused + stats.segments_retired, 0);
+        }
+        assert!(
+            fs.wal_segments() <= 4 && fs.spare_segments() <= spares,
+            "{} segments and {} spares left",
+            fs.wal_segments(),
+            fs.spare_segments()
+        );
+        let names = ["t-a", "t-b"];
+        let before = state(&forest, &names);
+        fs.crash();
+        drop(forest);
+        let forest = open();
+        assert_eq!(state(&forest, &names), before, "spares {spares}");
+    }
 }
 
 #[test]

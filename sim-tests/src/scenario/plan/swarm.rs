@@ -351,16 +351,33 @@ impl CallerRole {
 /// role on each container, each drawn from `CallerRole::ALL`.
 const INTRUDER_ROLES_ONE_IN: u64 = 2;
 
-/// `pilorama.wal`, `checkpoint_interval`, `checkpoint_bytes` and
-/// `wal_segment_bytes` of every node: small enough in most seeds that
-/// checkpoints by size and by time, segment rolls and removals happen
-/// within a run.
+/// `pilorama.wal`, `checkpoint_interval`, `checkpoint_bytes`,
+/// `wal_segment_bytes` and `wal_spare_segments` of every node: small
+/// enough in most seeds that checkpoints by size and by time, segment
+/// rolls, removals and rolls into spares happen within a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WalKnobs {
     pub enabled: bool,
     pub checkpoint_interval: Duration,
     pub checkpoint_bytes: usize,
     pub segment_bytes: usize,
+    /// Drawn from a generator of its own (`draw_spare_segments`).
+    #[serde(default = "default_spare_segments")]
+    pub spare_segments: usize,
+}
+
+fn default_spare_segments() -> usize {
+    arbor::config::PiloramaConfig::default().wal_spare_segments
+}
+
+/// Spare segments a seed may draw: none, fewer than a checkpoint frees,
+/// the default, more than a run uses.
+const SPARE_SEGMENTS: [usize; 4] = [0, 1, 2, 8];
+
+/// The seed's `pilorama.wal_spare_segments`, from its own generator.
+fn draw_spare_segments(seed: u64) -> usize {
+    let mut rng = SplitMix64::new(seed ^ 0x7370_6172_6573_0000);
+    pick(&mut rng, &SPARE_SEGMENTS)
 }
 
 impl Default for WalKnobs {
@@ -371,6 +388,7 @@ impl Default for WalKnobs {
             checkpoint_interval: config.checkpoint_interval,
             checkpoint_bytes: config.checkpoint_bytes,
             segment_bytes: config.wal_segment_bytes,
+            spare_segments: config.wal_spare_segments,
         }
     }
 }
@@ -391,6 +409,7 @@ impl WalKnobs {
             checkpoint_interval: Duration::from_millis(pick(rng, &[200, 1_000, 5_000])),
             checkpoint_bytes: pick(rng, &[8 << 10, 64 << 10, 64 << 20]),
             segment_bytes: pick(rng, &[4 << 10, 32 << 10, 16 << 20]),
+            spare_segments: default_spare_segments(),
         }
     }
 }
@@ -582,6 +601,7 @@ impl Swarm {
         // Drawn after everything else, so it left the other draws as
         // they were.
         swarm.wal = WalKnobs::draw(&mut rng);
+        swarm.wal.spare_segments = draw_spare_segments(seed);
         // Drawn after everything else, so it left the other draws as
         // they were.
         swarm.draw_tight_bounds(&mut rng);
