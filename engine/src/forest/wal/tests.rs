@@ -743,3 +743,43 @@ fn a_failed_log_sync_fails_the_batch_and_a_reopen_recovers() {
     let forest = fs.forest(wal_forest_options(u64::MAX, 1 << 20)).unwrap();
     assert_eq!(state(&forest, &["t-a"]), before);
 }
+
+#[test]
+fn what_a_torn_append_left_after_a_shorter_record_never_ends_the_log_early() {
+    // Without spares: segments are made with zeros, but a reopen writes
+    // over a torn record from its start, and a shorter record leaves the
+    // rest of it behind.
+    let fs = MemFs::default();
+    let (mut wal, _) = open_log(&fs, 0);
+    for i in 0..3u8 {
+        wal.append(&[i; 200]).unwrap();
+    }
+    drop(wal);
+    // Record 4, 3,300 bytes, torn: its header and most of its payload
+    // made it to the disk, synced; its checksum fails.
+    let mut torn = Vec::new();
+    torn.extend_from_slice(&3300u32.to_le_bytes());
+    torn.extend_from_slice(&4u64.to_le_bytes());
+    torn.extend_from_slice(&0x1234u64.to_le_bytes());
+    torn.extend_from_slice(&[0xee; 3200]);
+    let at = 3 * (RECORD_HEADER_BYTES as usize + 200);
+    {
+        let mut fs = fs.lock();
+        let file = fs.files.get_mut("wal-0").unwrap();
+        file.current[at..at + torn.len()].copy_from_slice(&torn);
+        file.durable = file.current.clone();
+    }
+    let (mut wal, replay) = open_log(&fs, 0);
+    assert_eq!(seqs(&replay), vec![1, 2, 3]);
+    assert_eq!(wal.append(&[4; 10]).unwrap(), 4);
+    // Records too long to fit after record 4: the log rolls, leaving the
+    // rest of the torn one after record 4.
+    let mut last = 4;
+    while wal.segment_numbers().len() < 3 {
+        last = wal.append(&[5; 3500]).unwrap();
+    }
+    drop(wal);
+    let (wal, replay) = open_log(&fs, 0);
+    assert_eq!(seqs(&replay), (1..=last).collect::<Vec<_>>());
+    assert_eq!(wal.last_seq(), last);
+}
