@@ -13,8 +13,10 @@
 //!   `--checkpoint-bytes` of log, 4 MiB unless given). One row
 //!   per 10 % of the objects: ops/s of that segment, commit p50/p99, CPU
 //!   per op, the file's size and the pages in use (after a checkpoint at
-//!   the segment's end, timed apart), each per object, and the process's
-//!   resident memory.
+//!   the segment's end, timed apart), each per object, the bytes redb
+//!   wrote to its file and the bytes the log wrote (records, and the zeros
+//!   of the segments it made; a roll into a spare writes none), each per
+//!   op, and the process's resident memory.
 //! - **Storage**: what the pages in use hold at full size, per table and
 //!   per kind of row, against the objects' encoded size (each op as the
 //!   log keeps it and a pull carries it: ids, items, timestamp).
@@ -294,7 +296,7 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
         args.objects, args.batch, interval, args.checkpoint_bytes
     );
     println!(
-        "| {:>9} | {:>9} | {:>8} | {:>7} | {:>7} | {:>9} | {:>10} | {:>9} | {:>9} | {:>7} | {:>9} | {:>7} |",
+        "| {:>9} | {:>9} | {:>8} | {:>7} | {:>7} | {:>9} | {:>10} | {:>9} | {:>9} | {:>9} | {:>7} | {:>9} | {:>7} |",
         "objects",
         "ops/s",
         "vs first",
@@ -304,13 +306,14 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
         "file B/obj",
         "reads/op",
         "wrote B/op",
+        "log B/op",
         "ckpts",
         "ckpt ms",
         "RSS MiB"
     );
     println!(
-        "|{:->11}|{:->11}|{:->10}|{:->9}|{:->9}|{:->11}|{:->12}|{:->11}|{:->11}|{:->9}|{:->11}|{:->9}|",
-        ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":"
+        "|{:->11}|{:->11}|{:->10}|{:->9}|{:->9}|{:->11}|{:->12}|{:->11}|{:->11}|{:->11}|{:->9}|{:->11}|{:->9}|",
+        ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":"
     );
     let mut flat = None;
     let mut encoded = 0u64;
@@ -322,7 +325,7 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
         );
         let mut commits = Vec::with_capacity(((to - from) / args.batch + 1) as usize);
         counters.take();
-        let checkpoints = forest.wal_stats().checkpoints;
+        let log = forest.wal_stats();
         let cpu = thread_cpu();
         let start = Instant::now();
         let mut first = from;
@@ -346,7 +349,9 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
         let elapsed = start.elapsed();
         let cpu = thread_cpu() - cpu;
         let (written, _, reads) = counters.take();
-        let checkpoints = forest.wal_stats().checkpoints - checkpoints;
+        let logged = forest.wal_stats();
+        let checkpoints = logged.checkpoints - log.checkpoints;
+        let log_bytes = logged.bytes - log.bytes + logged.preallocated - log.preallocated;
         let checkpoint = Instant::now();
         forest.checkpoint().expect("checkpoint");
         let checkpoint = checkpoint.elapsed();
@@ -356,7 +361,7 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
         let (db_bytes, _) = file_bytes(db);
         let ops = (to - from) as f64;
         println!(
-            "| {:>9} | {:>9.0} | {:>7.2}x | {:>7.2} | {:>7.2} | {:>9.2} | {:>10.0} | {:>9.2} | {:>10.0} | {:>7} | {:>9.0} | {:>7.0} |",
+            "| {:>9} | {:>9.0} | {:>7.2}x | {:>7.2} | {:>7.2} | {:>9.2} | {:>10.0} | {:>9.2} | {:>10.0} | {:>9.0} | {:>7} | {:>9.0} | {:>7.0} |",
             to,
             rate,
             rate / first_rate,
@@ -366,6 +371,7 @@ fn ingest(args: &Args, db: &Path) -> Ingested {
             db_bytes as f64 / to as f64,
             reads as f64 / ops,
             written as f64 / ops,
+            log_bytes as f64 / ops,
             checkpoints,
             checkpoint.as_secs_f64() * 1e3,
             mib(rss_bytes()),
