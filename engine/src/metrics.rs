@@ -252,6 +252,10 @@ fn service_stats(out: &mut Out<'_, '_>, stats: ServiceStats) -> fmt::Result {
         ("arbor_wal_syncs", "Syncs of write-ahead log segments and of their directory", wal.syncs),
         ("arbor_wal_records_replayed", "Log records replayed into the database when it was opened", wal.replayed),
         ("arbor_checkpoints", "Durable database commits that let covered log segments go", wal.checkpoints),
+        ("arbor_wal_segments_created", "Write-ahead log segments made anew, written whole with zeros", wal.segments_created),
+        ("arbor_wal_segments_reused", "Write-ahead log rolls into a spare segment (no zeros written)", wal.segments_reused),
+        ("arbor_wal_segments_retired", "Covered write-ahead log segments kept as spares", wal.segments_retired),
+        ("arbor_wal_segments_removed", "Write-ahead log segments and spares removed", wal.segments_removed),
     ];
     for (name, help, value) in counters {
         out.counter(name, help, value)?;

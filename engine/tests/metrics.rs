@@ -173,6 +173,16 @@ async fn the_write_ahead_log_and_its_checkpoints_are_measured() {
         "a sync a record"
     );
     assert_eq!(sample(&page, "arbor_checkpoints_total"), opened as f64);
+    let wal = service.stats().wal;
+    assert!(wal.segments_created >= 1, "{wal:?}");
+    for (name, value) in [
+        ("arbor_wal_segments_created_total", wal.segments_created),
+        ("arbor_wal_segments_reused_total", wal.segments_reused),
+        ("arbor_wal_segments_retired_total", wal.segments_retired),
+        ("arbor_wal_segments_removed_total", wal.segments_removed),
+    ] {
+        assert_eq!(sample(&page, name), value as f64, "{name}");
+    }
     assert_eq!(sample(&page, "arbor_checkpoint_seconds_count"), 0.0);
     let uncovered = sample(&page, "arbor_wal_bytes_since_checkpoint");
     assert_eq!(uncovered, sample(&page, "arbor_wal_bytes_total"));
