@@ -361,13 +361,10 @@ pub struct WalKnobs {
     pub checkpoint_interval: Duration,
     pub checkpoint_bytes: usize,
     pub segment_bytes: usize,
-    /// Drawn from a generator of its own (`draw_spare_segments`).
-    #[serde(default = "default_spare_segments")]
+    /// Drawn from a generator of its own (`draw_spare_segments`); none in
+    /// a capsule written before spares existed, as it ran.
+    #[serde(default)]
     pub spare_segments: usize,
-}
-
-fn default_spare_segments() -> usize {
-    arbor::config::PiloramaConfig::default().wal_spare_segments
 }
 
 /// Spare segments a seed may draw: none, fewer than a checkpoint frees,
@@ -409,7 +406,7 @@ impl WalKnobs {
             checkpoint_interval: Duration::from_millis(pick(rng, &[200, 1_000, 5_000])),
             checkpoint_bytes: pick(rng, &[8 << 10, 64 << 10, 64 << 20]),
             segment_bytes: pick(rng, &[4 << 10, 32 << 10, 16 << 20]),
-            spare_segments: default_spare_segments(),
+            spare_segments: arbor::config::PiloramaConfig::default().wal_spare_segments,
         }
     }
 }
